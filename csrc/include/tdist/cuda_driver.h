@@ -1,0 +1,25 @@
+// The few CUDA driver entry points the core needs, resolved from libcuda.so.1 at first use.
+#pragma once
+
+#include <cuda.h>
+
+#include <string>
+
+namespace tdist {
+
+struct CudaDriver {
+  decltype(&cuInit) init;
+  decltype(&cuGetErrorString) get_error_string;
+  decltype(&cuCtxGetDevice) ctx_get_device;
+  decltype(&cuStreamWriteValue64) stream_write_value64;
+  decltype(&cuStreamWaitValue64) stream_wait_value64;
+  decltype(&cuModuleGetGlobal) module_get_global;
+
+  // Loads libcuda.so.1 once per process; throws Error when no driver is installed.
+  static const CudaDriver& get();
+};
+
+// Throws Error("<prefix>: <call> failed: <driver's message> (CUresult n)") when result != success.
+void check_cuda(CUresult result, int rank, const std::string& op, const char* call);
+
+}  // namespace tdist

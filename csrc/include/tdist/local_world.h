@@ -1,0 +1,29 @@
+// Which ranks share a node: from host names exchanged over the bootstrap, or from a declared
+// local world size (TRITON_DIST_LOCAL_WORLD_SIZE=1 makes every GPU its own node, to exercise
+// multi-node code paths on one host).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "tdist/bootstrap.h"
+
+namespace tdist {
+
+struct LocalWorld {
+  int local_rank = 0;
+  int local_world_size = 1;
+  int node = 0;
+  int num_nodes = 1;
+};
+
+// Pure function of the gathered host names, so it is tested without sockets. Ranks of one host
+// must be contiguous (as torchrun and mpirun place them); declared_local_world_size > 0 replaces
+// the host names and must divide the world size.
+LocalWorld compute_local_world(const std::vector<std::string>& host_of_rank, int rank,
+                               int declared_local_world_size);
+
+// Collective: gathers this host's name and calls compute_local_world.
+LocalWorld discover_local_world(Bootstrap& bootstrap, int declared_local_world_size);
+
+}  // namespace tdist

@@ -1,0 +1,55 @@
+// The process-wide runtime: bootstrap, local world, symmetric backend and heap, created by one
+// collective init() and torn down by one collective finalize().
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "tdist/bootstrap.h"
+#include "tdist/local_world.h"
+#include "tdist/symmetric_backend.h"
+#include "tdist/symmetric_heap.h"
+
+namespace tdist {
+
+struct RuntimeOptions {
+  std::size_t heap_bytes = 1ull << 30;
+  // 0: discover from host names; > 0: declare (see local_world.h).
+  int local_world_size = 0;
+  // Where libnvshmem_host.so.3 lives (see NvshmemOptions).
+  std::string nvshmem_library_dir;
+};
+
+class Runtime {
+ public:
+  // Collective. `backend` is for tests and other transports; null selects NVSHMEM. Throws if the
+  // runtime is already initialised.
+  static Runtime& init(std::unique_ptr<Bootstrap> bootstrap, const RuntimeOptions& options,
+                       std::unique_ptr<SymmetricBackend> backend = nullptr);
+  // Throws "not initialised" naming the fix when init() has not run.
+  static Runtime& get();
+  static bool initialized();
+  // Collective: barrier, then backend teardown. Symmetric tensors still alive afterwards keep
+  // their (now invalid) addresses; using them is an error the heap reports.
+  static void finalize();
+
+  int rank() const { return bootstrap_->rank(); }
+  int world_size() const { return bootstrap_->world_size(); }
+  const LocalWorld& local_world() const { return local_world_; }
+  Bootstrap& bootstrap() { return *bootstrap_; }
+  SymmetricBackend& backend() { return *backend_; }
+  SymmetricHeap& heap() { return *heap_; }
+
+  // Host-side barrier over the bootstrap (does not order GPU work).
+  void barrier() { bootstrap_->barrier(); }
+
+ private:
+  Runtime() = default;
+  std::unique_ptr<Bootstrap> bootstrap_;
+  LocalWorld local_world_;
+  std::unique_ptr<SymmetricBackend> backend_;
+  std::shared_ptr<SymmetricHeap> heap_;
+};
+
+}  // namespace tdist

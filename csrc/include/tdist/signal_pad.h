@@ -1,0 +1,36 @@
+// Signal pads: symmetric arrays of uint64 flags with a per-call epoch. A producer sets slot i to
+// the current epoch when tile i is ready; a consumer waits for >= epoch. Because epochs only grow,
+// no kernel has to reset the pad between calls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "tdist/symmetric_heap.h"
+
+namespace tdist {
+
+class SignalPad {
+ public:
+  // Collective: allocates `num_signals` uint64 slots on every rank. The caller zeroes them on
+  // the device before first use (the heap hands out uninitialised memory).
+  SignalPad(SymmetricHeap& heap, std::size_t num_signals);
+
+  std::uint64_t* local() const { return static_cast<std::uint64_t*>(block_->local()); }
+  std::uint64_t* peer(int pe) const { return static_cast<std::uint64_t*>(block_->peer(pe)); }
+  std::size_t size() const { return num_signals_; }
+  const std::shared_ptr<SymmetricBlock>& block() const { return block_; }
+
+  // The epoch of the call being prepared: 1 for the first call, then 2, 3, ... Every rank must
+  // call this once per collective call, so that all ranks agree on the value.
+  std::uint64_t next_epoch() { return ++epoch_; }
+  std::uint64_t epoch() const { return epoch_; }
+
+ private:
+  std::shared_ptr<SymmetricBlock> block_;
+  std::size_t num_signals_;
+  std::uint64_t epoch_ = 0;
+};
+
+}  // namespace tdist

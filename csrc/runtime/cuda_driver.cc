@@ -1,0 +1,40 @@
+#include "tdist/cuda_driver.h"
+
+#include <memory>
+#include <mutex>
+
+#include "tdist/error.h"
+#include "tdist/shared_library.h"
+
+namespace tdist {
+
+const CudaDriver& CudaDriver::get() {
+  static std::once_flag once;
+  static std::unique_ptr<SharedLibrary> library;
+  static CudaDriver driver;
+  std::call_once(once, [] {
+    library = std::make_unique<SharedLibrary>(
+        std::vector<std::string>{"libcuda.so.1", "libcuda.so"},
+        "No NVIDIA driver was found (libcuda.so.1). triton_dist needs a CUDA GPU for this "
+        "call; the CPU self-check runs without one.");
+    library->bind(driver.init, "cuInit");
+    library->bind(driver.get_error_string, "cuGetErrorString");
+    library->bind(driver.ctx_get_device, "cuCtxGetDevice");
+    // The _v2 stream memory operations are the ones cuda.h maps these names to since CUDA 11.7.
+    library->bind(driver.stream_write_value64, "cuStreamWriteValue64_v2");
+    library->bind(driver.stream_wait_value64, "cuStreamWaitValue64_v2");
+    library->bind(driver.module_get_global, "cuModuleGetGlobal_v2");
+    check_cuda(driver.init(0), -1, "cuda_driver", "cuInit");
+  });
+  return driver;
+}
+
+void check_cuda(CUresult result, int rank, const std::string& op, const char* call) {
+  if (result == CUDA_SUCCESS) return;
+  const char* message = nullptr;
+  CudaDriver::get().get_error_string(result, &message);
+  TDIST_FAIL(rank, op, call << " failed: " << (message ? message : "unknown error") << " (CUresult "
+                            << static_cast<int>(result) << ")");
+}
+
+}  // namespace tdist
