@@ -209,8 +209,7 @@ void accept_peers(State& s, const Deadline& deadline) {
       throw_timeout(s.rank, kGatherOp,
                     "a process connected to " + s.unique_id + " but sent no hello within " +
                         std::to_string(deadline.budget.count()) +
-                        " ms; is another program "
-                        "using this port?");
+                        " ms; is another program using this port?");
     }
     if (io == Io::kClosed) continue;  // a port scanner or a rank that died at once: not ours yet
     uint32_t magic = static_cast<uint32_t>(get_be(hello, 4));

@@ -1,7 +1,6 @@
 // TcpBootstrap across real processes on loopback. Rank 0 lives in the test process and creates
 // its listener before forking, so every child already knows the unique id; children report
 // through their exit code and never return into GoogleTest.
-#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -15,6 +14,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include "tdist/bootstrap.h"
 #include "tdist/error.h"
@@ -150,6 +151,7 @@ TEST(TcpBootstrap, AllgatherBroadcastBarrierAcrossFourRanks) {
   } catch (const std::exception& e) {
     ADD_FAILURE() << "rank 0: " << e.what();
   }
+  root.reset();  // had rank 0 failed, its closed sockets release the children at once
   auto codes = children.wait_all();
   for (size_t i = 0; i < codes.size(); ++i) EXPECT_EQ(codes[i], 0) << "rank " << i + 1;
 }
@@ -173,9 +175,13 @@ TEST(TcpBootstrap, AnyAddressGivesAReachableUniqueId) {
 TEST(TcpBootstrap, RootTimesOutNamingTheMissingRank) {
   auto root = TcpBootstrap::create_root(3, "127.0.0.1", 0, with_timeout(500ms));
   std::string id = root->unique_id();
+  // Rank 1 reports its connection through a pipe, so that a slow fork cannot make it look missing.
+  int connected[2];
+  ASSERT_EQ(::pipe(connected), 0);
   Children children;
   children.spawn([&] {
     auto boot = TcpBootstrap::connect(1, 3, id, with_timeout(5s));
+    require(::write(connected[1], "c", 1) == 1, "cannot signal the parent");
     // Rank 0 gives up and closes; rank 1 must then fail rather than wait for its own timeout.
     try {
       boot->allgather("one");
@@ -187,6 +193,10 @@ TEST(TcpBootstrap, RootTimesOutNamingTheMissingRank) {
     }
     throw std::runtime_error("rank 1's allgather succeeded without rank 2");
   });
+  ::close(connected[1]);  // so that a child dying before it writes gives end-of-file, not a hang
+  char byte = 0;
+  ASSERT_EQ(::read(connected[0], &byte, 1), 1) << "rank 1 exited before connecting";
+  ::close(connected[0]);
   auto start = Clock::now();
   try {
     root->allgather("zero");
@@ -319,11 +329,13 @@ TEST(TcpBootstrap, RejectsMalformedUniqueIds) {
 }
 
 TEST(TcpBootstrap, RejectsOutOfRangeRanksSizesAndPorts) {
+  // Short timeouts keep this test quick even if a check regressed into a connection attempt.
   const std::string id = "127.0.0.1:1234";
-  EXPECT_THROW(TcpBootstrap::connect(0, 2, id), tdist::Error);  // rank 0 must create the root
-  EXPECT_THROW(TcpBootstrap::connect(2, 2, id), tdist::Error);
-  EXPECT_THROW(TcpBootstrap::connect(-1, 2, id), tdist::Error);
-  EXPECT_THROW(TcpBootstrap::connect(1, 1, id), tdist::Error);
+  const auto quick = with_timeout(200ms);
+  EXPECT_THROW(TcpBootstrap::connect(0, 2, id, quick), tdist::Error);  // rank 0: create_root
+  EXPECT_THROW(TcpBootstrap::connect(2, 2, id, quick), tdist::Error);
+  EXPECT_THROW(TcpBootstrap::connect(-1, 2, id, quick), tdist::Error);
+  EXPECT_THROW(TcpBootstrap::connect(1, 1, id, quick), tdist::Error);
   EXPECT_THROW(TcpBootstrap::create_root(0, "127.0.0.1"), tdist::Error);
   EXPECT_THROW(TcpBootstrap::create_root(2, "127.0.0.1", -1), tdist::Error);
   EXPECT_THROW(TcpBootstrap::create_root(2, "127.0.0.1", 65536), tdist::Error);
@@ -335,7 +347,7 @@ TEST(TcpBootstrap, RejectsOutOfRangeRanksSizesAndPorts) {
     EXPECT_TRUE(contains(e.what(), "TcpBootstrap.create_root")) << e.what();
   }
   try {
-    TcpBootstrap::connect(5, 3, id);
+    TcpBootstrap::connect(5, 3, id, quick);
     ADD_FAILURE() << "accepted rank 5 in a world of 3";
   } catch (const tdist::Error& e) {
     EXPECT_TRUE(contains(e.what(), "rank 5")) << e.what();

@@ -1,0 +1,28 @@
+"""triton_dist: Triton-distributed on stock Triton.
+
+Symmetric memory, signal primitives and compute-communication overlapping kernels for multi-GPU
+programs. Importing is cheap and inert: nothing touches the GPU, torch or NVSHMEM until
+:func:`init`.
+
+    import triton_dist as tdist
+    tdist.init()                                  # under torchrun
+    x = tdist.symm_empty((1024, 1024), torch.bfloat16)
+    peer = tdist.peer_tensor(x, (tdist.rank() + 1) % tdist.world_size())
+    tdist.finalize()
+"""
+
+from .config import Config
+from .config import get as get_config
+from .jit import DistributedKernel, jit
+from .runtime import (barrier, device_barrier, finalize, init, is_initialized, local_rank, local_world_size, rank,
+                      world_size)
+from .signals import SignalPad, stream_wait_value64, stream_write_value64
+from .symmetric import check_symmetric, is_symmetric, peer_tensor, symm_empty, symm_zeros
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Config", "DistributedKernel", "SignalPad", "barrier", "check_symmetric", "device_barrier", "finalize",
+    "get_config", "init", "is_initialized", "is_symmetric", "jit", "local_rank", "local_world_size", "peer_tensor",
+    "rank", "stream_wait_value64", "stream_write_value64", "symm_empty", "symm_zeros", "world_size"
+]

@@ -1,0 +1,91 @@
+"""Every setting of triton_dist, in one typed place.
+
+Each field has a default, an environment variable that overrides it, and a docstring. Nothing
+else in the package reads ``TRITON_DIST_*`` variables; code asks :func:`get` instead. Values given
+to :func:`triton_dist.init` override the environment for that call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str | int) -> int:
+    """``"8G"``, ``"512M"``, ``"1073741824"`` or an int -> bytes (binary units)."""
+    if isinstance(text, int):
+        if text <= 0:
+            raise ValueError(f"a size must be positive, got {text}")
+        return text
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not match or int(match.group(1)) == 0:
+        raise ValueError(f"cannot read {text!r} as a size; write e.g. 8G, 512M or 1073741824")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2).upper()]
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean; use 1 or 0")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    symmetric_heap_size: int = 1 << 30
+    """Bytes of symmetric memory each rank reserves at init (TRITON_DIST_SYMMETRIC_HEAP_SIZE, e.g. 8G)."""
+
+    local_world_size: int = 0
+    """Ranks per node; 0 discovers it from host names (TRITON_DIST_LOCAL_WORLD_SIZE). Setting 1 makes
+    every GPU its own node, which exercises the multi-node paths on one host."""
+
+    bootstrap_timeout_s: float = 300.0
+    """How long init and other host collectives wait for every rank (TRITON_DIST_BOOTSTRAP_TIMEOUT_S)."""
+
+    wait_timeout_ns: int = 0
+    """Default bound on every device-side wait; 0 waits forever (TRITON_DIST_WAIT_TIMEOUT_NS)."""
+
+    debug_barriers: bool = False
+    """Wrap every device-side wait in a full barrier, to tell ordering bugs from logic bugs
+    (TRITON_DIST_DEBUG_BARRIERS)."""
+
+    @staticmethod
+    def from_environment() -> "Config":
+        heap = os.environ.get("TRITON_DIST_SYMMETRIC_HEAP_SIZE")
+        return Config(
+            symmetric_heap_size=parse_size(heap) if heap else Config.symmetric_heap_size,
+            local_world_size=_env_int("TRITON_DIST_LOCAL_WORLD_SIZE", 0),
+            bootstrap_timeout_s=float(os.environ.get("TRITON_DIST_BOOTSTRAP_TIMEOUT_S") or 300.0),
+            wait_timeout_ns=_env_int("TRITON_DIST_WAIT_TIMEOUT_NS", 0),
+            debug_barriers=_env_bool("TRITON_DIST_DEBUG_BARRIERS", False),
+        )
+
+
+_current: Config | None = None
+
+
+def get() -> Config:
+    """The configuration in force: what init() was given, else the environment's."""
+    return _current if _current is not None else Config.from_environment()
+
+
+def _set(config: Config | None) -> None:
+    global _current
+    _current = config

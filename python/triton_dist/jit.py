@@ -1,0 +1,67 @@
+"""``triton_dist.jit``: triton.jit plus NVSHMEM's device library.
+
+Kernels that call :mod:`triton_dist.language.shmem` need NVSHMEM's bitcode linked in and, once
+loaded, their module initialised with NVSHMEM's device state. The decorator supplies the first
+at every launch (the ``extern_libs`` option, part of Triton's cache key); a Triton load hook,
+installed by :func:`triton_dist.init`, does the second for every module Triton loads.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import triton
+
+from . import nvshmem as _nvshmem
+
+
+def _initialize_module(module, function, name, metadata_group, hash) -> None:
+    from . import _C
+
+    _C.initialize_module(int(module))
+
+
+def install_module_hook() -> None:
+    """Initialise every module Triton loads from now on (idempotent; init() calls it)."""
+    triton.knobs.runtime.kernel_load_end_hook.add(_initialize_module)
+
+
+def remove_module_hook() -> None:
+    triton.knobs.runtime.kernel_load_end_hook.remove(_initialize_module)
+
+
+class DistributedKernel:
+    """A Triton kernel launched with NVSHMEM's device library linked in.
+
+    Launch it like a triton.jit kernel: ``kernel[grid](*args, **options)``. Modules loaded before
+    :func:`triton_dist.init` are not initialised, so the first launch must come after init.
+    """
+
+    def __init__(self, fn: triton.runtime.JITFunction):
+        self.fn = fn
+        functools.update_wrapper(self, fn.fn)
+
+    def _options(self, kwargs: dict) -> dict:
+        kwargs.setdefault("extern_libs", _nvshmem.extern_libs())
+        return kwargs
+
+    def run(self, *args, grid, warmup=False, **kwargs):
+        return self.fn.run(*args, grid=grid, warmup=warmup, **self._options(kwargs))
+
+    def warmup(self, *args, grid, **kwargs):
+        return self.fn.warmup(*args, grid=grid, **self._options(kwargs))
+
+    def __getitem__(self, grid):
+        return functools.partial(self.run, grid=grid, warmup=False)
+
+    def __repr__(self) -> str:
+        return f"triton_dist.jit({self.fn.fn.__name__})"
+
+
+def jit(fn=None, **jit_options):
+    """Decorator: like ``triton.jit`` (same options), for kernels that call NVSHMEM's device API."""
+
+    def decorate(f):
+        return DistributedKernel(triton.jit(f, **jit_options))
+
+    return decorate(fn) if fn is not None else decorate

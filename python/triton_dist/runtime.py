@@ -1,0 +1,181 @@
+"""Bring-up and tear-down of the distributed runtime, and where this process stands in it."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+
+from . import config as _config
+from . import nvshmem as _nvshmem
+
+_state: dict = {}
+
+
+def _core():
+    from . import _C
+
+    return _C
+
+
+def _require_initialized(op: str) -> None:
+    if not _state:
+        raise RuntimeError(
+            f"triton_dist {op}: triton_dist is not initialised; call triton_dist.init() first "
+            "(under torchrun, or with a torch ProcessGroup)")
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    return int(raw) if raw not in (None, "") else None
+
+
+def init(process_group=None, *, heap_size: int | str | None = None,
+         local_world_size: int | None = None, device: int | None = None) -> None:
+    """Collective: initialise triton_dist on every rank.
+
+    Args:
+        process_group: the ranks to span. ``None`` uses the default group, creating it from the
+            torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``) when
+            torch.distributed is not initialised yet.
+        heap_size: bytes of symmetric memory per rank (int, or a string such as ``"8G"``);
+            defaults to ``TRITON_DIST_SYMMETRIC_HEAP_SIZE`` or 1 GiB.
+        local_world_size: ranks per node; defaults to ``TRITON_DIST_LOCAL_WORLD_SIZE`` or the
+            count discovered from host names.
+        device: the CUDA device of this rank; defaults to ``LOCAL_RANK`` (else the local rank).
+
+    Raises:
+        RuntimeError: already initialised, no GPU, a world size that disagrees with the
+            environment, NVSHMEM missing, or ranks that disagree on the heap size.
+    """
+    if _state:
+        raise RuntimeError("triton_dist init: already initialised; call triton_dist.finalize() "
+                           "before init() again")
+    import torch
+    import torch.distributed as dist
+
+    base = _config.Config.from_environment()
+    cfg = dataclasses.replace(
+        base,
+        symmetric_heap_size=_config.parse_size(heap_size) if heap_size is not None else base.symmetric_heap_size,
+        local_world_size=local_world_size if local_world_size is not None else base.local_world_size,
+    )
+    if not torch.cuda.is_available():
+        raise RuntimeError("triton_dist init: no CUDA GPU is visible to this process; triton_dist "
+                           "kernels need one (python -m triton_dist.selfcheck runs without)")
+
+    env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    env_local_rank = _env_int("LOCAL_RANK")
+    if device is None:
+        device = env_local_rank
+    created_group = False
+    if process_group is None:
+        if not dist.is_initialized():
+            if env_rank is None or env_world is None:
+                raise RuntimeError(
+                    "triton_dist init: torch.distributed is not initialised and RANK/WORLD_SIZE are "
+                    "not set; launch with torchrun, or pass a ProcessGroup")
+            if device is not None:
+                torch.cuda.set_device(device)
+            dist.init_process_group(backend="cpu:gloo,cuda:nccl",
+                                    timeout=datetime.timedelta(seconds=cfg.bootstrap_timeout_s))
+            created_group = True
+        process_group = dist.group.WORLD
+    rank = dist.get_rank(process_group)
+    world_size = dist.get_world_size(process_group)
+    if env_world is not None and process_group is dist.group.WORLD and env_world != world_size:
+        raise RuntimeError(
+            f"triton_dist [rank {rank}] init: the process group has {world_size} ranks but "
+            f"WORLD_SIZE={env_world}; launch every rank with the same world size")
+    if device is None:
+        device = rank % max(torch.cuda.device_count(), 1)
+    if not 0 <= device < torch.cuda.device_count():
+        raise RuntimeError(
+            f"triton_dist [rank {rank}] init: device {device} does not exist; this host has "
+            f"{torch.cuda.device_count()} GPUs (run at most that many ranks per node)")
+    torch.cuda.set_device(device)
+    # NVSHMEM binds to the context current on this thread; make torch create it now.
+    torch.empty(1, device=f"cuda:{device}")
+
+    def allgather(blob: bytes) -> list[bytes]:
+        gathered: list = [None] * world_size
+        dist.all_gather_object(gathered, blob, group=process_group)
+        return gathered
+
+    _core().init(rank, world_size, allgather, cfg.symmetric_heap_size, cfg.local_world_size,
+                 _nvshmem.library_dir())
+    _config._set(cfg)
+    from . import jit as _jit
+
+    _jit.install_module_hook()
+    _state.update(process_group=process_group, device=device, created_group=created_group,
+                  config=cfg)
+
+
+def finalize() -> None:
+    """Collective: tear triton_dist down on every rank (after which init() may run again).
+
+    Symmetric tensors that are still alive must not be used afterwards. A process that exits
+    without calling this does not hang: nothing collective runs at interpreter exit.
+    """
+    _require_initialized("finalize")
+    import torch
+
+    from . import jit as _jit
+
+    torch.cuda.synchronize()
+    _jit.remove_module_hook()
+    _core().finalize()
+    created_group = _state["created_group"]
+    _state.clear()
+    _config._set(None)
+    if created_group:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+
+
+def is_initialized() -> bool:
+    """True between init() and finalize()."""
+    return bool(_state)
+
+
+def rank() -> int:
+    """This process's rank in the triton_dist world."""
+    _require_initialized("rank")
+    return _core().rank()
+
+
+def world_size() -> int:
+    """Number of ranks."""
+    _require_initialized("world_size")
+    return _core().world_size()
+
+
+def local_rank() -> int:
+    """This rank's index among the ranks of its node."""
+    _require_initialized("local_rank")
+    return _core().local_rank()
+
+
+def local_world_size() -> int:
+    """Ranks on this node (as discovered, or as TRITON_DIST_LOCAL_WORLD_SIZE declares)."""
+    _require_initialized("local_world_size")
+    return _core().local_world_size()
+
+
+def barrier() -> None:
+    """Host-side barrier across all ranks. It does not wait for GPU work; synchronize first if
+    the barrier must order kernels."""
+    _require_initialized("barrier")
+    _core().barrier()
+
+
+def device_barrier(stream=None) -> None:
+    """Stream-ordered barrier across all ranks: later work on ``stream`` (default: the current
+    one) starts after every rank's earlier work on its stream has finished."""
+    _require_initialized("device_barrier")
+    import torch
+
+    stream = stream or torch.cuda.current_stream()
+    _core().barrier_all_on_stream(stream.cuda_stream)

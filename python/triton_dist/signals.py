@@ -1,0 +1,69 @@
+"""Signal pads and stream memory operations: how producers tell consumers that a tile is ready."""
+
+from __future__ import annotations
+
+from .runtime import _core, _require_initialized
+
+
+class SignalPad:
+    """Collective: ``num_signals`` uint64 flags on the symmetric heap, zeroed, with an epoch.
+
+    Each call of an op takes ``epoch = pad.next_epoch()`` (1, 2, 3, ... on every rank alike);
+    producers set a flag to the epoch when its tile is ready and consumers wait for ``>= epoch``,
+    so the pad never needs resetting between calls.
+    """
+
+    def __init__(self, num_signals: int):
+        _require_initialized("SignalPad")
+        import torch
+
+        if not isinstance(num_signals, int) or num_signals <= 0:
+            raise ValueError(f"triton_dist SignalPad: num_signals must be a positive int, got {num_signals!r}")
+        self._pad = _core().SignalPad(num_signals)
+        self.signals = self._pad.bytes_tensor().view(torch.uint64)
+        """The local flags, a uint64 CUDA tensor of ``num_signals`` elements."""
+        self.signals.zero_()
+
+    def __len__(self) -> int:
+        return self._pad.size
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the latest call (0 before the first)."""
+        return self._pad.epoch
+
+    def next_epoch(self) -> int:
+        """Advance to and return the next call's epoch. Call once per op call on every rank."""
+        return self._pad.next_epoch()
+
+
+def _check_u64_address(tensor, index: int, op: str) -> int:
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda or tensor.dtype not in (torch.uint64, torch.int64):
+        raise TypeError(f"triton_dist {op}: expected a CUDA uint64/int64 tensor of signals")
+    if not 0 <= index < tensor.numel():
+        raise IndexError(f"triton_dist {op}: signal index {index} out of range for {tensor.numel()} signals")
+    return tensor.data_ptr() + index * 8 if tensor.is_contiguous() else tensor.view(-1)[index].data_ptr()
+
+
+def stream_write_value64(signals, index: int, value: int, stream=None) -> None:
+    """Enqueue ``signals[index] = value`` on ``stream`` (default: current), after its earlier work.
+
+    This is how a copy-engine producer publishes a chunk: the copy, then this write on the same
+    stream. ``signals`` may be a peer's view (:func:`triton_dist.peer_tensor`).
+    """
+    import torch
+
+    address = _check_u64_address(signals, index, "stream_write_value64")
+    stream = stream or torch.cuda.current_stream()
+    _core().stream_write_value64(stream.cuda_stream, address, value)
+
+
+def stream_wait_value64(signals, index: int, value: int, stream=None) -> None:
+    """Hold ``stream`` (default: current) until ``signals[index] >= value``."""
+    import torch
+
+    address = _check_u64_address(signals, index, "stream_wait_value64")
+    stream = stream or torch.cuda.current_stream()
+    _core().stream_wait_value64(stream.cuda_stream, address, value)

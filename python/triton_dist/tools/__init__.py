@@ -1,0 +1,1 @@
+"""Developer tools: ahead-of-time compile checks, (later) the benchmark harness and profilers."""

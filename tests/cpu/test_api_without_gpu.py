@@ -1,0 +1,83 @@
+"""The Python API's behaviour on a machine without a GPU: inert import, clear errors."""
+
+import ctypes
+import subprocess
+import sys
+
+import pytest
+
+import triton_dist
+from triton_dist import _C
+
+
+def test_import_is_inert():
+    # A fresh interpreter: importing must not pull in torch or start CUDA.
+    code = ("import sys, triton_dist, triton_dist.language; "
+            "assert 'torch' not in sys.modules, 'torch imported'; "
+            "assert not triton_dist.is_initialized(); print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def _env():
+    import os
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+@pytest.mark.parametrize("call", [
+    lambda: triton_dist.rank(),
+    lambda: triton_dist.world_size(),
+    lambda: triton_dist.local_rank(),
+    lambda: triton_dist.local_world_size(),
+    lambda: triton_dist.barrier(),
+    lambda: triton_dist.finalize(),
+    lambda: triton_dist.symm_empty((4, 4)),
+    lambda: triton_dist.symm_zeros(16),
+    lambda: triton_dist.peer_tensor(object(), 1),
+    lambda: triton_dist.SignalPad(4),
+])
+def test_calls_before_init_say_so(call):
+    with pytest.raises(RuntimeError, match=r"not initialised; call triton_dist.init\(\) first"):
+        call()
+
+
+def test_core_calls_before_init_say_so():
+    assert not _C.initialized()
+    for call in (_C.rank, _C.heap_stats, lambda: _C.allocate(16, "x"), lambda: _C.peer_address(0, 0)):
+        with pytest.raises(RuntimeError, match="not initialised"):
+            call()
+    assert _C.initialize_module(0) is False  # Triton's load hook is a no-op before init
+
+
+def test_missing_nvshmem_names_the_package(monkeypatch, tmp_path):
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    with pytest.raises(RuntimeError, match="pip install nvidia-nvshmem-cu13") as info:
+        _C.init(0, 1, lambda blob: [blob], 1 << 20, 0, str(tmp_path))
+    assert str(tmp_path) in str(info.value)
+    assert not _C.initialized()  # a failed init leaves nothing half-built
+
+
+def test_callback_bootstrap_validates_the_callback():
+    with pytest.raises(RuntimeError, match="returned 2 blobs for a world of size 1"):
+        _C.init(0, 1, lambda blob: [blob, blob], 1 << 20, 0, "")
+    with pytest.raises(RuntimeError, match="outside a world of size 2"):
+        _C.init(2, 2, lambda blob: [blob, blob], 1 << 20, 0, "")
+    assert not _C.initialized()
+
+
+def _driver_present() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(_driver_present(), reason="a CUDA driver is installed here")
+def test_stream_ops_without_driver_say_so():
+    with pytest.raises(RuntimeError, match="No NVIDIA driver|libcuda"):
+        _C.stream_write_value64(0, 0, 1)

@@ -1,0 +1,43 @@
+import pytest
+
+from triton_dist import config
+
+
+@pytest.mark.parametrize("text,expected", [("8G", 8 << 30), ("512M", 512 << 20), ("4096", 4096), ("2GiB", 2 << 30),
+                                           ("1k", 1024), (123, 123)])
+def test_parse_size(text, expected):
+    assert config.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "abc", "0", "-1G", "1.5G", 0])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        config.parse_size(text)
+
+
+def test_environment_overrides(monkeypatch):
+    monkeypatch.setenv("TRITON_DIST_SYMMETRIC_HEAP_SIZE", "3G")
+    monkeypatch.setenv("TRITON_DIST_LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("TRITON_DIST_WAIT_TIMEOUT_NS", "5000000")
+    monkeypatch.setenv("TRITON_DIST_DEBUG_BARRIERS", "1")
+    cfg = config.Config.from_environment()
+    assert cfg.symmetric_heap_size == 3 << 30
+    assert cfg.local_world_size == 1
+    assert cfg.wait_timeout_ns == 5_000_000
+    assert cfg.debug_barriers is True
+    assert config.get() == cfg  # nothing initialised: get() reads the environment
+
+
+def test_defaults(monkeypatch):
+    for name in ("TRITON_DIST_SYMMETRIC_HEAP_SIZE", "TRITON_DIST_LOCAL_WORLD_SIZE", "TRITON_DIST_WAIT_TIMEOUT_NS",
+                 "TRITON_DIST_DEBUG_BARRIERS"):
+        monkeypatch.delenv(name, raising=False)
+    assert config.Config.from_environment() == config.Config()
+
+
+@pytest.mark.parametrize("name,value", [("TRITON_DIST_LOCAL_WORLD_SIZE", "two"), ("TRITON_DIST_DEBUG_BARRIERS", "maybe"),
+                                        ("TRITON_DIST_SYMMETRIC_HEAP_SIZE", "lots")])
+def test_bad_environment_values_name_the_variable(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name if "HEAP" not in name else "lots"):
+        config.Config.from_environment()
