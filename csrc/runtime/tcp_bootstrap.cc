@@ -392,8 +392,10 @@ std::unique_ptr<TcpBootstrap> TcpBootstrap::create_root(int world_size,
   int one = 1;
   // A restarted job can reuse its fixed port at once instead of waiting out TIME_WAIT.
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  TDIST_CHECK(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, 0, op,
-              "cannot bind " << bind_address << ":" << port << ": " << errno_text(errno)
+  int bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  int bind_error = errno;
+  TDIST_CHECK(bound == 0, 0, op,
+              "cannot bind " << bind_address << ":" << port << ": " << errno_text(bind_error)
                              << "; pick another port (0 lets the system choose) or an address "
                                 "of this host");
   TDIST_CHECK(::listen(fd, SOMAXCONN) == 0, 0, op, "listen() failed: " << errno_text(errno));
@@ -468,8 +470,7 @@ std::unique_ptr<TcpBootstrap> TcpBootstrap::connect(int rank, int world_size,
                   "could not reach rank 0 at " + unique_id + " within " +
                       std::to_string(options.timeout.count()) +
                       " ms (last error: " + errno_text(last_error) +
-                      "); rank 0 must be started with create_root and "
-                      "the same world size (" +
+                      "); rank 0 must be started with create_root and the same world size (" +
                       std::to_string(world_size) + "), and this must be its unique_id()");
   }
 
@@ -490,8 +491,8 @@ std::unique_ptr<TcpBootstrap> TcpBootstrap::connect(int rank, int world_size,
 std::vector<std::string> TcpBootstrap::allgather(const std::string& mine) {
   State& s = *state_;
   TDIST_CHECK(s.failure.empty(), s.rank, kGatherOp,
-              "an earlier collective failed, so the ranks are out of step; create a new "
-              "bootstrap on every rank (earlier error: "
+              "an earlier collective failed, so the ranks are out of step; create a new bootstrap "
+              "on every rank (earlier error: "
                   << s.failure << ")");
   ++s.sequence;
   Deadline deadline(s.options.timeout);

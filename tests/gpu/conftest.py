@@ -1,0 +1,52 @@
+"""GPU tests run under torchrun: every rank runs the same tests in the same order.
+
+    torchrun --nproc-per-node=2 -m pytest tests/gpu
+
+A failed check on one rank must fail the test on every rank, or the others would walk into the
+next test's collectives alone and hang: checks go through ``all_ranks_agree``.
+"""
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import triton_dist as tdist
+
+
+@pytest.fixture(scope="session", autouse=True)
+def runtime():
+    if "RANK" not in os.environ:
+        pytest.skip("GPU tests run under torchrun (scripts/gpu-test)", allow_module_level=True)
+    tdist.init(heap_size="2G")
+    yield
+    if tdist.is_initialized():
+        tdist.finalize()
+
+
+def all_ranks_agree(ok: bool, what: str) -> None:
+    """Assert `ok` on every rank; fails everywhere if it failed anywhere, naming the ranks."""
+    flags = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, bool(ok))
+    failed = [r for r, f in enumerate(flags) if not f]
+    assert not failed, f"{what}: failed on ranks {failed}"
+
+
+def raises_everywhere(fn, exc_type, match: str) -> None:
+    """`fn` must raise `exc_type` with `match` in its message on every rank."""
+    import re
+
+    try:
+        fn()
+        ok, why = False, "no exception"
+    except exc_type as e:  # noqa: PERF203
+        ok, why = re.search(match, str(e)) is not None, str(e)
+    all_ranks_agree(ok, f"expected {exc_type.__name__}({match!r}); rank {dist.get_rank()} saw: {why}")
+
+
+def rank_generator(seed: int, rank: int) -> torch.Generator:
+    """A generator every rank can rebuild for any other rank, to know what that rank wrote."""
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed * 1009 + rank)
+    return g

@@ -1,0 +1,124 @@
+"""Symmetric tensors across ranks: peer writes, collective allocation rules, bad input."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import triton_dist as tdist
+from conftest import all_ranks_agree, raises_everywhere, rank_generator
+
+
+def test_world_matches_torch():
+    assert tdist.rank() == dist.get_rank()
+    assert tdist.world_size() == dist.get_world_size()
+    assert 0 <= tdist.local_rank() < tdist.local_world_size()
+    assert tdist.is_symmetric(tdist.symm_empty(4))
+    assert not tdist.is_symmetric(torch.empty(4, device="cuda"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_each_rank_writes_its_peers_tensor(dtype):
+    me, world = tdist.rank(), tdist.world_size()
+    right, left = (me + 1) % world, (me - 1) % world
+    shape = (257, 33)  # odd sizes: no element may be missed by a vectorised path
+    x = tdist.symm_empty(shape, dtype)
+    peer = tdist.peer_tensor(x, right)
+    assert peer.shape == x.shape and peer.dtype == x.dtype
+    for it in range(200):
+        x.fill_(-7 if dtype != torch.bfloat16 else float("nan"))  # poison before every round
+        torch.cuda.synchronize()
+        tdist.barrier()  # every rank poisoned before anyone writes
+        mine = torch.randn(shape, generator=rank_generator(it, me), device="cuda").mul(1000).to(dtype)
+        peer.copy_(mine)
+        torch.cuda.synchronize()
+        tdist.barrier()  # every write landed
+        expected = torch.randn(shape, generator=rank_generator(it, left), device="cuda").mul(1000).to(dtype)
+        ok = torch.equal(x, expected)
+        if not ok:
+            break
+    all_ranks_agree(ok, f"iteration {it}: rank's tensor differs from what its left neighbour wrote")
+
+
+def test_views_and_offsets_map_to_the_same_peer_elements():
+    me, world = tdist.rank(), tdist.world_size()
+    x = tdist.symm_zeros((64, 64), torch.float32)
+    view = x[3:40:2, 5:]  # strided view with a storage offset
+    peer_view = tdist.peer_tensor(view, (me + 1) % world)
+    assert peer_view.stride() == view.stride() and peer_view.storage_offset() == view.storage_offset()
+    peer_view.fill_(me + 1)
+    torch.cuda.synchronize()
+    tdist.barrier()
+    expected = torch.zeros(64, 64, device="cuda")
+    expected[3:40:2, 5:] = (me - 1) % world + 1
+    all_ranks_agree(torch.equal(x, expected), "strided peer view wrote the wrong elements")
+
+
+def test_symm_zeros_is_zero_and_memory_is_reused():
+    from triton_dist.runtime import _core
+
+    start = _core().heap_stats()["bytes_in_use"]
+    for _ in range(300):  # 300 x 16 MiB would exhaust the 2 GiB heap without reuse
+        t = tdist.symm_zeros((4 << 20,), torch.float32)
+        assert int(t.count_nonzero()) == 0
+        t.fill_(1.0)
+        del t
+    in_use = _core().heap_stats()["bytes_in_use"]
+    all_ranks_agree(in_use - start <= 2 * (16 << 20), f"heap grew by {in_use - start} B over 300 freed tensors")
+
+
+def test_size_mismatch_is_an_error_on_every_rank():
+    if tdist.world_size() == 1:
+        pytest.skip("a size mismatch needs two ranks")
+    shape = (1024,) if tdist.rank() == 0 else (2048,)
+    raises_everywhere(lambda: tdist.symm_empty(shape, torch.float32), RuntimeError,
+                      r"different sizes .*rank 0: 4096 B.*rank 1: 8192 B")
+
+
+def test_exhausted_heap_says_how_to_enlarge():
+    raises_everywhere(lambda: tdist.symm_empty((1 << 40,), torch.uint8), RuntimeError,
+                      "exhausted.*TRITON_DIST_SYMMETRIC_HEAP_SIZE")
+    tdist.symm_empty((16,))  # still usable afterwards
+
+
+def test_bad_input_errors():
+    x = tdist.symm_empty((8,))
+    world = tdist.world_size()
+    raises_everywhere(lambda: tdist.peer_tensor(x, world), RuntimeError, f"peer {world} is out of range")
+    raises_everywhere(lambda: tdist.peer_tensor(x, -1), RuntimeError, "out of range")
+    raises_everywhere(lambda: tdist.peer_tensor(torch.empty(8, device="cuda"), 0), RuntimeError,
+                      "not on the symmetric heap")
+    raises_everywhere(lambda: tdist.peer_tensor(torch.empty(8), 0), ValueError, "not on a CUDA device")
+    raises_everywhere(lambda: tdist.symm_empty((2, -1)), ValueError, "negative dimension")
+    raises_everywhere(lambda: tdist.symm_empty((2, 2), "float32"), TypeError, "torch.dtype")
+    raises_everywhere(lambda: tdist.init(), RuntimeError, "already initialised")
+
+
+def test_signal_pad_epochs():
+    pad = tdist.SignalPad(16)
+    assert len(pad) == 16 and pad.signals.dtype == torch.uint64
+    assert int(pad.signals.to(torch.int64).sum()) == 0
+    assert [pad.next_epoch() for _ in range(3)] == [1, 2, 3] and pad.epoch == 3
+
+
+def test_stream_memory_ops_publish_to_the_peer():
+    me, world = tdist.rank(), tdist.world_size()
+    right, left = (me + 1) % world, (me - 1) % world
+    pad = tdist.SignalPad(1)
+    data = tdist.symm_empty((1 << 20,), torch.float32)
+    peer_data, peer_pad = tdist.peer_tensor(data, right), tdist.peer_tensor(pad.signals, right)
+    got = torch.empty_like(data)
+    torch.cuda.synchronize()
+    tdist.barrier()
+    ok = True
+    for it in range(100):
+        epoch = pad.next_epoch()
+        payload = torch.randn(data.shape, generator=rank_generator(it, me), device="cuda")
+        peer_data.copy_(payload)  # copy engine / SM copy into the peer
+        tdist.stream_write_value64(peer_pad, 0, epoch)  # ordered after the copy on this stream
+        tdist.stream_wait_value64(pad.signals, 0, epoch)  # left neighbour's data has landed
+        got.copy_(data)
+        expected = torch.randn(data.shape, generator=rank_generator(it, left), device="cuda")
+        ok = ok and torch.equal(got, expected)
+        torch.cuda.synchronize()
+        tdist.barrier()  # nobody overwrites `data` before its owner read it
+    all_ranks_agree(ok, "data published with stream_write_value64 arrived incomplete")
