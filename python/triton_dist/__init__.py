@@ -13,7 +13,7 @@ programs. Importing is cheap and inert: nothing touches the GPU, torch or NVSHME
 
 from .config import Config
 from .config import get as get_config
-from .jit import DistributedKernel, jit
+from .distributed_jit import DistributedKernel, jit
 from .runtime import (barrier, device_barrier, finalize, init, is_initialized, local_rank, local_world_size, rank,
                       world_size)
 from .signals import SignalPad, stream_wait_value64, stream_write_value64

@@ -105,7 +105,7 @@ def init(process_group=None, *, heap_size: int | str | None = None,
     _core().init(rank, world_size, allgather, cfg.symmetric_heap_size, cfg.local_world_size,
                  _nvshmem.library_dir())
     _config._set(cfg)
-    from . import jit as _jit
+    from . import distributed_jit as _jit
 
     _jit.install_module_hook()
     _state.update(process_group=process_group, device=device, created_group=created_group,
@@ -121,7 +121,7 @@ def finalize() -> None:
     _require_initialized("finalize")
     import torch
 
-    from . import jit as _jit
+    from . import distributed_jit as _jit
 
     torch.cuda.synchronize()
     _jit.remove_module_hook()

@@ -18,6 +18,8 @@ def exit_without_finalize() -> None:
     # Symmetric tensors alive at interpreter exit, no finalize(): the process must still exit.
     tdist.init(heap_size="256M")
     x = tdist.symm_zeros((1 << 20,), torch.float32)
+    torch.cuda.synchronize()
+    tdist.barrier()  # every rank zeroed before its neighbour writes
     peer = tdist.peer_tensor(x, (tdist.rank() + 1) % tdist.world_size())
     peer.fill_(1.0)
     torch.cuda.synchronize()
@@ -30,12 +32,12 @@ def world_size_mismatch() -> None:
     tdist.init(heap_size="256M")
     tdist.finalize()
     assert not tdist.is_initialized()
+    import torch.distributed as dist
+
+    dist.init_process_group(backend="cpu:gloo,cuda:nccl")  # the real world, then a wrong environment
     real = os.environ["WORLD_SIZE"]
     os.environ["WORLD_SIZE"] = str(int(real) + 1)
     try:
-        import torch.distributed as dist
-
-        dist.init_process_group(backend="cpu:gloo,cuda:nccl")
         tdist.init()
         raise AssertionError("init accepted a WORLD_SIZE that disagrees with the process group")
     except RuntimeError as e:

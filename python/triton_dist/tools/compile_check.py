@@ -12,7 +12,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from .. import nvshmem as _nvshmem
-from ..jit import DistributedKernel
+from ..distributed_jit import DistributedKernel
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
