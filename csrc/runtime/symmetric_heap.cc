@@ -36,7 +36,7 @@ bool decode_request(const std::string& blob, Request& out) {
 }
 
 std::string human_bytes(std::size_t bytes) {
-  std::ostringstream s;
+  Message s;
   if (bytes >= (1ull << 30)) {
     s << static_cast<double>(bytes) / (1ull << 30) << " GiB";
   } else if (bytes >= (1ull << 20)) {
@@ -115,7 +115,7 @@ std::shared_ptr<SymmetricBlock> SymmetricHeap::allocate(std::size_t bytes,
     sizes_agree = sizes_agree && req.bytes == bytes && req.count == count;
   }
   if (!sizes_agree) {
-    std::ostringstream sizes;
+    Message sizes;
     for (std::size_t r = 0; r < requests.size(); ++r) {
       sizes << (r ? ", " : "") << "rank " << r << ": " << requests[r].bytes << " B (allocation #"
             << requests[r].count << ")";

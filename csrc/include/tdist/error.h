@@ -2,9 +2,10 @@
 // operation and what the user can do about it; the Python bindings turn Error into RuntimeError.
 #pragma once
 
-#include <sstream>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace tdist {
 
@@ -23,13 +24,42 @@ class TimeoutError : public Error {
 // "triton_dist [rank 3] symmetric_allocate: <what>" — the prefix every message carries.
 std::string error_prefix(int rank, const std::string& op);
 
+// Builds messages with `<<` without iostreams: std::ostream's number formatting goes through
+// locale facets, which crashed in processes that also load a statically linked C++ runtime (seen
+// on the GPU machine with Triton and torch loaded, 2026-11-29).
+class Message {
+ public:
+  Message& operator<<(const std::string& s) { text_ += s; return *this; }
+  Message& operator<<(const char* s) { text_ += s ? s : "(null)"; return *this; }
+  Message& operator<<(char c) { text_ += c; return *this; }
+  Message& operator<<(bool b) { text_ += b ? "true" : "false"; return *this; }
+  template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
+  Message& operator<<(T value) { text_ += std::to_string(value); return *this; }
+  Message& operator<<(double value) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.3g", value);
+    text_ += buf;
+    return *this;
+  }
+  Message& operator<<(const void* p) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%p", p);
+    text_ += buf;
+    return *this;
+  }
+  const std::string& str() const { return text_; }
+
+ private:
+  std::string text_;
+};
+
 }  // namespace tdist
 
 // TDIST_CHECK(cond, rank, op, stream-expression): throws tdist::Error when cond is false.
 #define TDIST_CHECK(cond, rank, op, what)                                         \
   do {                                                                            \
     if (!(cond)) {                                                                \
-      std::ostringstream tdist_msg_;                                              \
+      ::tdist::Message tdist_msg_;                                                \
       tdist_msg_ << ::tdist::error_prefix((rank), (op)) << what;                  \
       throw ::tdist::Error(tdist_msg_.str());                                     \
     }                                                                             \
