@@ -36,15 +36,14 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
 
 
-def _env_bool(name: str, default: bool) -> bool:
+def _env_float(name: str, default: float) -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
-    if raw.lower() in ("1", "true", "yes", "on"):
-        return True
-    if raw.lower() in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={raw!r} is not a boolean; use 1 or 0")
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,22 +58,13 @@ class Config:
     bootstrap_timeout_s: float = 300.0
     """How long init and other host collectives wait for every rank (TRITON_DIST_BOOTSTRAP_TIMEOUT_S)."""
 
-    wait_timeout_ns: int = 0
-    """Default bound on every device-side wait; 0 waits forever (TRITON_DIST_WAIT_TIMEOUT_NS)."""
-
-    debug_barriers: bool = False
-    """Wrap every device-side wait in a full barrier, to tell ordering bugs from logic bugs
-    (TRITON_DIST_DEBUG_BARRIERS)."""
-
     @staticmethod
     def from_environment() -> "Config":
         heap = os.environ.get("TRITON_DIST_SYMMETRIC_HEAP_SIZE")
         return Config(
             symmetric_heap_size=parse_size(heap) if heap else Config.symmetric_heap_size,
             local_world_size=_env_int("TRITON_DIST_LOCAL_WORLD_SIZE", 0),
-            bootstrap_timeout_s=float(os.environ.get("TRITON_DIST_BOOTSTRAP_TIMEOUT_S") or 300.0),
-            wait_timeout_ns=_env_int("TRITON_DIST_WAIT_TIMEOUT_NS", 0),
-            debug_barriers=_env_bool("TRITON_DIST_DEBUG_BARRIERS", False),
+            bootstrap_timeout_s=_env_float("TRITON_DIST_BOOTSTRAP_TIMEOUT_S", 300.0),
         )
 
 

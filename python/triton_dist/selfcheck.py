@@ -51,8 +51,6 @@ def check_bootstrap(world: int = 4) -> str:
 
 
 def check_compile() -> str:
-    import triton.language as tl
-
     import triton_dist
     from triton_dist.language import shmem
     from triton_dist.tools.compile_check import compile_for_hopper
@@ -65,7 +63,6 @@ def check_compile() -> str:
 
     compiled = compile_for_hopper(ring_put, {"dst": "*u8", "src": "*u8", "sig": "*u64", "nbytes": "i64", "epoch": "u64"})
     assert "nvshmemi_device_state_d" in compiled.asm["ptx"]
-    del tl
     return f"sm_90 compile with NVSHMEM bitcode: {len(compiled.asm['cubin'])} B cubin"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .runtime import _core, _require_initialized
+from .runtime import _core, _require_initialized, is_initialized
 
 
 def _normalize_shape(shape, op: str) -> tuple[int, ...]:
@@ -47,19 +47,13 @@ def is_symmetric(tensor) -> bool:
     """True when ``tensor``'s memory lies inside one live symmetric allocation."""
     import torch
 
-    if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda or not _state_ok():
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda or not is_initialized():
         return False
     try:
         _core().check_symmetric(tensor.data_ptr(), max(tensor.untyped_storage().nbytes(), 1), "is_symmetric")
         return True
     except RuntimeError:
         return False
-
-
-def _state_ok() -> bool:
-    from .runtime import is_initialized
-
-    return is_initialized()
 
 
 def check_symmetric(tensor, op: str) -> None:

@@ -18,24 +18,21 @@ def test_parse_size_rejects(text):
 def test_environment_overrides(monkeypatch):
     monkeypatch.setenv("TRITON_DIST_SYMMETRIC_HEAP_SIZE", "3G")
     monkeypatch.setenv("TRITON_DIST_LOCAL_WORLD_SIZE", "1")
-    monkeypatch.setenv("TRITON_DIST_WAIT_TIMEOUT_NS", "5000000")
-    monkeypatch.setenv("TRITON_DIST_DEBUG_BARRIERS", "1")
+    monkeypatch.setenv("TRITON_DIST_BOOTSTRAP_TIMEOUT_S", "12.5")
     cfg = config.Config.from_environment()
     assert cfg.symmetric_heap_size == 3 << 30
     assert cfg.local_world_size == 1
-    assert cfg.wait_timeout_ns == 5_000_000
-    assert cfg.debug_barriers is True
+    assert cfg.bootstrap_timeout_s == 12.5
     assert config.get() == cfg  # nothing initialised: get() reads the environment
 
 
 def test_defaults(monkeypatch):
-    for name in ("TRITON_DIST_SYMMETRIC_HEAP_SIZE", "TRITON_DIST_LOCAL_WORLD_SIZE", "TRITON_DIST_WAIT_TIMEOUT_NS",
-                 "TRITON_DIST_DEBUG_BARRIERS"):
+    for name in ("TRITON_DIST_SYMMETRIC_HEAP_SIZE", "TRITON_DIST_LOCAL_WORLD_SIZE", "TRITON_DIST_BOOTSTRAP_TIMEOUT_S"):
         monkeypatch.delenv(name, raising=False)
     assert config.Config.from_environment() == config.Config()
 
 
-@pytest.mark.parametrize("name,value", [("TRITON_DIST_LOCAL_WORLD_SIZE", "two"), ("TRITON_DIST_DEBUG_BARRIERS", "maybe"),
+@pytest.mark.parametrize("name,value", [("TRITON_DIST_LOCAL_WORLD_SIZE", "two"), ("TRITON_DIST_BOOTSTRAP_TIMEOUT_S", "soon"),
                                         ("TRITON_DIST_SYMMETRIC_HEAP_SIZE", "lots")])
 def test_bad_environment_values_name_the_variable(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
