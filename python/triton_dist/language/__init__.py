@@ -1,11 +1,17 @@
 """Device-side primitives for Triton kernels (``import triton_dist.language as dl``).
 
-``dl.shmem`` (also ``dl.libshmem_device``) is the OpenSHMEM device API over NVSHMEM; kernels
-that use it are decorated with ``triton_dist.jit``. Importing this package needs neither torch
-nor a GPU, so kernels compile for sm_90 anywhere.
+- signalling (``signals``): ``rank``, ``num_ranks``, ``symm_at``, ``wait``, ``notify``, ``consume_token``;
+- memory model (``memory``): ``ld``, ``st``, ``fence`` with scope and semantic, ``tid``, ``laneid``;
+- ``dl.shmem`` (also ``dl.libshmem_device``): the OpenSHMEM device API over NVSHMEM.
+
+Kernels that use them are decorated with ``triton_dist.jit``. Importing this package needs
+neither torch nor a GPU, so kernels compile for sm_90 anywhere.
 """
 
 from . import shmem
 from . import shmem as libshmem_device
+from .memory import fence, laneid, ld, st, tid
+from .signals import consume_token, notify, num_ranks, rank, symm_at, wait
 
-__all__ = ["shmem", "libshmem_device"]
+__all__ = ["consume_token", "fence", "laneid", "ld", "libshmem_device", "notify", "num_ranks", "rank", "shmem", "st",
+           "symm_at", "tid", "wait"]

@@ -1,0 +1,96 @@
+"""Memory-model primitives for Triton kernels: loads, stores and fences with an explicit scope and
+semantic, and thread identity. Stock Triton exposes neither acquire loads nor release stores on
+arbitrary pointers, so these are inline PTX.
+
+Scopes: ``"cta"``, ``"gpu"``, ``"sys"`` (``sys`` is what peers across NVLink observe).
+Every primitive here runs in every thread of the program; stores and fences are harmless
+when repeated, so no thread election is needed.
+"""
+
+from __future__ import annotations
+
+import triton.language as tl
+from triton.language import core
+
+SCOPES = ("cta", "gpu", "sys")
+_LOAD_SEMANTICS = ("relaxed", "acquire", "volatile")
+_STORE_SEMANTICS = ("relaxed", "release", "volatile")
+_CONSTRAINT = {32: "r", 64: "l"}
+
+
+def _choice(name: str, value, allowed) -> str:
+    value = core._unwrap_if_constexpr(value)
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
+
+
+def address(ptr, _semantic):
+    """A pointer (or tensor of pointers) as int64, for inline PTX."""
+    ptr = _semantic.to_tensor(ptr)
+    if not ptr.dtype.is_ptr():
+        raise TypeError(f"expected a pointer, got {ptr.dtype}")
+    return _semantic.cast(ptr, tl.int64)
+
+
+def _element_bits(ptr) -> int:
+    elem = ptr.dtype.element_ty
+    bits = elem.primitive_bitwidth
+    if bits not in _CONSTRAINT:
+        raise TypeError(f"only 32- and 64-bit elements are supported, got {elem}")
+    return bits
+
+
+def _qualifier(semantic: str, scope: str) -> str:
+    return "volatile" if semantic == "volatile" else f"{semantic}.{scope}"
+
+
+@core.builtin
+def ld(ptr, scope="gpu", semantic="acquire", _semantic=None):
+    """Load ``*ptr`` with ``ld.<semantic>.<scope>``; semantic is relaxed, acquire or volatile."""
+    scope, semantic = _choice("scope", scope, SCOPES), _choice("semantic", semantic, _LOAD_SEMANTICS)
+    ptr = _semantic.to_tensor(ptr)
+    bits = _element_bits(ptr)
+    c = _CONSTRAINT[bits]
+    return core.inline_asm_elementwise(f"ld.{_qualifier(semantic, scope)}.global.b{bits} $0, [$1];", f"={c},l",
+                                       [address(ptr, _semantic)], dtype=ptr.dtype.element_ty, is_pure=False, pack=1,
+                                       _semantic=_semantic)
+
+
+@core.builtin
+def st(ptr, value, scope="gpu", semantic="release", _semantic=None):
+    """Store ``value`` to ``*ptr`` with ``st.<semantic>.<scope>``; returns a dummy int32.
+
+    A release store orders only the calling thread's earlier writes: put ``tl.debug_barrier()``
+    before it when other threads of the program wrote the data it publishes.
+    """
+    scope, semantic = _choice("scope", scope, SCOPES), _choice("semantic", semantic, _STORE_SEMANTICS)
+    ptr = _semantic.to_tensor(ptr)
+    bits = _element_bits(ptr)
+    value = _semantic.cast(_semantic.to_tensor(value), ptr.dtype.element_ty)
+    return core.inline_asm_elementwise(
+        f"st.{_qualifier(semantic, scope)}.global.b{bits} [$1], $2; mov.u32 $0, 0;", f"=r,l,{_CONSTRAINT[bits]}",
+        [address(ptr, _semantic), value], dtype=tl.int32, is_pure=False, pack=1, _semantic=_semantic)
+
+
+@core.builtin
+def fence(scope="gpu", _semantic=None):
+    """``fence.acq_rel.<scope>``: orders this thread's memory accesses before and after it."""
+    scope = _choice("scope", scope, SCOPES)
+    return core.inline_asm_elementwise(f"fence.acq_rel.{scope}; mov.u32 $0, 0;", "=r", [], dtype=tl.int32,
+                                       is_pure=False, pack=1, _semantic=_semantic)
+
+
+@core.builtin
+def tid(axis=0, _semantic=None):
+    """This thread's index in the program (CTA) along ``axis`` (0, 1 or 2)."""
+    axis = "xyz"[_choice("axis", axis, (0, 1, 2))]
+    return core.inline_asm_elementwise(f"mov.u32 $0, %tid.{axis};", "=r", [], dtype=tl.int32, is_pure=True, pack=1,
+                                       _semantic=_semantic)
+
+
+@core.builtin
+def laneid(_semantic=None):
+    """This thread's lane in its warp (0..31)."""
+    return core.inline_asm_elementwise("mov.u32 $0, %laneid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1,
+                                       _semantic=_semantic)
