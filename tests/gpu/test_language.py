@@ -70,6 +70,13 @@ def test_every_tile_read_is_fresh():
     torch.cuda.synchronize()
     tdist.barrier()
     expected_tile = torch.arange(num_tiles, device="cuda", dtype=torch.float32).repeat_interleave(block)
+    # Load both modules before any consumer spins: loading a module that links NVSHMEM runs
+    # nvshmemx_cumodule_init, which waits for the device and would wait on a spinning consumer.
+    first = pad.next_epoch()
+    produce[(num_tiles, )](data[num_tiles * block:], pad.signals, right, first, BLOCK=block)
+    consume[(num_tiles, )](data, pad.signals, out, first, NUM_TILES=num_tiles, BLOCK=block)
+    torch.cuda.synchronize()
+    tdist.barrier()
     ok = True
     for _ in range(200):
         epoch = pad.next_epoch()
