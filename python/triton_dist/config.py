@@ -58,13 +58,27 @@ class Config:
     bootstrap_timeout_s: float = 300.0
     """How long init and other host collectives wait for every rank (TRITON_DIST_BOOTSTRAP_TIMEOUT_S)."""
 
+    wait_timeout_ns: int = 60_000_000_000
+    """How long a device-side ``dl.wait`` spins before it prints what it waited for and traps, unless
+    the call gives its own ``timeout_ns`` (TRITON_DIST_WAIT_TIMEOUT_NS; 0 waits forever). Generous by
+    default: a peer may still be compiling its first kernel while this rank waits."""
+
+    debug_barriers: bool = False
+    """Wrap every ``dl.wait`` in CTA barriers and a system fence, to tell ordering bugs from logic bugs:
+    a kernel that passes only with this on is missing a fence or a token (TRITON_DIST_DEBUG_BARRIERS=1)."""
+
     @staticmethod
     def from_environment() -> "Config":
         heap = os.environ.get("TRITON_DIST_SYMMETRIC_HEAP_SIZE")
+        timeout = _env_int("TRITON_DIST_WAIT_TIMEOUT_NS", Config.wait_timeout_ns)
+        if timeout < 0:
+            raise ValueError(f"TRITON_DIST_WAIT_TIMEOUT_NS={timeout} must be >= 0 (0 waits forever)")
         return Config(
             symmetric_heap_size=parse_size(heap) if heap else Config.symmetric_heap_size,
             local_world_size=_env_int("TRITON_DIST_LOCAL_WORLD_SIZE", 0),
             bootstrap_timeout_s=_env_float("TRITON_DIST_BOOTSTRAP_TIMEOUT_S", 300.0),
+            wait_timeout_ns=timeout,
+            debug_barriers=_env_int("TRITON_DIST_DEBUG_BARRIERS", 0) != 0,
         )
 
 

@@ -1,9 +1,17 @@
 """``triton_dist.jit``: triton.jit plus NVSHMEM's device library.
 
-Kernels that call :mod:`triton_dist.language.shmem` need NVSHMEM's bitcode linked in and, once
-loaded, their module initialised with NVSHMEM's device state. The decorator supplies the first
-at every launch (the ``extern_libs`` option, part of Triton's cache key); a Triton load hook,
-installed by :func:`triton_dist.init`, does the second for every module Triton loads.
+Kernels that call :mod:`triton_dist.language` need NVSHMEM's bitcode and the language's support
+library linked in and, once loaded, their module initialised with NVSHMEM's device state. The
+decorator supplies the first at every launch (the ``extern_libs`` option, part of Triton's cache
+key); a Triton load hook, installed by :func:`triton_dist.init`, does the second for every
+module Triton loads.
+
+Loading a module that links NVSHMEM waits for the device. A kernel that is spinning on a signal
+(a consumer waiting for its peer) therefore blocks the load of any other module in the process,
+and the peer's producer may be the one being loaded: a deadlock. Load every kernel before any of
+them waits: :meth:`DistributedKernel.preload`, or a first launch outside the spinning phase, and
+keep per-call values such as epochs out of Triton's specialisation (``do_not_specialize``), since
+a value that becomes 1 or a multiple of 16 otherwise compiles and loads a new variant.
 """
 
 from __future__ import annotations
@@ -13,6 +21,12 @@ import functools
 import triton
 
 from . import nvshmem as _nvshmem
+from .language import support_library as _support_library
+
+
+def extern_libs() -> tuple[tuple[str, str], ...]:
+    """The ``extern_libs`` option of a ``triton_dist.jit`` kernel under the settings in force."""
+    return _nvshmem.extern_libs() + ((_support_library.NAME, _support_library.path()), )
 
 
 def _initialize_module(module, function, name, metadata_group, hash) -> None:
@@ -42,7 +56,7 @@ class DistributedKernel:
         functools.update_wrapper(self, fn.fn)
 
     def _options(self, kwargs: dict) -> dict:
-        kwargs.setdefault("extern_libs", _nvshmem.extern_libs())
+        kwargs.setdefault("extern_libs", extern_libs())
         return kwargs
 
     def run(self, *args, grid, warmup=False, **kwargs):
@@ -50,6 +64,16 @@ class DistributedKernel:
 
     def warmup(self, *args, grid, **kwargs):
         return self.fn.warmup(*args, grid=grid, **self._options(kwargs))
+
+    def preload(self, *args, grid, **kwargs):
+        """Compile and load the variant these arguments select, without launching it.
+
+        Call this for every kernel of an op before any of them can spin (see the module notes);
+        arguments are only inspected for their types and specialisation, never read.
+        """
+        compiled = self.fn.warmup(*args, grid=grid, **self._options(kwargs))
+        compiled._init_handles()
+        return compiled
 
     def __getitem__(self, grid):
         return functools.partial(self.run, grid=grid, warmup=False)

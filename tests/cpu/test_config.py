@@ -19,7 +19,10 @@ def test_environment_overrides(monkeypatch):
     monkeypatch.setenv("TRITON_DIST_SYMMETRIC_HEAP_SIZE", "3G")
     monkeypatch.setenv("TRITON_DIST_LOCAL_WORLD_SIZE", "1")
     monkeypatch.setenv("TRITON_DIST_BOOTSTRAP_TIMEOUT_S", "12.5")
+    monkeypatch.setenv("TRITON_DIST_WAIT_TIMEOUT_NS", "5000")
+    monkeypatch.setenv("TRITON_DIST_DEBUG_BARRIERS", "1")
     cfg = config.Config.from_environment()
+    assert cfg.wait_timeout_ns == 5000 and cfg.debug_barriers
     assert cfg.symmetric_heap_size == 3 << 30
     assert cfg.local_world_size == 1
     assert cfg.bootstrap_timeout_s == 12.5
@@ -27,13 +30,15 @@ def test_environment_overrides(monkeypatch):
 
 
 def test_defaults(monkeypatch):
-    for name in ("TRITON_DIST_SYMMETRIC_HEAP_SIZE", "TRITON_DIST_LOCAL_WORLD_SIZE", "TRITON_DIST_BOOTSTRAP_TIMEOUT_S"):
+    for name in ("TRITON_DIST_SYMMETRIC_HEAP_SIZE", "TRITON_DIST_LOCAL_WORLD_SIZE", "TRITON_DIST_BOOTSTRAP_TIMEOUT_S",
+                 "TRITON_DIST_WAIT_TIMEOUT_NS", "TRITON_DIST_DEBUG_BARRIERS"):
         monkeypatch.delenv(name, raising=False)
     assert config.Config.from_environment() == config.Config()
 
 
 @pytest.mark.parametrize("name,value", [("TRITON_DIST_LOCAL_WORLD_SIZE", "two"), ("TRITON_DIST_BOOTSTRAP_TIMEOUT_S", "soon"),
-                                        ("TRITON_DIST_SYMMETRIC_HEAP_SIZE", "lots")])
+                                        ("TRITON_DIST_SYMMETRIC_HEAP_SIZE", "lots"),
+                                        ("TRITON_DIST_WAIT_TIMEOUT_NS", "-1"), ("TRITON_DIST_WAIT_TIMEOUT_NS", "1s")])
 def test_bad_environment_values_name_the_variable(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name if "HEAP" not in name else "lots"):

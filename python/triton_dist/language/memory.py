@@ -94,3 +94,44 @@ def laneid(_semantic=None):
     """This thread's lane in its warp (0..31)."""
     return core.inline_asm_elementwise("mov.u32 $0, %laneid;", "=r", [], dtype=tl.int32, is_pure=True, pack=1,
                                        _semantic=_semantic)
+
+
+_ATOMIC_SEMANTICS = ("relaxed", "acquire", "release", "acq_rel")
+
+
+def _atomic(name: str, triton_op):
+
+    def call(ptr, *operands, scope="gpu", semantic="acq_rel", mask=None, _semantic=None):
+        scope = _choice("scope", scope, SCOPES)
+        semantic = _choice("semantic", semantic, _ATOMIC_SEMANTICS)
+        return triton_op(ptr, *operands, mask=mask, sem=semantic, scope=scope, _semantic=_semantic) if mask is not None \
+            else triton_op(ptr, *operands, sem=semantic, scope=scope, _semantic=_semantic)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = (f"``tl.{triton_op.__name__}`` with the scope and semantic named like the rest of this module: "
+                    "scope cta, gpu or sys; semantic relaxed, acquire, release or acq_rel. On a scalar pointer one "
+                    "thread performs it; put :func:`barrier` before a release that publishes other threads' "
+                    "stores.")
+    return core.builtin(call)
+
+
+atomic_add = _atomic("atomic_add", core.atomic_add)
+atomic_xchg = _atomic("atomic_xchg", core.atomic_xchg)
+
+
+@core.builtin
+def atomic_cas(ptr, compare, value, scope="gpu", semantic="acq_rel", _semantic=None):
+    """``tl.atomic_cas`` with an explicit scope (cta, gpu, sys) and semantic (relaxed, acquire,
+    release, acq_rel); returns the old value. On a scalar pointer one thread performs it."""
+    scope = _choice("scope", scope, SCOPES)
+    semantic = _choice("semantic", semantic, _ATOMIC_SEMANTICS)
+    ptr = _semantic.to_tensor(ptr)
+    element = ptr.dtype.element_ty
+    compare, value = (_semantic.cast(_semantic.to_tensor(v), element) for v in (compare, value))
+    return core.atomic_cas(ptr, compare, value, sem=semantic, scope=scope, _semantic=_semantic)
+
+
+@core.builtin
+def barrier(_semantic=None):
+    """CTA barrier (``bar.sync 0``): every thread of the program arrives before any goes on."""
+    return core.debug_barrier(_semantic=_semantic)

@@ -3,20 +3,23 @@
 
 A producer finishes a tile's stores, then ``notify`` publishes with release semantics at the scope
 the consumer lives in; a consumer ``wait``s with acquire semantics and passes the returned token
-through ``consume_token`` to the pointers it loads from, which makes those loads depend on the wait,
-so the compiler cannot hoist them above it.
+through ``consume_token`` to what it loads through (pointers, TMA coordinates or a descriptor),
+which makes those loads depend on the wait, so the compiler cannot hoist them above it.
 """
 
 from __future__ import annotations
 
+import triton
 import triton.language as tl
 from triton.language import core
 
+from .. import config as _config
 from . import shmem
-from .memory import SCOPES, _choice, _qualifier, address
+from . import support_library
+from .memory import SCOPES, _choice, _qualifier, address, tid
 
-_COMM_SCOPES = ("gpu", "intra_node")
 _SIG_OPS = ("set", "add")
+_WAIT_SEMANTICS = ("acquire", "volatile", "relaxed")
 
 
 @core.builtin
@@ -39,75 +42,217 @@ def symm_at(ptr, pe, _semantic=None):
 
 
 @core.builtin
-def wait(ptr, num_barriers, scope="gpu", semantic="acquire", wait_value=1, _semantic=None):
-    """Spin until each of the ``num_barriers`` uint64 signals at ``ptr`` is ``>= wait_value``.
-
-    Every thread of the program spins (so all of them acquire); returns a token for
-    :func:`consume_token`. Not yet usable inside a software-pipelined loop (``num_stages > 1``):
-    Triton's pipeliner refuses to predicate this side-effecting asm. ``scope`` is where the notifier lives: ``"gpu"`` for this GPU,
-    ``"sys"`` for a peer.
-    """
-    scope, semantic = _choice("scope", scope, SCOPES), _choice("semantic", semantic, ("acquire", "volatile",
-                                                                                     "relaxed"))
+def _spin(ptr, num_barriers, wait_value, timeout_ns, pred, scope, semantic, pure, _semantic=None):
+    """The spin loop of :func:`wait` in every thread: returns ``(failed, observed, waited_ns)``;
+    ``failed`` is 0, or 1 + the index of the signal that did not arrive within ``timeout_ns``."""
+    scope = _choice("scope", scope, SCOPES)
+    semantic = _choice("semantic", semantic, _WAIT_SEMANTICS)
     ptr = _semantic.to_tensor(ptr)
-    if ptr.type.is_block() or ptr.dtype.element_ty.primitive_bitwidth != 64:
+    if ptr.type.is_block() or not ptr.dtype.is_ptr() or ptr.dtype.element_ty.primitive_bitwidth != 64:
         raise TypeError(f"wait expects a scalar pointer to 64-bit signals, got {ptr.type}")
     count = _semantic.cast(_semantic.to_tensor(num_barriers), tl.int32)
     value = _semantic.cast(_semantic.to_tensor(wait_value), tl.uint64)
+    timeout = _semantic.cast(_semantic.to_tensor(timeout_ns), tl.uint64)
+    enabled = _semantic.cast(_semantic.to_tensor(pred), tl.int32)
     load = f"ld.{_qualifier(semantic, scope)}.global.u64"
+    # The clock is read only once a load has failed, so a signal that is already there costs one
+    # load. %globaltimer is in nanoseconds on every GPU since Volta.
     asm = f"""{{
-    .reg .pred %p<2>; .reg .u64 %v; .reg .u64 %a; .reg .u32 %i;
-    mov.u64 %a, $1; mov.u32 %i, 0;
+    .reg .pred %p<4>; .reg .u64 %v, %a, %t0, %t; .reg .u32 %i;
+    mov.u32 $0, 0; mov.u64 $1, 0; mov.u64 $2, 0;
+    mov.u64 %a, $3; mov.u32 %i, 0;
+    setp.eq.s32 %p3, $7, 0;
+    @%p3 bra done_${{:uid}};
     next_${{:uid}}:
-    setp.ge.s32 %p0, %i, $2;
+    setp.ge.s32 %p0, %i, $4;
     @%p0 bra done_${{:uid}};
+    {load} %v, [%a];
+    setp.ge.u64 %p1, %v, $5;
+    @%p1 bra arrived_${{:uid}};
+    mov.u64 %t0, %globaltimer;
     spin_${{:uid}}:
     {load} %v, [%a];
-    setp.lt.u64 %p1, %v, $3;
-    @%p1 bra spin_${{:uid}};
+    setp.ge.u64 %p1, %v, $5;
+    @%p1 bra arrived_${{:uid}};
+    mov.u64 %t, %globaltimer;
+    sub.u64 %t, %t, %t0;
+    setp.eq.u64 %p2, $6, 0;
+    @%p2 bra spin_${{:uid}};
+    setp.lt.u64 %p2, %t, $6;
+    @%p2 bra spin_${{:uid}};
+    add.u32 $0, %i, 1; mov.u64 $1, %v; mov.u64 $2, %t;
+    bra done_${{:uid}};
+    arrived_${{:uid}}:
     add.u64 %a, %a, 8; add.u32 %i, %i, 1;
     bra next_${{:uid}};
     done_${{:uid}}:
-    mov.u32 $0, 0;
     }}"""
-    return core.inline_asm_elementwise(asm, "=r,l,r,l", [address(ptr, _semantic), count, value], dtype=tl.int32,
-                                       is_pure=False, pack=1, _semantic=_semantic)
+    return core.inline_asm_elementwise(asm, "=r,=l,=l,l,r,l,l,r", [address(ptr, _semantic), count, value, timeout,
+                                                                   enabled], dtype=(tl.int32, tl.uint64, tl.uint64),
+                                       is_pure=core._unwrap_if_constexpr(pure), pack=1, _semantic=_semantic)
 
 
 @core.builtin
-def notify(ptr, pe, signal=1, sig_op="set", comm_scope="intra_node", _semantic=None):
-    """Publish ``signal`` to the uint64 signal at ``ptr`` on rank ``pe`` (SET or ADD), with release
-    semantics after a CTA barrier, so every thread's earlier stores are visible first.
+def _settings(timeout_ns, _semantic=None):
+    """``(timeout_ns, debug_barriers)`` for a wait: the call's timeout, else the configured one."""
+    cfg = _config.get()
+    timeout_ns = core._unwrap_if_constexpr(timeout_ns)
+    return core.constexpr(cfg.wait_timeout_ns if timeout_ns is None else timeout_ns), core.constexpr(
+        cfg.debug_barriers)
 
-    ``comm_scope``: ``"gpu"`` (consumer on this GPU; ``pe`` must be this rank) or
-    ``"intra_node"`` (a peer over NVLink). One thread performs the atomic.
-    """
-    sig_op = _choice("sig_op", sig_op, _SIG_OPS)
-    comm_scope = _choice("comm_scope", comm_scope, _COMM_SCOPES)
-    target = ptr if comm_scope == "gpu" else symm_at(ptr, pe, _semantic=_semantic)
-    scope = "gpu" if comm_scope == "gpu" else "sys"
-    value = _semantic.cast(_semantic.to_tensor(signal), tl.uint64)
-    # Triton puts no CTA barrier before a release atomic: without this, other threads' stores
-    # are not covered by the release.
+
+@core.builtin
+def _timed_out(index, ptr, expected, observed, waited_ns, _semantic=None):
+    args = [shmem.my_pe(_semantic=_semantic), index, address(ptr, _semantic), expected, observed, waited_ns]
+    types = (tl.int32, tl.int32, tl.int64, tl.uint64, tl.uint64, tl.uint64)
+    args = [_semantic.cast(_semantic.to_tensor(a), t) for a, t in zip(args, types)]
+    return core.extern_elementwise(support_library.NAME, "", args,
+                                   {types: (support_library.WAIT_TIMED_OUT, tl.int32)}, is_pure=False,
+                                   _semantic=_semantic)
+
+
+@core.builtin
+def _barrier_and_fence(_semantic=None):
     core.debug_barrier(_semantic=_semantic)
+    return core.inline_asm_elementwise("fence.sc.sys; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
+                                       pack=1, _semantic=_semantic)
+
+
+@triton.jit
+def wait(ptr, num_barriers, scope: tl.constexpr = tl.constexpr("gpu"), semantic: tl.constexpr = tl.constexpr("acquire"),
+         wait_value=1, pred=None, timeout_ns: tl.constexpr = None):
+    """Spin until each of the ``num_barriers`` uint64 signals at ``ptr`` is ``>= wait_value``;
+    returns a token for :func:`consume_token`.
+
+    Every thread of the program spins, so every thread acquires. ``scope`` is where the notifier
+    lives: ``"gpu"`` for this GPU, ``"sys"`` for a peer.
+
+    ``pred``: for waits in a software-pipelined loop (``tl.range(..., num_stages > 1)``). Without
+    it the wait is ordered with every memory operation around it, which Triton's pipeliner cannot
+    schedule ahead. With it, the wait is ordered only through its token — loads that must follow
+    it have to go through :func:`consume_token`, and a wait whose token is unused is removed — so
+    the pipeliner may issue it stages ahead, also for iterations past the loop's end: pass the
+    iteration's in-range condition (e.g. ``k < num_k``), and the wait spins only where it holds.
+
+    ``timeout_ns`` (a constant): give up after this long, print rank, signal index, expected and
+    observed values, and trap (the host then sees a CUDA error). Defaults to the configured
+    ``wait_timeout_ns`` (TRITON_DIST_WAIT_TIMEOUT_NS); 0 waits forever. With
+    ``debug_barriers`` configured, the wait is fenced by CTA barriers and system fences.
+    """
+    TIMEOUT_NS, DEBUG_BARRIERS = _settings(timeout_ns)
+    if DEBUG_BARRIERS:
+        _barrier_and_fence()
+    if pred is None:
+        failed, observed, waited = _spin(ptr, num_barriers, wait_value, TIMEOUT_NS, 1, scope, semantic, False)
+    else:
+        failed, observed, waited = _spin(ptr, num_barriers, wait_value, TIMEOUT_NS, pred, scope, semantic, True)
+    if TIMEOUT_NS != 0:
+        if failed != 0:
+            _timed_out(failed - 1, ptr + failed - 1, wait_value, observed, waited)
+    if DEBUG_BARRIERS:
+        _barrier_and_fence()
+    return _as_token(failed)
+
+
+@core.builtin
+def _signal_op_code(sig_op, _semantic=None):
+    return core.constexpr(shmem.SIGNAL_SET if _choice("sig_op", sig_op, _SIG_OPS) == "set" else shmem.SIGNAL_ADD)
+
+
+@core.builtin
+def _release_signal(ptr, pe, signal, sig_op, comm_scope, _semantic=None):
+    """One thread's release atomic on the signal, here (``gpu``) or on a peer over NVLink."""
+    sig_op = _choice("sig_op", sig_op, _SIG_OPS)
+    target = ptr if comm_scope == "gpu" else symm_at(ptr, pe, _semantic=_semantic)
+    value = _semantic.cast(_semantic.to_tensor(signal), tl.uint64)
     atomic = core.atomic_xchg if sig_op == "set" else core.atomic_add
-    return atomic(target, value, sem="release", scope=scope, _semantic=_semantic)
+    return atomic(target, value, sem="release", scope="gpu" if comm_scope == "gpu" else "sys", _semantic=_semantic)
+
+
+@core.builtin
+def _check_comm_scope(comm_scope, _semantic=None):
+    return core.constexpr(_choice("comm_scope", comm_scope, ("gpu", "intra_node", "inter_node")))
+
+
+@triton.jit
+def notify(ptr, pe, signal=1, sig_op: tl.constexpr = tl.constexpr("set"),
+           comm_scope: tl.constexpr = tl.constexpr("intra_node")):
+    """Publish ``signal`` to the uint64 signal at ``ptr`` on rank ``pe`` (``sig_op`` ``"set"`` or
+    ``"add"``), after every thread of the program has finished its earlier stores.
+
+    ``comm_scope``: ``"gpu"`` (the consumer is on this GPU; ``pe`` must be this rank),
+    ``"intra_node"`` (a peer over NVLink: a release atomic at system scope), ``"inter_node"``
+    (any rank, through NVSHMEM: ``nvshmem_fence`` then ``nvshmemx_signal_op``, which orders the
+    signal after this thread's earlier NVSHMEM puts to ``pe``). Called by every thread of the
+    program; one thread performs the update.
+    """
+    COMM_SCOPE: tl.constexpr = _check_comm_scope(comm_scope)
+    # A CTA barrier first: Triton puts none before a release atomic, so without it other threads'
+    # stores would not be covered by the release.
+    tl.debug_barrier()
+    if COMM_SCOPE == "inter_node":
+        if tid(0) == 0:
+            shmem.fence()
+            shmem.signal_op(ptr, signal, _signal_op_code(sig_op), pe)
+    else:
+        _release_signal(ptr, pe, signal, sig_op, COMM_SCOPE)
+
+
+# A token is an opaque 0 computed from the wait's status: nothing can fold it away, so whatever it
+# is added to depends on the wait, and being 0 even after a timed-out wait, it never sends a load
+# astray before the timeout report traps. It carries a "multiple of 4096" hint, so adding it to
+# a pointer or offset keeps that value's alignment and contiguity facts: vectorised loads,
+# cp.async and TMA stay possible after consume_token.
+_TOKEN_DIVISIBILITY = 4096
+
+
+@core.builtin
+def _as_token(status, _semantic=None):
+    token = core.inline_asm_elementwise("mov.u32 $0, 0;", "=r,r", [status], dtype=tl.int32, is_pure=True, pack=1,
+                                        _semantic=_semantic)
+    return _semantic.multiple_of(token, [_TOKEN_DIVISIBILITY])
 
 
 @core.builtin
 def consume_token(value, token, _semantic=None):
     """``value`` unchanged, made to depend on ``token`` (from :func:`wait`): loads through the
-    returned pointer(s) cannot be moved above the wait. ``value`` is a pointer, a tensor of
-    pointers, or a 32/64-bit integer (tensor). Pointer alignment facts are lost: restore them with
-    ``tl.multiple_of`` where vectorised loads matter."""
+    result cannot be moved above the wait.
+
+    ``value`` is a pointer, a tensor of pointers, an integer (tensor) such as an offset or a TMA
+    coordinate, or a tensor descriptor. For a descriptor, the result's ``load``/``gather`` carry
+    the token in their first coordinate; use it in the same block (a loop-carried copy is a plain
+    descriptor again). Alignment and contiguity facts of ``value`` are kept.
+    """
+    if isinstance(value, core.tensor_descriptor):
+        return _TokenBoundDescriptor(value, token)
     value = _semantic.to_tensor(value)
-    token = _semantic.cast(_semantic.to_tensor(token), tl.int32)
-    is_ptr = value.dtype.is_ptr()
-    carried = _semantic.cast(value, tl.int64) if is_ptr else value
-    bits = carried.dtype.primitive_bitwidth
-    if bits not in (32, 64):
-        raise TypeError(f"consume_token supports pointers and 32/64-bit values, got {value.dtype}")
-    c = "l" if bits == 64 else "r"
-    out = core.inline_asm_elementwise(f"mov.b{bits} $0, $1;", f"={c},{c},r", [carried, token], dtype=carried.dtype,
-                                      is_pure=True, pack=1, _semantic=_semantic)
-    return _semantic.cast(out, value.dtype) if is_ptr else out
+    token = _semantic.to_tensor(token)
+    if value.dtype.is_ptr():
+        return _semantic.add(value, token, True)
+    if not value.dtype.is_int():
+        raise TypeError(f"consume_token takes pointers, integers or tensor descriptors, got {value.dtype}")
+    return _semantic.add(value, _semantic.cast(token, value.dtype), True)
+
+
+class _TokenBoundDescriptor(core.tensor_descriptor):
+    """A tensor descriptor whose loads wait for a token: the first coordinate of each load is
+    passed through :func:`consume_token`, so the TMA copy is issued after the wait."""
+
+    def __init__(self, desc, token):
+        super().__init__(desc.handle, desc.shape, desc.strides, desc.block_type)
+        self.token = token
+
+    def _bound(self, offsets, _semantic):
+        offsets = list(offsets)
+        offsets[0] = consume_token(_semantic.to_tensor(offsets[0]), self.token, _semantic=_semantic)
+        return offsets
+
+    @core.builtin
+    def load(self, offsets, _semantic=None):
+        return _semantic.descriptor_load(self, self._bound(offsets, _semantic), "", "")
+
+    @core.builtin
+    def gather(self, *args, _semantic=None):
+        x_offsets, y_offset = args
+        y_offset = consume_token(_semantic.to_tensor(y_offset), self.token, _semantic=_semantic)
+        return _semantic.descriptor_gather(self, x_offsets, y_offset, "", "")

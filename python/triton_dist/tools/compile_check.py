@@ -11,29 +11,84 @@ import re
 import triton
 from triton.backends.compiler import GPUTarget
 
-from .. import nvshmem as _nvshmem
-from ..distributed_jit import DistributedKernel
+from ..distributed_jit import DistributedKernel, extern_libs
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
 
-def compile_for_hopper(kernel, signature: dict, constexprs: dict | None = None, **options):
+def compile_for_hopper(kernel, signature: dict, constexprs: dict | None = None, *, aligned: bool = True,
+                       **options):
     """Compile ``kernel`` (triton.jit or triton_dist.jit) for sm_90; returns Triton's CompiledKernel.
 
     ``signature`` maps each non-constexpr parameter to a Triton type string (``"*fp32"``, ``"i64"``).
+    ``aligned`` marks every pointer parameter 16-byte aligned, as a launch with torch tensors does
+    (without it Triton can neither vectorise nor software-pipeline loads).
     """
     fn = kernel
     if isinstance(kernel, DistributedKernel):
         fn = kernel.fn
-        options.setdefault("extern_libs", _nvshmem.extern_libs())
+        options.setdefault("extern_libs", extern_libs())
     constexprs = dict(constexprs or {})
     for name in constexprs:
         signature.setdefault(name, "constexpr")
+    attrs = {(fn.arg_names.index(name), ): [["tt.divisibility", 16]]
+             for name, kind in signature.items() if aligned and kind.startswith("*")}
     source = triton.compiler.ASTSource(fn=fn, signature=signature,
-                                       constexprs={(fn.arg_names.index(k), ): v for k, v in constexprs.items()})
+                                       constexprs={(fn.arg_names.index(k), ): v for k, v in constexprs.items()},
+                                       attrs=attrs)
     return triton.compile(source, target=HOPPER, options=options)
 
 
 def ptx_calls(ptx: str) -> list[str]:
     """Names of the functions a PTX module calls."""
     return re.findall(r"call(?:\.uni)?\s+(?:\([^)]*\),\s*)?([A-Za-z_$][\w$]*)", ptx)
+
+
+_DEFINITION = re.compile(r"^\s*(%[\w.]+)(?::\d+)?\s*=\s*(.*)$")
+
+
+def _definitions(ir: str) -> dict[str, str]:
+    defs = {}
+    for line in ir.splitlines():
+        match = _DEFINITION.match(line)
+        if match:
+            defs[match.group(1)] = match.group(2)
+    return defs
+
+
+def _operands(text: str) -> list[str]:
+    # Drop the location and the attribute dictionary's strings so asm text is not read as operands.
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text.split(" loc(")[0])
+    return [m.group(1) for m in re.finditer(r"(%[\w.]+)(?:#\d+)?", text)]
+
+
+def ancestors(ir: str, value: str) -> set[str]:
+    """Every SSA value that ``value`` is computed from in Triton IR text (TTIR or TTGIR), following
+    operands within the function; loop-carried block arguments end the walk."""
+    defs, seen, todo = _definitions(ir), set(), [value]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        todo.extend(_operands(defs.get(name, "")))
+    return seen - {value}
+
+
+def ops_matching(ir: str, pattern: str) -> list[str]:
+    """The text of every op (with or without results) that matches the regex ``pattern``."""
+    return [line.strip() for line in ir.splitlines() if re.search(pattern, line)]
+
+
+def depends_on(ir: str, op: str, values: set[str]) -> bool:
+    """Whether the op whose text is ``op`` is computed from any of ``values`` (SSA names)."""
+    text = _DEFINITION.match(op).group(2) if _DEFINITION.match(op) else op
+    found = set()
+    for operand in _operands(text):
+        found |= {operand} | ancestors(ir, operand)
+    return bool(found & values)
+
+
+def results(ops: list[str]) -> set[str]:
+    """The SSA names the given ops define."""
+    return {m.group(1) for m in map(_DEFINITION.match, ops) if m}
