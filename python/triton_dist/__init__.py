@@ -13,6 +13,7 @@ programs. Importing is cheap and inert: nothing touches the GPU, torch or NVSHME
 
 from .config import Config
 from .config import get as get_config
+from .device_map import symmetric_map, symmetric_map_bytes
 from .distributed_jit import DistributedKernel, jit
 from .runtime import (barrier, device_barrier, finalize, init, is_initialized, local_rank, local_world_size, rank,
                       world_size)
@@ -24,5 +25,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Config", "DistributedKernel", "SignalPad", "barrier", "check_symmetric", "device_barrier", "finalize",
     "get_config", "init", "is_initialized", "is_symmetric", "jit", "local_rank", "local_world_size", "peer_tensor",
-    "rank", "stream_wait_value64", "stream_write_value64", "symm_empty", "symm_zeros", "world_size"
+    "rank", "stream_wait_value64", "stream_write_value64", "symm_empty", "symm_zeros", "symmetric_map",
+    "symmetric_map_bytes", "world_size"
 ]

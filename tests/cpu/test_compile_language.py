@@ -157,7 +157,10 @@ def test_tma_loads_depend_on_their_wait(num_stages):
     assert len(spins) == num_stages and len(copies) == num_stages
     for copy in copies:
         assert depends_on(ttgir, copy, spins), f"does not depend on a wait: {copy}"
-    assert "cp.async.bulk.tensor" in compiled.asm["ptx"]
+    ptx = compiled.asm["ptx"]
+    assert "cp.async.bulk.tensor" in ptx
+    # The acquired data reaches the async proxy through a proxy fence before each copy.
+    assert ptx.count("fence.proxy.async.global") == num_stages
 
 
 def test_producer_stores_remote_then_adds_signal():

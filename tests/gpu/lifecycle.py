@@ -2,6 +2,7 @@
 
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py exit-without-finalize
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py world-size-mismatch
+    RANK=0 WORLD_SIZE=1 ... python tests/gpu/lifecycle.py wait-timeout   (one rank; test_language runs it)
 
 Each mode prints "PASS <mode>" on every rank and exits 0, or raises.
 """
@@ -12,6 +13,12 @@ import sys
 import torch
 
 import triton_dist as tdist
+import triton_dist.language as dl
+
+
+@tdist.jit
+def wait_for_seven(signals):
+    dl.wait(signals + 2, 1, "sys", "acquire", 7, timeout_ns=200_000_000)
 
 
 def exit_without_finalize() -> None:
@@ -47,7 +54,33 @@ def world_size_mismatch() -> None:
     assert not tdist.is_initialized()
 
 
+def wait_timeout() -> None:
+    # A wait for 7 on a signal that holds 5, with a 200 ms timeout: the kernel must report and
+    # trap, and the host must get an exception well before any test timeout, not hang.
+    import ctypes
+    import time
+
+    tdist.init(heap_size="256M")
+    pad = tdist.SignalPad(4)
+    pad.signals.fill_(5)
+    torch.cuda.synchronize()
+    start = time.monotonic()
+    try:
+        wait_for_seven[(1, )](pad.signals)
+        torch.cuda.synchronize()
+        raise AssertionError("a wait that can never complete returned")
+    except RuntimeError as e:
+        print(f"host raised after {time.monotonic() - start:.2f} s: {str(e).splitlines()[0]}", flush=True)
+    assert time.monotonic() - start < 30
+    print("PASS wait-timeout", flush=True)
+    # The CUDA context is gone after the trap: skip interpreter teardown (finalize would touch it),
+    # flushing C stdio first, where the kernel's report went.
+    ctypes.CDLL(None).fflush(None)
+    os._exit(0)
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
-    {"exit-without-finalize": exit_without_finalize, "world-size-mismatch": world_size_mismatch}[mode]()
+    {"exit-without-finalize": exit_without_finalize, "world-size-mismatch": world_size_mismatch,
+     "wait-timeout": wait_timeout}[mode]()
     print(f"PASS {mode} rank {os.environ.get('RANK')}", flush=True)

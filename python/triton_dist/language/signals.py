@@ -242,9 +242,19 @@ class _TokenBoundDescriptor(core.tensor_descriptor):
         super().__init__(desc.handle, desc.shape, desc.strides, desc.block_type)
         self.token = token
 
+    def _async_proxy_token(self, _semantic):
+        # TMA reads through the async proxy, which the generic-proxy acquire of the wait does not
+        # order: a proxy fence between them makes the acquired data visible to the copy. It is
+        # in the token's chain, so it runs after the wait and before the copy, and, being
+        # "pure", it does not stop the pipeliner from issuing it stages ahead with the wait.
+        token = core.inline_asm_elementwise("fence.proxy.async.global; mov.b32 $0, $1;", "=r,r", [self.token],
+                                            dtype=tl.int32, is_pure=True, pack=1, _semantic=_semantic)
+        return _semantic.multiple_of(token, [_TOKEN_DIVISIBILITY])
+
     def _bound(self, offsets, _semantic):
         offsets = list(offsets)
-        offsets[0] = consume_token(_semantic.to_tensor(offsets[0]), self.token, _semantic=_semantic)
+        offsets[0] = consume_token(_semantic.to_tensor(offsets[0]), self._async_proxy_token(_semantic),
+                                   _semantic=_semantic)
         return offsets
 
     @core.builtin
@@ -254,5 +264,6 @@ class _TokenBoundDescriptor(core.tensor_descriptor):
     @core.builtin
     def gather(self, *args, _semantic=None):
         x_offsets, y_offset = args
-        y_offset = consume_token(_semantic.to_tensor(y_offset), self.token, _semantic=_semantic)
+        y_offset = consume_token(_semantic.to_tensor(y_offset), self._async_proxy_token(_semantic),
+                                 _semantic=_semantic)
         return _semantic.descriptor_gather(self, x_offsets, y_offset, "", "")

@@ -1,0 +1,140 @@
+"""Timing a GPU operation the same way on every rank (DESIGN.md §7).
+
+Method:
+
+- ``warmup`` calls first (compilation, module loading, NCCL communicator set-up), bracketed by a
+  synchronise + barrier so that no rank is still compiling while another one times.
+- Then ``iters`` samples. Before each sample every rank synchronises its GPU and passes a host
+  barrier (triton_dist's when it is initialised, else torch.distributed's), so ranks start each
+  sample together; CUDA events are recorded on the current stream around ``group`` back-to-back
+  calls and the sample is ``elapsed / group``.
+- Counts are fixed, never adapted to the measured time: every rank must make the same number of
+  calls, or a distributed kernel on one rank waits for a peer that has stopped calling (deadlock).
+- Each rank takes the median of its samples; the reported value is the MAX over ranks (an op is
+  as slow as its slowest rank).
+
+Small ops: with ``group=1`` the GPU is idle when the start event fires, so the host's launch
+latency (a few µs for a Triton launch from Python, more for NCCL) is inside the sample. That is
+per-call timing. To measure GPU time instead, either time ``group > 1`` calls (launch latency
+overlaps earlier calls once the queue runs ahead) or set ``gpu_delay_us``: a GPU spin of that
+length is enqueued before the start event so every launch of the sample queues up behind it (the
+delay must exceed the host time to enqueue the group). DESIGN §3 notes that per-call and loop
+timing differ by up to 2x for small ops: compare numbers from one harness, one run.
+
+``fn`` may use other streams, but must make the current stream wait for them before returning.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Callable
+
+_DEFAULT_CYCLES_PER_US = 1980.0  # H200 boost clock; only used to size gpu_delay_us
+
+
+def _check_counts(warmup: int, iters: int, group: int) -> None:
+    for name, value, least in (("warmup", warmup, 0), ("iters", iters, 1), ("group", group, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"triton_dist.bench: {name} must be an int >= {least}, got {value!r}")
+
+
+def _distributed():
+    """torch.distributed when a process group is up, else None."""
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def sync_and_barrier() -> None:
+    """Wait for this GPU's work, then for every rank to get here (host barrier)."""
+    import torch
+
+    from ..runtime import barrier, is_initialized
+
+    torch.cuda.synchronize()
+    if is_initialized():
+        barrier()
+        return
+    dist = _distributed()
+    if dist is not None:
+        dist.barrier()
+        torch.cuda.synchronize()
+
+
+def _gpu_delay(us: float) -> None:
+    import torch
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    khz = getattr(props, "clock_rate", None)
+    cycles_per_us = khz / 1000.0 if khz else _DEFAULT_CYCLES_PER_US
+    torch.cuda._sleep(int(us * cycles_per_us))
+
+
+def sample_us(fn: Callable[[], object], *, warmup: int = 5, iters: int = 50, group: int = 1, barrier: bool = True,
+              gpu_delay_us: float = 0.0) -> list[float]:
+    """This rank's samples (µs per call) of ``fn``; see the module docstring for the method.
+
+    ``barrier=False`` skips the per-sample synchronise and barrier: samples then run back to back
+    (loop timing); warm-up is still bracketed by barriers.
+    """
+    _check_counts(warmup, iters, group)
+    import torch
+
+    sync_and_barrier()
+    for _ in range(warmup):
+        fn()
+    sync_and_barrier()
+    events = []
+    for _ in range(iters):
+        if barrier:
+            sync_and_barrier()
+        if gpu_delay_us > 0:
+            _gpu_delay(gpu_delay_us)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(group):
+            fn()
+        stop.record()
+        events.append((start, stop))
+    torch.cuda.synchronize()
+    return [start.elapsed_time(stop) * 1000.0 / group for start, stop in events]
+
+
+def rank_medians_us(fn: Callable[[], object], **kwargs) -> list[float]:
+    """Every rank's median (µs per call) of ``fn``, indexed by rank; the same list on every rank.
+    Collective when torch.distributed is initialised. Keyword arguments as :func:`sample_us`."""
+    local = statistics.median(sample_us(fn, **kwargs))
+    return all_gather_floats(local)
+
+
+def median_us(fn: Callable[[], object], *, warmup: int = 5, iters: int = 50, group: int = 1, barrier: bool = True,
+              gpu_delay_us: float = 0.0) -> float:
+    """Median µs per call of ``fn``: the MAX over ranks of each rank's median. Collective."""
+    return max(rank_medians_us(fn, warmup=warmup, iters=iters, group=group, barrier=barrier,
+                               gpu_delay_us=gpu_delay_us))
+
+
+def all_gather_floats(value: float) -> list[float]:
+    """``value`` from every rank, indexed by rank (``[value]`` without a process group)."""
+    dist = _distributed()
+    if dist is None or dist.get_world_size() == 1:
+        return [float(value)]
+    import torch
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    mine = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    every = torch.empty(dist.get_world_size(), dtype=torch.float64, device=device)
+    dist.all_gather_into_tensor(every, mine)
+    return [float(v) for v in every.tolist()]
+
+
+def max_over_ranks(value: float) -> float:
+    """The largest ``value`` over all ranks (all_reduce MAX on one float). Collective."""
+    dist = _distributed()
+    if dist is None or dist.get_world_size() == 1:
+        return float(value)
+    import torch
+
+    t = torch.tensor([float(value)], dtype=torch.float64, device=torch.device("cuda", torch.cuda.current_device()))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
