@@ -47,20 +47,16 @@ MIB = 1 << 20
 # timed launches share one binary: loading a new module while the peer spins can deadlock.
 
 
-@tdist.jit(do_not_specialize=["rounds", "base"])
-def ping_pong_kernel(flags, rounds, base):
-    """Even rank notifies its partner (rank ^ 1) then waits for the answer; odd rank answers.
-    Signal values base+1 .. base+rounds: monotonic across launches, so the flag is never reset."""
-    me = dl.rank()
-    peer = me ^ 1
-    for i in range(rounds):
-        value = base + i + 1
-        if me % 2 == 0:
-            dl.notify(flags, peer, value, "set", "intra_node")
-            dl.wait(flags, 1, "sys", "acquire", value)
-        else:
-            dl.wait(flags, 1, "sys", "acquire", value)
-            dl.notify(flags, peer, value, "set", "intra_node")
+def load_ping_pong_kernel():
+    """The ping-pong of tutorials/02_notify_wait.py (tested there): the even rank of each pair
+    notifies, the odd one answers; signal values base+1 .. base+rounds grow across launches."""
+    import importlib.util
+
+    path = HERE.parent / "tutorials" / "02_notify_wait.py"
+    spec = importlib.util.spec_from_file_location("tutorial_02_notify_wait", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ping_pong
 
 
 @tdist.jit(do_not_specialize=["peer", "num_tiles"])
@@ -118,15 +114,16 @@ def signal_round_trip(ctx: Ctx) -> list[dict]:
     state = {"base": 0}  # the last signal value sent; advances identically on every rank
     bench.sync_and_barrier()  # the pad is zeroed everywhere before anyone signals
 
+    ping_pong = load_ping_pong_kernel()
     per_config = {}
     for num_warps in (1, 4):
         # Compile and load on every rank with a launch that does not spin (0 rounds), before any
         # rank spins: module loading waits for the device.
-        ping_pong_kernel[(1, )](flags, 0, 0, num_warps=num_warps)
+        ping_pong.preload(flags, 0, 0, grid=(1, ), num_warps=num_warps)
         bench.sync_and_barrier()
 
         def launch(num_warps=num_warps):
-            ping_pong_kernel[(1, )](flags, rounds, state["base"], num_warps=num_warps)
+            ping_pong[(1, )](flags, rounds, state["base"], num_warps=num_warps)
             state["base"] += rounds
 
         us = bench.median_us(launch, warmup=1, iters=iters) / rounds

@@ -22,14 +22,6 @@ def _load(name):
 floors = _load("language_floors")
 
 
-@pytest.mark.parametrize("num_warps", [1, 4])
-def test_ping_pong_spins_and_signals(num_warps):
-    ptx = compile_for_hopper(floors.ping_pong_kernel, {"flags": "*u64", "rounds": "i32", "base": "i32"},
-                             num_warps=num_warps).asm["ptx"]
-    assert "ld.acquire.sys.global.u64" in ptx
-    assert re.search(r"atom\.[a-z.]*release[a-z.]*exch|atom\.[a-z.]*exch[a-z.]*", ptx)
-
-
 @pytest.mark.parametrize("cfg", floors.SM_STORE_CONFIGS)
 def test_sm_store_put_uses_16_byte_vectors(cfg):
     ptx = compile_for_hopper(floors.put_sm_store_kernel, {"dst": "*i32", "src": "*i32", "peer": "i32",
