@@ -1,0 +1,203 @@
+"""AllReduce (sum, bf16): ours (one-shot, two-shot) vs torch.distributed (NCCL) vs torch symm_mem.
+
+    torchrun --nproc-per-node=2 bench/allreduce.py [--quick]
+
+Sizes 8 KiB .. 256 MiB in x4 steps (``--quick``: 8 KiB, 64 KiB, 256 KiB, 4 MiB, 64 MiB). For each:
+
+- ours: :func:`triton_dist.ops.all_reduce` with one context of the largest size, methods
+  ``one_shot`` and ``two_shot``; ``ours_us`` is the faster, each is also recorded
+  (``one_shot_us``, ``two_shot_us``, ``method``);
+- ``torch_nccl_us``: ``torch.distributed.all_reduce`` (NCCL) on the same data;
+- ``torch_symm_mem_us``: ``torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group_name)`` on a
+  ``torch.distributed._symmetric_memory`` buffer (omitted if unavailable or failing).
+
+Every result is checked once against NCCL before timing. Timing: :mod:`triton_dist.bench.timing`
+(fixed counts on every rank, synchronise + barrier per sample, median per rank, MAX over ranks);
+small sizes time several back-to-back calls per sample queued behind a GPU delay, so host launch
+latency is not what is measured (the same for every contender).
+
+``busbw_gbps`` = 2 (w-1)/w * bytes / t (NCCL's bus bandwidth). ``bound_us`` = 2 (w-1)/w * bytes /
+384 GB/s + 2.9 us: the bytes each rank must move over the link at the measured bidirectional
+copy-engine put bandwidth (bench/language_floors, 2 x H200), plus one measured signal round trip.
+Writes bench/results/<gpu>-x<world>/allreduce.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+try:
+    import triton_dist._C  # noqa: F401  an installed build
+except ImportError:
+    sys.path.insert(0, str(HERE.parent / "python"))
+
+import triton_dist as tdist  # noqa: E402
+from triton_dist import bench  # noqa: E402
+from triton_dist import ops  # noqa: E402
+from triton_dist.kernels import AllReduceContext  # noqa: E402
+
+KIB, MIB = 1 << 10, 1 << 20
+LINK_GBPS = 384.0  # measured peer put bandwidth, both GPUs pushing (copy engine, 1 GiB)
+ROUND_TRIP_US = 2.9  # measured one-signal round trip between the GPUs
+
+
+def log(msg: str) -> None:
+    if tdist.rank() == 0:
+        print(f"[allreduce] {msg}", flush=True)
+
+
+def all_ok(ok: bool) -> bool:
+    return min(bench.all_gather_floats(1.0 if ok else 0.0)) == 1.0
+
+
+def make_symm_mem_baseline(n_max: int, dtype, device):
+    """``(buffer, fn(n))`` for torch's one-shot symmetric-memory AllReduce, or None."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        group_name = dist.group.WORLD.group_name
+        buf = symm_mem.empty(n_max, dtype=dtype, device=device)
+        symm_mem.rendezvous(buf, group_name)
+        op = torch.ops.symm_mem.one_shot_all_reduce
+
+        def fn(n):
+            return lambda: op(buf[:n], "sum", group_name)
+
+        return buf, fn
+    except Exception as e:  # noqa: BLE001 - the baseline is optional
+        log(f"torch symm_mem one_shot_all_reduce unavailable ({type(e).__name__}: {e}); baseline omitted")
+        return None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and iterations")
+    parser.add_argument("--heap-size", default="4G", help="symmetric heap per rank (default 4G)")
+    parser.add_argument("--timeout-s", type=float, default=900.0,
+                        help="dump every thread's stack and exit if the run takes longer (default 900)")
+    parser.add_argument("--out", default=str(HERE / "results"), help="results root (default bench/results)")
+    args = parser.parse_args()
+    for k, v in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
+        os.environ.setdefault(k, v)
+    faulthandler.dump_traceback_later(args.timeout_s, exit=True)
+
+    import torch
+    import torch.distributed as dist
+
+    tdist.init(heap_size=args.heap_size)
+    world, rank = tdist.world_size(), tdist.rank()
+    device = torch.device("cuda", torch.cuda.current_device())
+    gpu = bench.gpu_slug()
+    dtype = torch.bfloat16
+    sizes = ([8 * KIB, 64 * KIB, 256 * KIB, 4 * MIB, 64 * MIB] if args.quick else
+             [8 * KIB * 4**k for k in range(10)])  # 8 KiB .. 256 MiB
+    seen = bench.all_gather_floats(float(sum(sizes) + len(sizes)))
+    if len(set(seen)) != 1:
+        raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
+    log(f"gpu {gpu} x{world}, commit {bench.commit()}, versions {bench.versions()}, "
+        f"{'quick' if args.quick else 'full'} run")
+
+    n_max = max(sizes) // 2
+    ctx = AllReduceContext(max(sizes), dtype)  # collective; preloads both kernels
+    symm = make_symm_mem_baseline(n_max, dtype, device)
+    symm_ok = all_ok(symm is not None)
+    if not symm_ok:
+        symm = None
+    g = torch.Generator(device=device)
+    g.manual_seed(1000 + rank)
+    x_all = torch.randn(n_max, device=device, dtype=torch.float32, generator=g).to(dtype)
+    out_all = torch.empty_like(x_all)
+    nccl_all = x_all.clone()
+    if symm is not None:
+        symm[0].copy_(x_all)
+    bench.sync_and_barrier()
+
+    iters = 20 if args.quick else 50
+    records = []
+    for nbytes in sizes:
+        n = nbytes // 2
+        x, out = x_all[:n], out_all[:n]
+        ref = x.float()
+        dist.all_reduce(ref)
+        ref = ref.to(dtype)
+
+        def ours(method, x=x, out=out):
+            return lambda: ops.all_reduce(x, out=out, method=method, context=ctx)
+
+        fns = {"one_shot": ours("one_shot"), "two_shot": ours("two_shot"),
+               "torch_nccl": (lambda t=nccl_all[:n]: dist.all_reduce(t))}
+        if symm is not None:
+            fns["torch_symm_mem"] = symm[1](n)
+
+        # Check each once (NCCL's in-place buffer drifts while timed; only its speed matters).
+        checks = {}
+        for name in ("one_shot", "two_shot"):
+            out.fill_(float("nan"))
+            fns[name]()
+            torch.cuda.synchronize()
+            checks[name] = all_ok(bool(torch.equal(out, ref)) or
+                                  bool(torch.allclose(out.float(), ref.float(), rtol=1e-2, atol=1e-2)))
+        if symm is not None:
+            try:
+                got = fns["torch_symm_mem"]()
+                torch.cuda.synchronize()
+                good = bool(torch.allclose(got.float(), ref.float(), rtol=1e-2, atol=1e-2))
+            except Exception as e:  # noqa: BLE001
+                log(f"torch symm_mem failed at {nbytes} B: {type(e).__name__}: {e}")
+                good = False
+            checks["torch_symm_mem"] = all_ok(good)
+        bench.sync_and_barrier()
+
+        group = max(1, min(16, (4 * MIB) // nbytes))
+        delay = 50.0 * group if nbytes < 4 * MIB else 0.0
+        times = {}
+        for name, fn in fns.items():
+            if name == "torch_symm_mem" and not checks.get(name):
+                continue
+            times[name] = bench.median_us(fn, warmup=5, iters=iters, group=group, gpu_delay_us=delay)
+        if symm is not None:
+            symm[0][:n].copy_(x)  # the in-place symm_mem baseline is not in-place, but keep inputs fresh
+        best = min(("one_shot", "two_shot"), key=times.get)
+        ours_us = times[best]
+        bus = 2 * (world - 1) / world * nbytes
+        bound = bus / (LINK_GBPS * 1e3) + ROUND_TRIP_US
+        log(f"{nbytes:>10d} B  one-shot {times['one_shot']:9.2f} us  two-shot {times['two_shot']:9.2f} us  "
+            f"NCCL {times['torch_nccl']:9.2f} us  symm_mem {times.get('torch_symm_mem', float('nan')):9.2f} us  "
+            f"checks {checks}")
+        records.append(
+            bench.record("all_reduce", shape=[n], dtype="bfloat16", world_size=world, gpu=gpu, ours_us=ours_us,
+                         baselines={"torch_nccl_us": times["torch_nccl"],
+                                    "torch_symm_mem_us": times.get("torch_symm_mem")},
+                         bound_us=bound, bytes=nbytes, busbw_gbps=bus / (ours_us * 1e3),
+                         torch_nccl_busbw_gbps=bus / (times["torch_nccl"] * 1e3), method=best,
+                         one_shot_us=times["one_shot"], two_shot_us=times["two_shot"],
+                         verified=checks["one_shot"] and checks["two_shot"], checks=checks,
+                         timing={"iters": iters, "group": group, "gpu_delay_us": delay},
+                         bound_method=f"2(w-1)/w*bytes / {LINK_GBPS} GB/s + {ROUND_TRIP_US} us"))
+
+    bench.sync_and_barrier()
+    if rank == 0:
+        print()
+        bench.print_table(records, extra=("bytes", "method", "one_shot_us", "two_shot_us", "busbw_gbps",
+                                          "torch_nccl_busbw_gbps"))
+        path = bench.write_results(records, "allreduce", root=args.out, rank=0)
+        print(f"\n[allreduce] wrote {path}", flush=True)
+    bench.sync_and_barrier()
+    del symm
+    ops.clear_contexts()
+    del ctx
+    tdist.finalize()
+    faulthandler.cancel_dump_traceback_later()
+    return 0 if all(r["verified"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

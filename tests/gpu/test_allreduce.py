@@ -1,0 +1,103 @@
+"""triton_dist.ops.all_reduce (one-shot and two-shot) against torch.distributed.all_reduce."""
+
+import random
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import triton_dist as tdist
+from conftest import all_ranks_agree, raises_everywhere
+from triton_dist import ops
+from triton_dist.kernels import AllReduceContext
+
+_SIZES = [1, 7, 4099 * 3, 1000003]
+_METHODS = ["one_shot", "two_shot"]
+
+
+def _fresh(n, dtype, seed):
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed * 7919 + dist.get_rank())
+    return torch.randn(n, device="cuda", dtype=torch.float32, generator=g).to(dtype)
+
+
+def _matches(x, got):
+    """True when ``got`` is the sum over ranks of ``x`` (fp32: 1e-5 relative; bf16/fp16: within
+    one ulp of the fp32 sum of the same inputs, rounded)."""
+    ref = x.float().clone()
+    dist.all_reduce(ref)
+    if x.dtype == torch.float32:
+        return torch.allclose(got, ref, rtol=1e-5, atol=1e-6 * dist.get_world_size())
+    rounded = ref.to(x.dtype).float()
+    ulp = torch.finfo(x.dtype).eps * rounded.abs().clamp_min(torch.finfo(x.dtype).tiny)
+    return bool(((got.float() - rounded).abs() <= ulp + 1e-30).all())
+
+
+def _same_everywhere(t):
+    """Every rank holds the same bits."""
+    every = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, t)
+    return all(torch.equal(e, t) for e in every)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("method", _METHODS)
+@pytest.mark.parametrize("n", _SIZES)
+def test_matches_torch(n, method, dtype):
+    x = _fresh(n, dtype, seed=n)
+    out = torch.full_like(x, float("nan"))
+    got = ops.all_reduce(x, out=out, method=method)
+    torch.cuda.synchronize()
+    all_ranks_agree(got is out and _matches(x, got), f"all_reduce {method} n={n} {dtype}")
+    all_ranks_agree(_same_everywhere(got), f"all_reduce {method} n={n} {dtype}: ranks differ")
+
+
+@pytest.mark.parametrize("method", ["auto"] + _METHODS)
+def test_in_place_and_new_tensor(method):
+    x = _fresh(5000, torch.bfloat16, seed=3)
+    y = ops.all_reduce(x, method=method)
+    ok = y is not x and _matches(x, y)
+    ops.all_reduce(x, out=x, method=method)
+    torch.cuda.synchronize()
+    all_ranks_agree(ok and torch.equal(x, y), f"all_reduce {method} in place")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_back_to_back_random_sizes(dtype):
+    """200 calls without synchronising, random sizes and methods (the same on every rank), every
+    10th checked with a poisoned output."""
+    ctx = AllReduceContext(4 << 20, dtype)
+    rng = random.Random(1234)  # same sequence on every rank
+    ok, bad = True, []
+    for i in range(200):
+        n = rng.choice([1, 7, 100, 2048, 2049, 4099 * 3, rng.randint(1, ctx.max_numel)])
+        method = rng.choice(_METHODS)
+        x = _fresh(n, dtype, seed=10000 + i)
+        out = torch.full_like(x, float("nan"))
+        ops.all_reduce(x, out=out, method=method, context=ctx)
+        if i % 10 == 9:
+            torch.cuda.synchronize()
+            if not _matches(x, out):
+                ok = False
+                bad.append((i, n, method))
+    torch.cuda.synchronize()
+    all_ranks_agree(ok, f"back-to-back all_reduce {dtype}: wrong at {bad}")
+
+
+def test_bad_inputs():
+    x = torch.ones(16, device="cuda")
+    raises_everywhere(lambda: ops.all_reduce(x.to(torch.int32)), TypeError, "dtype")
+    raises_everywhere(lambda: ops.all_reduce(torch.ones(16)), ValueError, "CUDA|cuda")
+    raises_everywhere(lambda: ops.all_reduce(torch.ones(4, 4, device="cuda").t()), ValueError, "contiguous")
+    raises_everywhere(lambda: ops.all_reduce(x, method="three_shot"), ValueError, "method")
+    raises_everywhere(lambda: ops.all_reduce(x, out=torch.empty(8, device="cuda")), ValueError, "out")
+    small = AllReduceContext(1024, torch.float32)
+    raises_everywhere(lambda: ops.all_reduce(torch.ones(1000, device="cuda"), context=small), ValueError,
+                      "more than the context")
+    raises_everywhere(lambda: ops.all_reduce(x.bfloat16(), context=small), TypeError, "context")
+    raises_everywhere(lambda: ops.all_reduce([1.0]), TypeError, "torch.Tensor")
+    # The op still works after the errors.
+    y = ops.all_reduce(x, context=small)
+    torch.cuda.synchronize()
+    all_ranks_agree(bool((y == dist.get_world_size()).all()), "all_reduce after bad inputs")
+    tdist.barrier()
