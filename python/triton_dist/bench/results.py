@@ -120,8 +120,11 @@ def gpu_slug(name: str | None = None) -> str:
 
 @functools.lru_cache(maxsize=None)
 def commit() -> str:
-    """The checkout's short commit hash (``-dirty`` when tracked files differ from it), else
-    ``TRITON_DIST_COMMIT``, else 'unknown' (the GPU machine may get a tree without ``.git``)."""
+    """``TRITON_DIST_COMMIT`` when set (the GPU machine gets a copy of the working tree whose
+    ``.git``, if any, may be stale), else the checkout's short hash (``-dirty`` when tracked files
+    differ from it), else 'unknown'."""
+    if os.environ.get("TRITON_DIST_COMMIT"):
+        return os.environ["TRITON_DIST_COMMIT"]
     for where in (_SOURCE_TREE, Path.cwd()):
         try:
             head = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -133,7 +136,7 @@ def commit() -> str:
             return head.stdout.strip() + ("-dirty" if dirty.returncode == 1 else "")
         except (OSError, subprocess.SubprocessError):
             continue
-    return os.environ.get("TRITON_DIST_COMMIT") or "unknown"
+    return "unknown"
 
 
 def _dist_version(name: str) -> str | None:
