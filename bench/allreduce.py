@@ -24,7 +24,6 @@ Writes bench/results/<gpu>-x<world>/allreduce.json.
 
 from __future__ import annotations
 
-import argparse
 import faulthandler
 import os
 import sys
@@ -78,16 +77,9 @@ def make_symm_mem_baseline(n_max: int, dtype, device):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer sizes and iterations")
-    parser.add_argument("--heap-size", default="4G", help="symmetric heap per rank (default 4G)")
-    parser.add_argument("--timeout-s", type=float, default=900.0,
-                        help="dump every thread's stack and exit if the run takes longer (default 900)")
-    parser.add_argument("--out", default=str(HERE / "results"), help="results root (default bench/results)")
+    parser = bench.script.argument_parser(__doc__, HERE / "results")
     args = parser.parse_args()
-    for k, v in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
-        os.environ.setdefault(k, v)
-    faulthandler.dump_traceback_later(args.timeout_s, exit=True)
+    bench.script.guard(args)
 
     import torch
     import torch.distributed as dist

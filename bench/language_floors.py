@@ -22,7 +22,6 @@ fixed counts, median per rank, MAX over ranks). Writes bench/results/<gpu>-x<wor
 
 from __future__ import annotations
 
-import argparse
 import faulthandler
 import os
 import sys
@@ -262,18 +261,10 @@ def puts(ctx: Ctx) -> list[dict]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="fewer sizes and iterations")
-    parser.add_argument("--heap-size", default="4G", help="symmetric heap per rank (default 4G)")
-    parser.add_argument("--timeout-s", type=float, default=900.0,
-                        help="dump every thread's stack and exit if the run takes longer (default 900)")
-    parser.add_argument("--out", default=str(HERE / "results"), help="results root (default bench/results)")
+    parser = bench.script.argument_parser(__doc__, HERE / "results")
     parser.add_argument("--skip", choices=("signal", "put"), action="append", default=[], help="skip a part")
     args = parser.parse_args()
-    # NVLink multicast stays off on shared machines (DESIGN §3); scripts/env.sh sets the same.
-    for k, v in (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")):
-        os.environ.setdefault(k, v)
-    faulthandler.dump_traceback_later(args.timeout_s, exit=True)
+    bench.script.guard(args)
 
     tdist.init(heap_size=args.heap_size)
     ctx = Ctx(args)
