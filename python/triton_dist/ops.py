@@ -2,10 +2,18 @@
 launch the kernels of :mod:`triton_dist.kernels`. torch is imported inside the functions.
 
     import triton_dist as tdist
-    from triton_dist.ops import all_reduce
+    from triton_dist import ops
     tdist.init()
-    y = all_reduce(x)                  # a new tensor: the sum of x over all ranks
-    all_reduce(x, out=x)               # in place
+    y = ops.all_reduce(x)                    # a new tensor: the sum of x over all ranks
+    ops.all_reduce(x, out=x)                 # in place
+    g = ops.all_gather(x)                    # (world * x.shape[0], ...) : every rank's x, in rank order
+    s = ops.reduce_scatter(x)                # (x.shape[0] // world, ...): this rank's shard of the sum
+
+Every op is collective: every rank makes the same calls, in the same order, with the same shapes,
+dtypes and methods. Contexts (symmetric buffers, signals, loaded kernels) are cached per (op,
+dtype, size) and created on first use, which is itself collective (symmetric allocation, kernel
+load, barrier). Calls run on the current stream and may be captured in a CUDA graph once their
+context exists (make one uncaptured call first, or pass ``context=``).
 """
 
 from __future__ import annotations
@@ -13,35 +21,33 @@ from __future__ import annotations
 from .runtime import _require_initialized
 
 AUTO_ONE_SHOT_MAX_BYTES = 256 * 1024
-"""``method="auto"`` uses one-shot up to this many bytes, two-shot above. A placeholder until
-the crossover is measured (bench/allreduce.py)."""
+"""``all_reduce(method="auto")`` uses one-shot up to this many bytes, two-shot above (from
+bench/results/h200-x2/allreduce.json: one-shot wins at 64 KiB and 1 MiB, two-shot from 4 MiB)."""
 
 MIN_CONTEXT_BYTES = 1 << 20
-"""Contexts created by :func:`all_reduce` hold at least this many bytes (then powers of two)."""
+"""Contexts created on first use hold at least this many bytes (then powers of two)."""
 
-_METHODS = ("auto", "one_shot", "two_shot")
 _CONTEXTS: dict = {}
-"""(dtype, max_bytes) -> AllReduceContext, created on first use."""
+"""(op, dtype, max_bytes) -> context, created on first use."""
 
 
-def _supported_dtypes():
-    import torch
+def _context_class(op: str):
+    from .kernels import AllGatherContext, AllReduceContext, ReduceScatterContext
 
-    return (torch.float32, torch.bfloat16, torch.float16)
+    return {"all_reduce": AllReduceContext, "all_gather": AllGatherContext, "reduce_scatter": ReduceScatterContext}[op]
 
 
-def _context_for(dtype, nbytes: int):
-    """The smallest cached context of ``dtype`` that fits ``nbytes``, else a new one (collective)."""
-    fitting = [ctx for (dt, size), ctx in _CONTEXTS.items() if dt == dtype and size >= nbytes]
+def _cached_context(op: str, dtype, nbytes: int):
+    """The smallest cached context of ``op`` and ``dtype`` that fits ``nbytes`` input bytes, else a
+    new one (collective)."""
+    fitting = [ctx for (o, dt, size), ctx in _CONTEXTS.items() if o == op and dt == dtype and size >= nbytes]
     if fitting:
         return min(fitting, key=lambda c: c.max_bytes)
-    from .kernels.allreduce import AllReduceContext
-
     size = MIN_CONTEXT_BYTES
     while size < nbytes:
         size *= 2
-    ctx = AllReduceContext(size, dtype)
-    _CONTEXTS[(dtype, size)] = ctx
+    ctx = _context_class(op)(size, dtype)
+    _CONTEXTS[(op, dtype, size)] = ctx
     return ctx
 
 
@@ -49,6 +55,62 @@ def clear_contexts() -> None:
     """Forget the cached contexts (their symmetric memory is freed once nothing else holds it).
     Call on every rank, before :func:`triton_dist.finalize` if init will run again."""
     _CONTEXTS.clear()
+
+
+def _check_input(op: str, x) -> None:
+    import torch
+
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"triton_dist {op}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"triton_dist {op}: dtype {x.dtype} is not supported; use torch.float32, torch.bfloat16 "
+                        f"or torch.float16 (cast x first)")
+    if not x.is_cuda:
+        raise ValueError(f"triton_dist {op}: x is on {x.device}; move it to the current CUDA device (x.cuda())")
+    current = torch.cuda.current_device()
+    if x.device.index != current:
+        raise ValueError(f"triton_dist {op}: x is on {x.device} but the current device is cuda:{current}; call "
+                         f"torch.cuda.set_device() or move x")
+    if not x.is_contiguous():
+        raise ValueError(f"triton_dist {op}: x must be contiguous; pass x.contiguous()")
+
+
+def _output(op: str, x, out, shape):
+    """``out`` checked against the shape the op produces, or a new tensor of it."""
+    import torch
+
+    if out is None:
+        return torch.empty(shape, dtype=x.dtype, device=x.device)
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"triton_dist {op}: out must be a torch.Tensor, got {type(out).__name__}")
+    if out.dtype != x.dtype or tuple(out.shape) != tuple(shape) or out.device != x.device:
+        raise ValueError(f"triton_dist {op}: out must have shape {tuple(shape)}, {x.dtype} on {x.device}; got shape "
+                         f"{tuple(out.shape)}, {out.dtype} on {out.device}")
+    if not out.is_contiguous():
+        raise ValueError(f"triton_dist {op}: out must be contiguous")
+    return out
+
+
+def _check_method(op: str, method: str, methods: tuple[str, ...]) -> None:
+    if method not in methods:
+        raise ValueError(f"triton_dist {op}: method must be one of {methods}, got {method!r}")
+
+
+def _resolve_context(op: str, x, context):
+    nbytes = x.numel() * x.element_size()
+    if context is None:
+        return _cached_context(op, x.dtype, nbytes)
+    cls = _context_class(op)
+    if not isinstance(context, cls):
+        raise TypeError(f"triton_dist {op}: context must be a {cls.__name__}, got {type(context).__name__}")
+    if context.dtype != x.dtype:
+        raise TypeError(f"triton_dist {op}: x is {x.dtype} but the context is for {context.dtype}; create a "
+                        f"{cls.__name__} for {x.dtype}")
+    if x.numel() > context.max_numel:
+        raise ValueError(f"triton_dist {op}: x has {x.numel()} elements ({nbytes} bytes), more than the context's "
+                         f"{context.max_numel} ({context.max_bytes} bytes); create a {cls.__name__}(max_bytes>="
+                         f"{nbytes}, ...) or pass context=None")
+    return context
 
 
 def all_reduce(x, *, out=None, method: str = "auto", context=None):
@@ -59,63 +121,66 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     same shape on every rank (bf16/fp16 are summed in fp32, rounded once). ``method``:
     ``"one_shot"`` (every rank reads every rank's data; lowest latency), ``"two_shot"`` (reduce-
     scatter then all-gather; moves ``2 (w-1)/w`` of the bytes per rank) or ``"auto"`` (one-shot up
-    to :data:`AUTO_ONE_SHOT_MAX_BYTES`, a placeholder until measured). Every rank gets
-    bit-identical results.
-
-    Collective: every rank must make the same calls, in the same order, with the same shapes,
-    dtypes and methods. Without ``context``, contexts are cached per (dtype, size) and created on
-    first use, which is itself collective (symmetric allocation, kernel load, barrier): the first
-    call for a new dtype or a larger size must also be made by all ranks in the same order.
-    ``context``: an :class:`~triton_dist.kernels.AllReduceContext` of ``x``'s dtype to use instead.
+    to :data:`AUTO_ONE_SHOT_MAX_BYTES`). Every rank gets bit-identical results.
+    ``context``: an :class:`~triton_dist.kernels.AllReduceContext` of ``x``'s dtype to use instead
+    of a cached one.
     """
     _require_initialized("all_reduce")
-    import torch
-
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"triton_dist all_reduce: x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in _supported_dtypes():
-        raise TypeError(f"triton_dist all_reduce: dtype {x.dtype} is not supported; use torch.float32, "
-                        f"torch.bfloat16 or torch.float16 (cast x first)")
-    if not x.is_cuda:
-        raise ValueError(f"triton_dist all_reduce: x is on {x.device}; move it to the current CUDA device "
-                         f"(x.cuda())")
-    current = torch.cuda.current_device()
-    if x.device.index != current:
-        raise ValueError(f"triton_dist all_reduce: x is on {x.device} but the current device is cuda:{current}; "
-                         f"call torch.cuda.set_device() or move x")
-    if not x.is_contiguous():
-        raise ValueError("triton_dist all_reduce: x must be contiguous; pass x.contiguous()")
-    if method not in _METHODS:
-        raise ValueError(f"triton_dist all_reduce: method must be one of {_METHODS}, got {method!r}")
-    if out is None:
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    else:
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(f"triton_dist all_reduce: out must be a torch.Tensor, got {type(out).__name__}")
-        if out.dtype != x.dtype or out.shape != x.shape or out.device != x.device:
-            raise ValueError(f"triton_dist all_reduce: out must match x (shape {tuple(x.shape)}, {x.dtype}, "
-                             f"{x.device}), got shape {tuple(out.shape)}, {out.dtype}, {out.device}")
-        if not out.is_contiguous():
-            raise ValueError("triton_dist all_reduce: out must be contiguous")
-    nbytes = x.numel() * x.element_size()
-    if context is not None:
-        from .kernels.allreduce import AllReduceContext
-
-        if not isinstance(context, AllReduceContext):
-            raise TypeError(f"triton_dist all_reduce: context must be an AllReduceContext, got "
-                            f"{type(context).__name__}")
-        if context.dtype != x.dtype:
-            raise TypeError(f"triton_dist all_reduce: x is {x.dtype} but the context is for {context.dtype}; "
-                            f"create an AllReduceContext for {x.dtype}")
-        if x.numel() > context.max_numel:
-            raise ValueError(f"triton_dist all_reduce: x has {x.numel()} elements ({nbytes} bytes), more than the "
-                             f"context's {context.max_numel} ({context.max_bytes} bytes); create an "
-                             f"AllReduceContext(max_bytes>={nbytes}, ...) or pass context=None")
+    _check_input("all_reduce", x)
+    _check_method("all_reduce", method, ("auto", "one_shot", "two_shot"))
+    out = _output("all_reduce", x, out, x.shape)
+    context = _resolve_context("all_reduce", x, context)
     if x.numel() == 0:
         return out
     if method == "auto":
-        method = "one_shot" if nbytes <= AUTO_ONE_SHOT_MAX_BYTES else "two_shot"
-    if context is None:
-        context = _context_for(x.dtype, nbytes)
+        method = "one_shot" if x.numel() * x.element_size() <= AUTO_ONE_SHOT_MAX_BYTES else "two_shot"
+    context.run(x.view(-1), out.view(-1), method)
+    return out
+
+
+def all_gather(x, *, out=None, method: str = "auto", context=None):
+    """Concatenate every rank's ``x`` along dim 0, in rank order; returns ``out`` (shape
+    ``(world * x.shape[0], *x.shape[1:])``; a new tensor when None). Runs on the current stream.
+
+    ``method``: see :class:`~triton_dist.kernels.AllGatherContext` (``"auto"`` picks by size).
+    """
+    _require_initialized("all_gather")
+    _check_input("all_gather", x)
+    from .kernels import AllGatherContext
+
+    _check_method("all_gather", method, AllGatherContext.METHODS)
+    if x.dim() == 0:
+        raise ValueError("triton_dist all_gather: x must have at least one dimension")
+    from .runtime import world_size
+
+    out = _output("all_gather", x, out, (world_size() * x.shape[0], *x.shape[1:]))
+    context = _resolve_context("all_gather", x, context)
+    if x.numel() == 0:
+        return out
+    context.run(x.view(-1), out.view(-1), method)
+    return out
+
+
+def reduce_scatter(x, *, out=None, method: str = "auto", context=None):
+    """Sum ``x`` over all ranks and keep this rank's shard: rows ``[rank * m, (rank + 1) * m)`` of
+    the sum, ``m = x.shape[0] // world``; returns ``out`` (shape ``(m, *x.shape[1:])``; a new tensor
+    when None). ``x.shape[0]`` must be divisible by the world size. bf16/fp16 sum in fp32.
+
+    ``method``: see :class:`~triton_dist.kernels.ReduceScatterContext` (``"auto"`` picks by size).
+    """
+    _require_initialized("reduce_scatter")
+    _check_input("reduce_scatter", x)
+    from .kernels import ReduceScatterContext
+    from .runtime import world_size
+
+    _check_method("reduce_scatter", method, ReduceScatterContext.METHODS)
+    world = world_size()
+    if x.dim() == 0 or x.shape[0] % world:
+        raise ValueError(f"triton_dist reduce_scatter: x.shape[0] must be divisible by the world size {world}, got "
+                         f"shape {tuple(x.shape)}; pad the first dimension")
+    out = _output("reduce_scatter", x, out, (x.shape[0] // world, *x.shape[1:]))
+    context = _resolve_context("reduce_scatter", x, context)
+    if x.numel() == 0:
+        return out
     context.run(x.view(-1), out.view(-1), method)
     return out

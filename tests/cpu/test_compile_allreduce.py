@@ -17,13 +17,13 @@ _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.e
 def _one_shot(dt, world=2):
     return compile_for_hopper(allreduce.all_reduce_one_shot_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "stage": f"*{dt}", "signals": "*u64", "n": "i32",
-                               "epoch": "i32"}, dict(_META, WORLD=world), num_warps=8).asm["ptx"]
+                               "epoch_ptr": "*i64"}, dict(_META, WORLD=world), num_warps=8).asm["ptx"]
 
 
 def _two_shot(dt, world=2):
     return compile_for_hopper(allreduce.all_reduce_two_shot_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "stage": f"*{dt}", "gather": f"*{dt}",
-                               "signals": "*u64", "n": "i32", "epoch": "i32", "shard_tiles": "i32"},
+                               "signals": "*u64", "n": "i32", "epoch_ptr": "*i64", "shard_tiles": "i32"},
                               dict(_META, WORLD=world), num_warps=8).asm["ptx"]
 
 

@@ -1,0 +1,102 @@
+"""What every collective's context holds: symmetric buffers split in two halves, a signal pad, a
+device-side call counter, and the grid limits its kernels obey.
+
+The call counter lives on the GPU: each call first bumps it with a one-element kernel on the
+caller's stream, and the collective's kernels read it as their epoch. Signals are set to the epoch
+and waited for with ``>=``, buffers alternate halves by its parity. Because the bump is itself a
+stream operation, a CUDA graph that captured a call replays with a fresh epoch every time, which a
+host-side counter baked into the captured launch could not give.
+
+Why parity halves are enough: a rank cannot start call ``e + 2`` before it finished call ``e + 1``,
+which needs a signal from every peer's call ``e + 1``, sent only after that peer's call ``e``
+finished (calls on one stream run in order). So the half written in call ``e + 2`` is never one a
+peer still reads for call ``e``.
+"""
+
+from __future__ import annotations
+
+import triton
+
+from .. import runtime as _runtime
+from ..signals import SignalPad
+from ..symmetric import symm_empty
+
+DTYPES = ("float32", "bfloat16", "float16")
+_MAX_NUMEL = 2**31 // 4  # element counts reach the kernels as 32-bit ints
+
+
+class CollectiveContext:
+    """Base of the collectives' contexts. Collective to create: every rank, same arguments, same
+    order as its other symmetric allocations.
+
+    ``max_numel``: the largest input (elements) a call may take. ``buffers``: name -> elements per
+    half; each becomes a symmetric tensor of ``2 *`` that many elements of ``dtype`` (attribute of
+    that name). ``signals_per_program``: signals each program slot needs in the pad.
+    """
+
+    BLOCK = 2048
+    NUM_WARPS = 8
+    DEFAULT_MAX_PROGRAMS = 128
+
+    def __init__(self, op: str, dtype, max_numel: int, buffers: dict[str, int], signals_per_program: int,
+                 max_programs: int | None = None):
+        _runtime._require_initialized(op)
+        import torch
+
+        self.op = op
+        if not isinstance(dtype, torch.dtype) or str(dtype).replace("torch.", "") not in DTYPES:
+            raise TypeError(f"triton_dist {op}: dtype must be one of torch.float32, torch.bfloat16, torch.float16, "
+                            f"got {dtype!r}")
+        if isinstance(max_numel, bool) or not isinstance(max_numel, int) or max_numel <= 0:
+            raise ValueError(f"triton_dist {op}: the maximum size must be a positive number of elements, got "
+                             f"{max_numel!r}")
+        if max_numel >= _MAX_NUMEL:
+            raise ValueError(f"triton_dist {op}: {max_numel} elements is too large (at most {_MAX_NUMEL - 1}; "
+                             f"element counts are 32-bit kernel arguments): split the tensor")
+        if max_programs is None:
+            max_programs = self.DEFAULT_MAX_PROGRAMS
+        if isinstance(max_programs, bool) or not isinstance(max_programs, int) or max_programs <= 0:
+            raise ValueError(f"triton_dist {op}: max_programs must be a positive int, got {max_programs!r}")
+        self.dtype = dtype
+        self.world = _runtime.world_size()
+        self.rank = _runtime.rank()
+        self.max_numel = max_numel
+        self.max_bytes = max_numel * dtype.itemsize
+        device = torch.device("cuda", torch.cuda.current_device())
+        # Every program of a grid must be resident at once (programs spin on their peers'
+        # programs), so never more programs than SMs.
+        self.max_programs = min(max_programs, torch.cuda.get_device_properties(device).multi_processor_count)
+        self.halves = {}
+        for name, elements in buffers.items():
+            half = triton.cdiv(max(elements, 1), self.BLOCK) * self.BLOCK
+            self.halves[name] = half
+            setattr(self, name, symm_empty((2 * half, ), dtype))
+        self.pad = SignalPad(max(1, signals_per_program * self.max_programs))
+        self.calls = torch.zeros(1, dtype=torch.int64, device=device)
+        """The device-side call counter (the epoch of the latest call)."""
+
+    def ready(self) -> None:
+        """End of construction: compile and load the kernels (:meth:`preload`), then make sure every
+        rank's pad is zeroed before any rank's first call can signal it."""
+        import torch
+
+        if self.world > 1:
+            self.preload()
+        torch.cuda.synchronize()
+        _runtime.barrier()
+
+    def preload(self) -> None:
+        """Compile and load every kernel with the specialisation of real calls. Subclasses."""
+        raise NotImplementedError
+
+    def next_call(self):
+        """Bump the call counter on the current stream; returns it (the kernels' ``epoch_ptr``)."""
+        self.calls.add_(1)
+        return self.calls
+
+    def grid(self, tiles: int) -> tuple[int]:
+        return (max(1, min(tiles, self.max_programs)), )
+
+    def meta(self, **extra) -> dict:
+        return dict(WORLD=self.world, MAX_PROGRAMS=self.max_programs, BLOCK=self.BLOCK, num_warps=self.NUM_WARPS,
+                    **extra)
