@@ -101,3 +101,32 @@ def test_bad_inputs():
     torch.cuda.synchronize()
     all_ranks_agree(bool((y == dist.get_world_size()).all()), "all_reduce after bad inputs")
     tdist.barrier()
+
+
+@pytest.mark.parametrize("method", _METHODS)
+def test_cuda_graph_capture_and_replay(method):
+    """One captured call replayed 20 times on fresh inputs: every replay takes a new epoch from the
+    context's device counter, so none reads the previous replay's data."""
+    ctx = AllReduceContext(1 << 20, torch.bfloat16)
+    n = 100_003
+    x = _fresh(n, torch.bfloat16, seed=1)
+    out = torch.empty_like(x)
+    ops.all_reduce(x, out=out, method=method, context=ctx)  # uncaptured first call
+    torch.cuda.synchronize()
+    tdist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ops.all_reduce(x, out=out, method=method, context=ctx)
+    torch.cuda.synchronize()
+    tdist.barrier()
+    ok, bad = True, []
+    for i in range(20):
+        x.copy_(_fresh(n, torch.bfloat16, seed=500 + i))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        if not _matches(x, out):
+            ok = False
+            bad.append(i)
+    all_ranks_agree(ok, f"all_reduce {method} in a CUDA graph: wrong at replays {bad}")
+    tdist.barrier()
