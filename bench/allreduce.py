@@ -40,18 +40,13 @@ from triton_dist import bench  # noqa: E402
 from triton_dist import ops  # noqa: E402
 from triton_dist.kernels import AllReduceContext  # noqa: E402
 
-KIB, MIB = 1 << 10, 1 << 20
-LINK_GBPS = 384.0  # measured peer put bandwidth, both GPUs pushing (copy engine, 1 GiB)
-ROUND_TRIP_US = 2.9  # measured one-signal round trip between the GPUs
+KIB, MIB = bench.script.KIB, bench.script.MIB
+LINK_GBPS = bench.script.LINK_GBPS
+ROUND_TRIP_US = bench.script.ROUND_TRIP_US
 
+log = bench.script.logger("allreduce")
 
-def log(msg: str) -> None:
-    if tdist.rank() == 0:
-        print(f"[allreduce] {msg}", flush=True)
-
-
-def all_ok(ok: bool) -> bool:
-    return min(bench.all_gather_floats(1.0 if ok else 0.0)) == 1.0
+all_ok = bench.script.all_ranks_ok
 
 
 def make_symm_mem_baseline(n_max: int, dtype, device):

@@ -28,3 +28,31 @@ def guard(args: argparse.Namespace) -> None:
     for name, value in _MULTICAST_OFF:
         os.environ.setdefault(name, value)
     faulthandler.dump_traceback_later(args.timeout_s, exit=True)
+
+
+KIB, MIB = 1 << 10, 1 << 20
+
+# Floors measured by bench/language_floors.py on 2 x H200 (bench/results/h200-x2/language_floors.json):
+LINK_GBPS = 384.0
+"""Peer put bandwidth with both GPUs pushing (copy engine, 1 GiB), GB/s."""
+ROUND_TRIP_US = 2.9
+"""One-signal round trip between the GPUs, microseconds."""
+
+
+def logger(tag: str):
+    """A ``log(message)`` that prints ``[tag] message`` on rank 0."""
+
+    def log(message: str) -> None:
+        from .. import runtime
+
+        if runtime.rank() == 0:
+            print(f"[{tag}] {message}", flush=True)
+
+    return log
+
+
+def all_ranks_ok(ok: bool) -> bool:
+    """Whether ``ok`` holds on every rank (collective)."""
+    from .timing import all_gather_floats
+
+    return min(all_gather_floats(1.0 if ok else 0.0)) == 1.0

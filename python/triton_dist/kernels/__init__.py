@@ -2,6 +2,11 @@
 (symmetric buffers and signals, created collectively once and reused) and its Triton kernels.
 Torch-facing entry points live in :mod:`triton_dist.ops`."""
 
+from .allgather import AllGatherContext
 from .allreduce import AllReduceContext, all_reduce_one_shot_kernel, all_reduce_two_shot_kernel
+from .context import CollectiveContext
+from .reduce_scatter import ReduceScatterContext, reduce_scatter_push_kernel, reduce_scatter_ring_kernel
 
-__all__ = ["AllReduceContext", "all_reduce_one_shot_kernel", "all_reduce_two_shot_kernel"]
+__all__ = ["AllGatherContext", "AllReduceContext", "CollectiveContext", "ReduceScatterContext",
+           "all_reduce_one_shot_kernel", "all_reduce_two_shot_kernel", "reduce_scatter_push_kernel",
+           "reduce_scatter_ring_kernel"]

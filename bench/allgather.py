@@ -1,0 +1,146 @@
+"""AllGather (bf16): ours (sm_push, ce_push, ll) vs torch.distributed.all_gather_into_tensor (NCCL).
+
+    torchrun --nproc-per-node=2 bench/allgather.py [--quick]
+
+Per-rank input sizes 8 KiB .. 256 MiB in x4 steps (8 KiB .. 128 MiB, then 256 MiB; ``--quick``:
+8 KiB, 256 KiB, 16 MiB, 256 MiB). For each:
+
+- ours: :func:`triton_dist.ops.all_gather` with one context of the largest size, methods
+  ``sm_push``, ``ce_push`` and (up to ``LL_MAX_BYTES`` per rank) ``ll``; ``ours_us`` is the
+  fastest, each is also recorded (``sm_push_us``, ``ce_push_us``, ``ll_us``, ``method``);
+- ``torch_nccl_us``: ``torch.distributed.all_gather_into_tensor`` on the same data.
+
+Every result is checked once against NCCL before timing (exact equality). Timing:
+:mod:`triton_dist.bench.timing` (fixed counts on every rank, synchronise + barrier per sample,
+median per rank, MAX over ranks); small sizes time several back-to-back calls per sample queued
+behind a GPU delay, so host launch latency is not what is measured (the same for every contender).
+
+``algbw_gbps`` = world * bytes / t (the gathered output per unit time); ``busbw_gbps`` = (w-1) *
+bytes / t (NCCL's bus bandwidth for AllGather: what each rank receives over the link).
+``bound_us`` = max(2.9 us, (w-1) * bytes / 384 GB/s): every rank must receive (w-1) * bytes over
+its link, at best at the measured bidirectional copy-engine put bandwidth (bench/language_floors,
+2 x H200, both GPUs pushing), and no call can beat one measured signal round trip.
+Writes bench/results/<gpu>-x<world>/allgather.json.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+try:
+    import triton_dist._C  # noqa: F401  an installed build
+except ImportError:
+    sys.path.insert(0, str(HERE.parent / "python"))
+
+import triton_dist as tdist  # noqa: E402
+from triton_dist import bench  # noqa: E402
+from triton_dist import ops  # noqa: E402
+from triton_dist.kernels import AllGatherContext  # noqa: E402
+from triton_dist.kernels.allgather import LL_MAX_BYTES  # noqa: E402
+
+KIB, MIB = bench.script.KIB, bench.script.MIB
+LINK_GBPS = bench.script.LINK_GBPS
+ROUND_TRIP_US = bench.script.ROUND_TRIP_US
+
+log = bench.script.logger("allgather")
+
+all_ok = bench.script.all_ranks_ok
+
+
+def main() -> int:
+    parser = bench.script.argument_parser(__doc__, HERE / "results")
+    args = parser.parse_args()
+    bench.script.guard(args)
+
+    import torch
+    import torch.distributed as dist
+
+    tdist.init(heap_size=args.heap_size)
+    world, rank = tdist.world_size(), tdist.rank()
+    device = torch.device("cuda", torch.cuda.current_device())
+    gpu = bench.gpu_slug()
+    dtype = torch.bfloat16
+    sizes = ([8 * KIB, 256 * KIB, 16 * MIB, 256 * MIB] if args.quick else
+             [8 * KIB * 4**k for k in range(8)] + [256 * MIB])  # 8 KiB .. 128 MiB in x4 steps, then 256 MiB
+    seen = bench.all_gather_floats(float(sum(sizes) + len(sizes)))
+    if len(set(seen)) != 1:
+        raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
+    log(f"gpu {gpu} x{world}, commit {bench.commit()}, versions {bench.versions()}, "
+        f"{'quick' if args.quick else 'full'} run")
+
+    n_max = max(sizes) // 2
+    ctx = AllGatherContext(max(sizes), dtype)  # collective; preloads every kernel
+    g = torch.Generator(device=device)
+    g.manual_seed(2000 + rank)
+    x_all = torch.randn(n_max, device=device, dtype=torch.float32, generator=g).to(dtype)
+    out_all = torch.empty(world * n_max, device=device, dtype=dtype)
+    nccl_out_all = torch.empty_like(out_all)
+    bench.sync_and_barrier()
+
+    iters = 20 if args.quick else 50
+    records = []
+    for nbytes in sizes:
+        n = nbytes // 2
+        x, out, nccl_out = x_all[:n], out_all[:world * n], nccl_out_all[:world * n]
+        ref = torch.empty_like(out)
+        dist.all_gather_into_tensor(ref, x)
+
+        def ours(method, x=x, out=out):
+            return lambda: ops.all_gather(x, out=out, method=method, context=ctx)
+
+        methods = ["sm_push", "ce_push"] + (["ll"] if nbytes <= LL_MAX_BYTES else [])
+        fns = {m: ours(m) for m in methods}
+        fns["torch_nccl"] = lambda x=x, o=nccl_out: dist.all_gather_into_tensor(o, x)
+
+        checks = {}
+        for name in methods:
+            out.fill_(float("nan"))
+            fns[name]()
+            torch.cuda.synchronize()
+            checks[name] = all_ok(bool(torch.equal(out, ref)))
+        bench.sync_and_barrier()
+
+        group = max(1, min(16, (4 * MIB) // nbytes))
+        delay = 50.0 * group if nbytes < 4 * MIB else 0.0
+        times = {}
+        for name, fn in fns.items():
+            times[name] = bench.median_us(fn, warmup=5, iters=iters, group=group, gpu_delay_us=delay)
+        verified = [m for m in methods if checks[m]]
+        best = min(verified or methods, key=times.get)
+        ours_us = times[best]
+        bus = (world - 1) * nbytes
+        bound = max(ROUND_TRIP_US, bus / (LINK_GBPS * 1e3))
+        per_method = "  ".join(f"{m} {times[m]:9.2f} us" for m in methods)
+        log(f"{nbytes:>10d} B  {per_method}  NCCL {times['torch_nccl']:9.2f} us  bound {bound:8.2f} us  "
+            f"checks {checks}")
+        records.append(
+            bench.record("all_gather", shape=[n], dtype="bfloat16", world_size=world, gpu=gpu, ours_us=ours_us,
+                         baselines={"torch_nccl_us": times["torch_nccl"]}, bound_us=bound, bytes=nbytes,
+                         method=best, sm_push_us=times["sm_push"], ce_push_us=times["ce_push"],
+                         ll_us=times.get("ll"), algbw_gbps=world * nbytes / (ours_us * 1e3),
+                         busbw_gbps=bus / (ours_us * 1e3),
+                         torch_nccl_busbw_gbps=bus / (times["torch_nccl"] * 1e3),
+                         verified=all(checks.values()), checks=checks,
+                         timing={"iters": iters, "group": group, "gpu_delay_us": delay},
+                         bound_method=f"max({ROUND_TRIP_US} us, (w-1)*bytes / {LINK_GBPS} GB/s)"))
+
+    bench.sync_and_barrier()
+    if rank == 0:
+        print()
+        bench.print_table(records, extra=("bytes", "method", "sm_push_us", "ce_push_us", "ll_us", "busbw_gbps",
+                                          "torch_nccl_busbw_gbps"))
+        path = bench.write_results(records, "allgather", root=args.out, rank=0)
+        print(f"\n[allgather] wrote {path}", flush=True)
+    bench.sync_and_barrier()
+    ops.clear_contexts()
+    del ctx
+    tdist.finalize()
+    faulthandler.cancel_dump_traceback_later()
+    return 0 if all(r["verified"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
