@@ -71,11 +71,14 @@ def _gpu_delay(us: float) -> None:
 
 
 def sample_us(fn: Callable[[], object], *, warmup: int = 5, iters: int = 50, group: int = 1, barrier: bool = True,
-              gpu_delay_us: float = 0.0) -> list[float]:
+              gpu_delay_us: float = 0.0, graph: bool = False) -> list[float]:
     """This rank's samples (µs per call) of ``fn``; see the module docstring for the method.
 
     ``barrier=False`` skips the per-sample synchronise and barrier: samples then run back to back
-    (loop timing); warm-up is still bracketed by barriers.
+    (loop timing); warm-up is still bracketed by barriers. ``graph=True`` captures the ``group``
+    calls in a CUDA graph once (after warm-up) and times its replays: GPU time without the host's
+    launch cost, for ours and the baselines alike (NCCL captures too). ``fn`` must then allocate
+    nothing and keep its tensors alive.
     """
     _check_counts(warmup, iters, group)
     import torch
@@ -84,6 +87,15 @@ def sample_us(fn: Callable[[], object], *, warmup: int = 5, iters: int = 50, gro
     for _ in range(warmup):
         fn()
     sync_and_barrier()
+    if graph:
+        captured = torch.cuda.CUDAGraph()
+        # thread_local: NCCL's watchdog thread must not invalidate the capture.
+        with torch.cuda.graph(captured, capture_error_mode="thread_local"):
+            for _ in range(group):
+                fn()
+        sync_and_barrier()
+        captured.replay()  # the first replay uploads the graph
+        sync_and_barrier()
     events = []
     for _ in range(iters):
         if barrier:
@@ -92,8 +104,11 @@ def sample_us(fn: Callable[[], object], *, warmup: int = 5, iters: int = 50, gro
             _gpu_delay(gpu_delay_us)
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(group):
-            fn()
+        if graph:
+            captured.replay()
+        else:
+            for _ in range(group):
+                fn()
         stop.record()
         events.append((start, stop))
     torch.cuda.synchronize()
@@ -108,10 +123,10 @@ def rank_medians_us(fn: Callable[[], object], **kwargs) -> list[float]:
 
 
 def median_us(fn: Callable[[], object], *, warmup: int = 5, iters: int = 50, group: int = 1, barrier: bool = True,
-              gpu_delay_us: float = 0.0) -> float:
+              gpu_delay_us: float = 0.0, graph: bool = False) -> float:
     """Median µs per call of ``fn``: the MAX over ranks of each rank's median. Collective."""
     return max(rank_medians_us(fn, warmup=warmup, iters=iters, group=group, barrier=barrier,
-                               gpu_delay_us=gpu_delay_us))
+                               gpu_delay_us=gpu_delay_us, graph=graph))
 
 
 def all_gather_floats(value: float) -> list[float]:
