@@ -20,9 +20,12 @@ from __future__ import annotations
 
 from .runtime import _require_initialized
 
-AUTO_ONE_SHOT_MAX_BYTES = 256 * 1024
-"""``all_reduce(method="auto")`` uses one-shot up to this many bytes, two-shot above (from
-bench/results/h200-x2/allreduce.json: one-shot wins at 64 KiB and 1 MiB, two-shot from 4 MiB)."""
+AUTO_ONE_SHOT_MAX_BYTES = 32 << 20
+"""``all_reduce(method="auto")`` uses one-shot up to this many bytes, two-shot above
+(bench/results/h200-x2/allreduce.json, CUDA-graph timing: one-shot ahead up to 32 MiB except a tie
+at 512 KiB, two-shot from 128 MiB). Measured on two GPUs, where both move the same bytes; one-shot
+moves ``w / 2`` times the bytes of two-shot on ``w`` GPUs, so the threshold is scaled by ``2 / w``
+(not yet measured beyond two GPUs)."""
 
 MIN_CONTEXT_BYTES = 1 << 20
 """Contexts created on first use hold at least this many bytes (then powers of two)."""
@@ -133,7 +136,10 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     if x.numel() == 0:
         return out
     if method == "auto":
-        method = "one_shot" if x.numel() * x.element_size() <= AUTO_ONE_SHOT_MAX_BYTES else "two_shot"
+        from .runtime import world_size
+
+        one_shot_max = AUTO_ONE_SHOT_MAX_BYTES * 2 // max(2, world_size())
+        method = "one_shot" if x.numel() * x.element_size() <= one_shot_max else "two_shot"
     context.run(x.view(-1), out.view(-1), method)
     return out
 
