@@ -24,6 +24,7 @@ def library_dir() -> str:
         f"triton_dist: the nvidia.nvshmem package has no lib/libnvshmem_host.so.3; reinstall it: {_INSTALL_HINT}")
 
 
+@functools.lru_cache(maxsize=None)
 def device_bitcode() -> str:
     """Path of ``libnvshmem_device.bc``, linked into kernels that call the OpenSHMEM device API."""
     path = os.path.join(library_dir(), "libnvshmem_device.bc")
@@ -32,6 +33,7 @@ def device_bitcode() -> str:
     return path
 
 
+@functools.lru_cache(maxsize=None)
 def extern_libs() -> tuple[tuple[str, str], ...]:
     """The ``extern_libs`` launch option that links NVSHMEM's device library."""
     return (("libnvshmem_device", device_bitcode()),)
