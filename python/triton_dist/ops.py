@@ -190,3 +190,77 @@ def reduce_scatter(x, *, out=None, method: str = "auto", context=None):
         return out
     context.run(x.view(-1), out.view(-1), method)
     return out
+
+
+def _ag_gemm_context(a_shard, context):
+    """A cached :class:`~triton_dist.kernels.AllGatherGemmContext` that fits ``a_shard``, else a
+    new one (collective; ``max_m_per_rank`` rounded up to a power of two, at least 128)."""
+    from .kernels import AllGatherGemmContext
+
+    m, k = a_shard.shape
+    if context is not None:
+        if not isinstance(context, AllGatherGemmContext):
+            raise TypeError(f"triton_dist ag_gemm: context must be an AllGatherGemmContext, got "
+                            f"{type(context).__name__}")
+        if context.dtype != a_shard.dtype or context.k != k or m > context.max_m:
+            raise ValueError(f"triton_dist ag_gemm: the context is for up to {context.max_m} rows of K={context.k} "
+                             f"{context.dtype}; a_shard is [{m}, {k}] {a_shard.dtype}: create an "
+                             f"AllGatherGemmContext(max_m_per_rank>={m}, k={k}, dtype={a_shard.dtype}) or pass "
+                             f"context=None")
+        return context
+    fitting = [ctx for (o, dt, key), ctx in _CONTEXTS.items() if o == "ag_gemm" and dt == a_shard.dtype and
+               key[0] == k and key[1] >= m]
+    if fitting:
+        return min(fitting, key=lambda c: c.max_m)
+    max_m = 128
+    while max_m < m:
+        max_m *= 2
+    ctx = AllGatherGemmContext(max_m, k, a_shard.dtype)
+    _CONTEXTS[("ag_gemm", a_shard.dtype, (k, max_m))] = ctx
+    return ctx
+
+
+def ag_gemm(a_shard, b, *, out=None, context=None):
+    """AllGather+GEMM: ``allgather(a_shard) @ b.T``, every rank's ``a_shard`` concatenated along dim
+    0 in rank order, times ``b`` transposed; returns ``out`` (``[world * m, N]``; a new tensor when
+    None). The gather (copy engine, side stream) overlaps the GEMM (persistent Triton kernel, the
+    current stream) tile by tile; see :mod:`triton_dist.kernels.allgather_gemm`.
+
+    ``a_shard``: ``[m, K]``, the same ``m`` on every rank; ``b``: ``[N, K]`` (the weight of a
+    linear layer: ``y = x @ W.T``); both contiguous, bfloat16 or float16 (the same), on the current
+    CUDA device; ``K`` and ``N`` multiples of 8. ``context``: an
+    :class:`~triton_dist.kernels.AllGatherGemmContext` to use instead of a cached one (needed to
+    capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes.
+    """
+    _require_initialized("ag_gemm")
+    import torch
+
+    for name, t in (("a_shard", a_shard), ("b", b)):
+        _check_input(f"ag_gemm ({name})", t)
+        if t.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"triton_dist ag_gemm: {name} is {t.dtype}; only torch.bfloat16 and torch.float16 are "
+                            f"supported")
+        if t.dim() != 2:
+            raise ValueError(f"triton_dist ag_gemm: {name} must be 2-D, got shape {tuple(t.shape)}")
+    if a_shard.dtype != b.dtype:
+        raise TypeError(f"triton_dist ag_gemm: a_shard is {a_shard.dtype} but b is {b.dtype}")
+    m, k = a_shard.shape
+    n = b.shape[0]
+    if b.shape[1] != k:
+        raise ValueError(f"triton_dist ag_gemm: a_shard is [m, K] = {list(a_shard.shape)} and b is [N, K] = "
+                         f"{list(b.shape)}: K differs (the result is allgather(a_shard) @ b.T)")
+    if k == 0 or k % 8 or n % 8:
+        raise ValueError(f"triton_dist ag_gemm: K ({k}) must be a positive multiple of 8 and N ({n}) a multiple of 8 "
+                         f"(TMA needs 16-byte aligned rows)")
+    from .runtime import world_size
+
+    out = _output("ag_gemm", a_shard, out, (world_size() * m, n))
+    if b.data_ptr() % 16:
+        raise ValueError("triton_dist ag_gemm: b must start 16-byte aligned (TMA); pass b.clone()")
+    if out.data_ptr() % 16:
+        raise ValueError("triton_dist ag_gemm: out must start 16-byte aligned (TMA)")
+    context = _ag_gemm_context(a_shard, context)
+    if m == 0 or n == 0:
+        return out
+    context.run(a_shard, b, out)
+    return out

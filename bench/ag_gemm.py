@@ -1,0 +1,195 @@
+"""AllGather+GEMM (bf16): ours (:func:`triton_dist.ops.ag_gemm`) vs torch (NCCL
+``all_gather_into_tensor`` then ``matmul``) vs ``torch.ops.symm_mem.fused_all_gather_matmul``
+(when this torch has it and it runs), plus our GEMM alone vs ``torch.matmul`` (cuBLAS).
+
+    torchrun --nproc-per-node=2 bench/ag_gemm.py [--quick]
+
+Shapes (``M`` rows gathered in total, ``m = M / world`` per rank, weight shard ``[N, K]`` per
+rank, ``C = allgather(A) @ B^T`` of ``[M, N]``): ``M=8192, K=8192, N=28672/world`` (DESIGN §7's
+bar) and the smaller ``M=4096, K=4096, N=8192/world`` (``--quick``: the smaller only).
+
+- ``ours_us``: ``ops.ag_gemm`` with one context per shape;
+- ``torch_nccl_us``: ``dist.all_gather_into_tensor`` + ``torch.matmul(A, B.T)``;
+- ``torch_symm_mem_us``: ``torch.ops.symm_mem.fused_all_gather_matmul(A_shard, [B.T], 0, group)``
+  (omitted when unavailable or failing; timed without a CUDA graph, see ``timing``);
+- ``gemm_us`` / ``cublas_us``: our GEMM alone / ``torch.matmul`` on the gathered ``[M, K]``;
+- ``transfer_us``: the gather alone, the faster of ``ops.all_gather`` (auto) and NCCL;
+- ``bound_us`` = max(``gemm_us``, ``transfer_us``) (DESIGN §7, an overlapped op).
+
+Every contender's result is checked against the fp32 reference of the gathered inputs first
+(max |error| / max |ref| < 1e-2). Timing: :mod:`triton_dist.bench.timing`, CUDA graphs
+(``graph=True``: every contender but the symm_mem op, whose capturability is not ours to promise),
+fixed counts on every rank, synchronise + barrier per sample, median per rank, MAX over ranks.
+Writes bench/results/<gpu>-x<world>/ag_gemm.json.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+try:
+    import triton_dist._C  # noqa: F401  an installed build
+except ImportError:
+    sys.path.insert(0, str(HERE.parent / "python"))
+
+import triton_dist as tdist  # noqa: E402
+from triton_dist import bench  # noqa: E402
+from triton_dist import ops  # noqa: E402
+from triton_dist.kernels import AllGatherGemmContext  # noqa: E402
+from triton_dist.kernels.gemm import gemm  # noqa: E402
+
+log = bench.script.logger("ag_gemm")
+all_ok = bench.script.all_ranks_ok
+REL_TOL = 1e-2
+
+
+def _rel_error(got, ref) -> float:
+    import torch
+
+    got = got.float()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+
+
+def _symm_mem_op(a_shard, b):
+    """``fused_all_gather_matmul`` as a no-argument call, or ``(None, why)``."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        fused = torch.ops.symm_mem.fused_all_gather_matmul
+        group_name = dist.group.WORLD.group_name
+        try:
+            from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+            enable_symm_mem_for_group(group_name)
+        except Exception:  # noqa: BLE001  newer torch needs (or has) no such call
+            pass
+        bt = b.t()
+
+        def run():
+            return fused(a_shard, [bt], 0, group_name)[1][0]
+
+        return run, None
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {e}"
+
+
+def main() -> int:
+    parser = bench.script.argument_parser(__doc__, HERE / "results")
+    args = parser.parse_args()
+    bench.script.guard(args)
+
+    import torch
+    import torch.distributed as dist
+
+    tdist.init(heap_size=args.heap_size)
+    world, rank = tdist.world_size(), tdist.rank()
+    device = torch.device("cuda", torch.cuda.current_device())
+    gpu = bench.gpu_slug()
+    dtype = torch.bfloat16
+    shapes = [(4096, 4096, 8192 // world)] + ([] if args.quick else [(8192, 8192, 28672 // world)])
+    log(f"gpu {gpu} x{world}, commit {bench.commit()}, versions {bench.versions()}, "
+        f"{'quick' if args.quick else 'full'} run")
+    iters = 10 if args.quick else 30
+
+    records = []
+    for big_m, k, n in shapes:
+        m = big_m // world
+        ctx = AllGatherGemmContext(m, k, dtype)  # collective; preloads every kernel
+        g = torch.Generator(device=device)
+        g.manual_seed(3000 + rank)
+        a_shard = torch.randn((m, k), device=device, generator=g).to(dtype)
+        b = torch.randn((n, k), device=device, generator=g).to(dtype)
+        a_full = torch.empty((big_m, k), device=device, dtype=dtype)
+        dist.all_gather_into_tensor(a_full, a_shard)
+        ref = a_full.float() @ b.float().T
+        out = torch.empty((big_m, n), device=device, dtype=dtype)
+        nccl_out = torch.empty_like(out)
+        nccl_a = torch.empty_like(a_full)
+        gemm_out = torch.empty_like(out)
+        ag_out = torch.empty_like(a_full)
+
+        def ours():
+            ops.ag_gemm(a_shard, b, out=out, context=ctx)
+
+        def torch_nccl():
+            dist.all_gather_into_tensor(nccl_a, a_shard)
+            torch.matmul(nccl_a, b.t(), out=nccl_out)
+
+        fns = {"ours": ours, "torch_nccl": torch_nccl,
+               "gemm": lambda: gemm(a_full, b, out=gemm_out),
+               "cublas": lambda: torch.matmul(a_full, b.t(), out=gemm_out),
+               "ag_ours": lambda: ops.all_gather(a_shard, out=ag_out),
+               "ag_nccl": lambda: dist.all_gather_into_tensor(ag_out, a_shard)}
+        outputs = {"ours": out, "torch_nccl": nccl_out, "gemm": gemm_out, "cublas": gemm_out}
+
+        symm, why = _symm_mem_op(a_shard, b)
+        checks, errors = {}, {}
+        if symm is not None:
+            try:
+                got = symm()
+                torch.cuda.synchronize()
+                errors["torch_symm_mem"] = _rel_error(got, ref)
+            except Exception as e:  # noqa: BLE001
+                symm, why = None, f"{type(e).__name__}: {e}"
+        # Every rank must agree on whether the symm_mem baseline runs (it is collective).
+        if not all_ok(symm is not None):
+            symm = None
+        if symm is None:
+            log(f"torch symm_mem fused_all_gather_matmul skipped: {why}")
+        for name in ("ours", "torch_nccl", "gemm", "cublas"):
+            outputs[name].fill_(float("nan"))
+            fns[name]()
+            torch.cuda.synchronize()
+            errors[name] = _rel_error(outputs[name], ref)
+        for name, err in errors.items():
+            checks[name] = all_ok(err < REL_TOL)
+        bench.sync_and_barrier()
+
+        times = {name: bench.median_us(fn, warmup=3, iters=iters, graph=True) for name, fn in fns.items()}
+        if symm is not None:
+            times["torch_symm_mem"] = bench.median_us(symm, warmup=3, iters=iters, graph=False)
+        transfer = min(times["ag_ours"], times["ag_nccl"])
+        bound = max(times["gemm"], transfer)
+        flop = 2.0 * big_m * n * k
+        log(f"M={big_m} K={k} N={n}: ours {times['ours']:.1f} us, NCCL+cuBLAS {times['torch_nccl']:.1f} us, "
+            f"symm_mem {times.get('torch_symm_mem', float('nan')):.1f} us, gemm alone {times['gemm']:.1f} us "
+            f"(cuBLAS {times['cublas']:.1f} us), transfer {transfer:.1f} us, bound {bound:.1f} us, "
+            f"errors {errors}, checks {checks}")
+        records.append(
+            bench.record("ag_gemm", shape=[big_m, n, k], dtype="bfloat16", world_size=world, gpu=gpu,
+                         ours_us=times["ours"],
+                         baselines={"torch_nccl_us": times["torch_nccl"],
+                                    "torch_symm_mem_us": times.get("torch_symm_mem")},
+                         bound_us=bound, m_per_rank=m, gemm_us=times["gemm"], cublas_us=times["cublas"],
+                         gemm_vs_cublas=times["cublas"] / times["gemm"], transfer_us=transfer,
+                         all_gather_ours_us=times["ag_ours"], all_gather_nccl_us=times["ag_nccl"],
+                         ours_tflops=flop / (times["ours"] * 1e6), of_bound=bound / times["ours"],
+                         verified=checks["ours"] and checks["gemm"], checks=checks,
+                         rel_errors={name: (e if e < 1e30 else None) for name, e in errors.items()},
+                         timing={"iters": iters, "cuda_graph": True, "torch_symm_mem_cuda_graph": False},
+                         bound_method="max(our gemm alone, min(ops.all_gather, NCCL all_gather))",
+                         shape_meaning="[M gathered rows, N per rank, K]"))
+        bench.sync_and_barrier()
+        del ctx
+
+    bench.sync_and_barrier()
+    if rank == 0:
+        print()
+        bench.print_table(records, extra=("gemm_us", "cublas_us", "transfer_us", "of_bound"))
+        path = bench.write_results(records, "ag_gemm", root=args.out, rank=0)
+        print(f"\n[ag_gemm] wrote {path}", flush=True)
+    bench.sync_and_barrier()
+    ops.clear_contexts()
+    tdist.finalize()
+    faulthandler.cancel_dump_traceback_later()
+    return 0 if all(r["verified"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""AllGather+GEMM: ``C = allgather(A_shard) @ B^T`` with the gather overlapped by the GEMM, tile
+by tile. Every rank holds ``A_shard [m, K]`` (the same ``m`` on every rank) and ``B [N, K]``; the
+result is ``C [world * m, N]``, rank ``r``'s rows ``[r * m, (r + 1) * m)`` computed from its shard.
+
+Producer (copy engine, on the context's side stream) and consumer (the persistent GEMM of
+:mod:`triton_dist.kernels.gemm` with ``WAIT_FOR_ROWS``, on the caller's stream) share one
+symmetric buffer ``gathered`` (``world * max_m * K`` elements; a call uses its first
+``world * m`` rows, rank ``r``'s shard at rows ``[r * m, (r + 1) * m)``) which the GEMM reads
+directly as its A (a TMA descriptor over ``gathered[:world * m]``; no copy-out), and a signal pad
+of ``2 * world`` uint64 signals: ``ready[r]`` (index ``r``) and ``ack[r]`` (index ``world + r``).
+
+Call ``k`` (``k``: the context's device-side call counter ``calls``, bumped on the caller's
+stream ``S`` first, so a CUDA graph replays with fresh values) on rank ``me``:
+
+``S``: ``calls += 1``; the side stream ``P`` waits for ``S`` (so everything ``S`` did before,
+including this rank's GEMM of call ``k - 1``, is finished before ``P`` continues).
+
+``P``:
+  1. copy ``A_shard`` into slot ``me`` of the local ``gathered``;
+  2. signal kernel, phase 0: ``ready[me] = k`` locally (release; publishes step 1); ``ack[me] =
+     k - 1`` on every peer (release, system scope: "my GEMM of call ``k - 1`` has finished
+     reading your slot of my buffer" - true because ``P`` waited for ``S``); then acquire-wait
+     ``ack[r] >= k - 1`` from every peer (peer ``r`` no longer reads slot ``me`` of its buffer);
+  3. for every peer ``r`` (ring order from ``me + 1``): copy ``A_shard`` into slot ``me`` of ``r``'s
+     ``gathered`` (``peer_tensor``, a copy-engine copy over NVLink); signal kernel, phase 1:
+     ``ready[me] = k`` on ``r`` (release, system scope).
+
+``S``: the GEMM consumer: before the K loop of an output tile it acquire-waits (system scope)
+``ready[r] >= k`` for the one or two ranks ``r`` whose shards hold the tile's rows, and loads A
+through ``dl.consume_token`` of the descriptor (ordered after the wait, with an async-proxy fence
+for TMA). Tiles are rotated so each rank starts with its own rows (ready after the local copy).
+Then ``S`` waits for ``P`` before the call returns (the caller may reuse ``A_shard``; the next
+call's ``P`` work is ordered after this GEMM anyway).
+
+Why ``ready[r] >= k`` means "rank ``r``'s rows of call ``k`` are in my buffer": the copy and the
+signal kernel are consecutive on ``r``'s stream ``P``, so the copy engine finished writing (over
+NVLink) before the kernel's release at system scope, which my acquire observes (the argument of
+``ce_push`` in :mod:`~triton_dist.kernels.allgather`). ``ready`` only grows (``set`` to ``k``,
+and call ``k + 1`` cannot set it before this rank acknowledged call ``k``, see next), so a value
+``>= k`` is this call's.
+
+Why no write lands in a slot a GEMM still reads: rank ``r`` writes slot ``r`` of my buffer in call
+``k + 1`` only after ``ack[me] >= k`` from me, which I send in my call ``k + 1`` after my GEMM of
+call ``k`` finished (stream order ``S`` -> ``P``). My own slot is rewritten only by my ``P`` after
+it waited for ``S``. A single region therefore suffices (no parity halves, which the host could
+not follow inside a replayed CUDA graph since the copies' addresses are baked in). The acks of a
+call are sent by the next call: the last call's are never needed.
+
+SMs: the consumer spins while the producer's signal kernels still have to run on this GPU, so
+the GEMM's persistent grid leaves :data:`RESERVED_SMS` SMs free (its programs use > 114 KiB of
+shared memory each, so at most one per SM): with every SM held by a spinning GEMM program, the
+signal kernel could never start - a deadlock.
+
+Why not :class:`~triton_dist.kernels.AllGatherContext`: its ``ce_push`` copies out of its
+receive buffer and acknowledges right after that copy-out, so a GEMM reading that buffer directly
+would race with the peer's next call; ``sm_push`` needs SMs of its own for a grid whose
+programs all spin (co-resident with a persistent GEMM). This dedicated producer is the same
+protocol as ``ce_push`` with the acknowledgement moved after the GEMM.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import language as dl
+from .. import runtime as _runtime
+from ..distributed_jit import DistributedKernel, jit
+from ..signals import SignalPad
+from ..symmetric import peer_tensor, symm_empty
+from . import gemm as _gemm
+
+RESERVED_SMS = 1
+"""SMs the consumer GEMM leaves free for the producer's signal kernels (see the module notes)."""
+
+ag_gemm_consumer_kernel = DistributedKernel(_gemm.gemm_kernel)
+""":func:`triton_dist.kernels.gemm.gemm_kernel` launched with ``WAIT_FOR_ROWS=True`` and the
+language's libraries linked in."""
+
+
+@jit(do_not_specialize=["peer"])
+def ag_gemm_signal_kernel(signals, calls, peer, PHASE: tl.constexpr, WORLD: tl.constexpr):
+    """One program. ``calls``: the context's device call counter (this call's ``k``). ``signals``:
+    ``ready`` at ``[0, WORLD)``, ``ack`` at ``[WORLD, 2 * WORLD)``.
+
+    ``PHASE`` 0: ``ready[me] = k`` here, ``ack[me] = k - 1`` on every peer, then wait for
+    ``ack[r] >= k - 1`` from every peer. ``PHASE`` 1: ``ready[me] = k`` on ``peer``."""
+    k = tl.load(calls)
+    me = dl.rank()
+    if PHASE == 0:
+        dl.notify(signals + me, me, k, "set", "gpu")
+        for r in tl.static_range(1, WORLD):
+            dl.notify(signals + WORLD + me, (me + r) % WORLD, k - 1, "set", "intra_node")
+        for r in tl.static_range(1, WORLD):
+            dl.wait(signals + WORLD + (me + r) % WORLD, 1, "sys", "acquire", k - 1)
+    else:
+        dl.notify(signals + me, peer, k, "set", "intra_node")
+
+
+class AllGatherGemmContext:
+    """Symmetric buffer, signals, side stream and loaded kernels for AllGather+GEMM of up to
+    ``max_m_per_rank`` rows of ``k`` columns per rank, ``dtype`` bfloat16 or float16.
+
+    Collective: every rank creates it with the same arguments, in the same order as its other
+    symmetric allocations; creating it compiles and loads every kernel (both GEMM configs, since
+    N is per call) and ends with a barrier. Symmetric memory: ``world * max_m_per_rank * k``
+    elements plus ``2 * world`` signals. Call with :meth:`run` (or
+    :func:`triton_dist.ops.ag_gemm`); every rank makes the same calls in the same order with the
+    same ``m`` and ``N``. Calls may be captured in a CUDA graph and replayed.
+    """
+
+    def __init__(self, max_m_per_rank: int, k: int, dtype):
+        _runtime._require_initialized("AllGatherGemmContext")
+        import torch
+
+        for name, v in (("max_m_per_rank", max_m_per_rank), ("k", k)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"triton_dist AllGatherGemmContext: {name} must be a positive int, got {v!r}")
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"triton_dist AllGatherGemmContext: dtype must be torch.bfloat16 or torch.float16, got "
+                            f"{dtype!r}")
+        if k % 8:
+            raise ValueError(f"triton_dist AllGatherGemmContext: k ({k}) must be a multiple of 8 (TMA needs 16-byte "
+                             f"aligned rows)")
+        self.world = _runtime.world_size()
+        self.rank = _runtime.rank()
+        if self.world * max_m_per_rank * k >= 2**31:
+            raise ValueError(f"triton_dist AllGatherGemmContext: world * max_m_per_rank * k = "
+                             f"{self.world * max_m_per_rank * k} elements is too large (< 2**31)")
+        self.max_m = max_m_per_rank
+        self.k = k
+        self.dtype = dtype
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.num_sms = _gemm.num_sms(self.device)
+        self.max_programs = max(1, self.num_sms - RESERVED_SMS)
+        self.gathered = symm_empty((self.world * max_m_per_rank * k, ), dtype)
+        """Rank ``r``'s shard of a call with ``m`` rows: elements ``[r * m * k, (r + 1) * m * k)``."""
+        self.pad = SignalPad(2 * self.world)
+        self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
+        """The device-side call counter (this call's ``k`` once bumped)."""
+        self._peers = [peer_tensor(self.gathered, r) if r != self.rank else self.gathered for r in range(self.world)]
+        self._side = torch.cuda.Stream(device=self.device)
+        if self.world > 1:
+            self.preload()
+        torch.cuda.synchronize()
+        _runtime.barrier()  # every rank's pad is zeroed before any rank can signal it
+
+    def preload(self) -> None:
+        """Compile and load every kernel with the specialisation of real calls (descriptors of this
+        dtype and each config's blocks; every int unspecialised)."""
+        a = self.gathered[:self.world * self.max_m * self.k].view(self.world * self.max_m, self.k)
+        for config in _gemm.CONFIGS:
+            a_desc, b_desc, c_desc = _gemm.descriptors(a, a, a, config)  # only types and blocks matter
+            ag_gemm_consumer_kernel.preload(a_desc, b_desc, c_desc, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
+                                            grid=(1, ), **_gemm.kernel_meta(config, True))
+        for phase in (0, 1):
+            ag_gemm_signal_kernel.preload(self.pad.signals, self.calls, 2, grid=(1, ), PHASE=phase,
+                                          WORLD=self.world, num_warps=1)
+
+    def run(self, a_shard, b, out) -> None:
+        """``out = allgather(a_shard) @ b.T`` on the current stream. ``a_shard [m, k]``, ``b [N, k]``
+        and ``out [world * m, N]``: contiguous CUDA tensors of this dtype, ``m <= max_m_per_rank``,
+        ``N % 8 == 0``, ``b`` and ``out`` 16-byte aligned (validated by
+        :func:`triton_dist.ops.ag_gemm`, not here)."""
+        import torch
+
+        m, n = a_shard.shape[0], b.shape[0]
+        if m == 0 or n == 0:
+            return
+        if self.world == 1:
+            _gemm.gemm(a_shard, b, out=out)
+            return
+        world, me, k = self.world, self.rank, self.k
+        x = a_shard.reshape(-1)
+        stream = torch.cuda.current_stream()
+        self.calls.add_(1)
+        self._side.wait_stream(stream)
+        with torch.cuda.stream(self._side):
+            self.gathered[me * m * k:(me + 1) * m * k].copy_(x)
+            ag_gemm_signal_kernel[(1, )](self.pad.signals, self.calls, 0, PHASE=0, WORLD=world, num_warps=1)
+            for i in range(1, world):
+                r = (me + i) % world
+                self._peers[r][me * m * k:(me + 1) * m * k].copy_(x)
+                ag_gemm_signal_kernel[(1, )](self.pad.signals, self.calls, r, PHASE=1, WORLD=world, num_warps=1)
+        rows = world * m
+        config = _gemm.pick_config(rows, n, k, self.max_programs)
+        a = self.gathered[:rows * k].view(rows, k)
+        a_desc, b_desc, c_desc = _gemm.descriptors(a, b, out, config)
+        ag_gemm_consumer_kernel[_gemm.grid_for(rows, n, config, self.max_programs)](
+            a_desc, b_desc, c_desc, rows, n, k, self.pad.signals, self.calls, me, m, **_gemm.kernel_meta(config, True))
+        stream.wait_stream(self._side)

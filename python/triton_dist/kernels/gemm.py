@@ -1,0 +1,207 @@
+"""A persistent Hopper GEMM, ``C[M, N] = A[M, K] @ B[N, K]^T`` (B row-major ``[N, K]``, the weight
+layout of a tensor-parallel linear layer), bf16/fp16 in, fp32 accumulation, the input dtype out.
+
+One tile loop (:func:`gemm_kernel`) serves two kernels:
+
+- the plain GEMM (``WAIT_FOR_ROWS=False``, launched as a ``triton.jit`` kernel by :func:`gemm`);
+- the consumer of AllGather+GEMM (``WAIT_FOR_ROWS=True``, launched through ``triton_dist.jit``
+  by :mod:`triton_dist.kernels.allgather_gemm`): A is the gathered ``[world * m, K]`` buffer, rank
+  ``r``'s shard in rows ``[r * m, (r + 1) * m)``; before the K loop of a tile it acquire-waits
+  (system scope) until ``signals[r] >= epoch`` for every rank ``r`` whose shard holds one of the
+  tile's rows (``epoch = *calls``), and its TMA loads of A go through ``dl.consume_token`` of the
+  A descriptor, so they are issued after the wait (with the async-proxy fence in between). Tiles
+  are rotated so that rank ``r`` starts at its own rows (the seeds' swizzle):
+  ``pid_m = (pid_m + (r * m) // BM) % num_m_tiles``.
+
+Structure: a persistent grid (one program per SM at most; programs walk tiles ``pid, pid + G, ...``
+in grouped order, ``GROUP_M`` m-tiles per group, for L2 reuse of B), TMA loads through host-side
+``TensorDescriptor``s (out-of-range rows/columns read as zeros, out-of-range stores are clipped, so
+M, N, K need not be multiples of the tile), a ``tl.range(k, num_stages=NUM_STAGES)`` software-
+pipelined K loop with wgmma, and a TMA store epilogue. The K loop is not flattened across tiles
+(Triton's ``flatten=True``): the wait of the consumer sits between tiles, outside the pipelined
+loop, and must stay there.
+
+Configs: no autotuner yet. :func:`pick_config` chooses between two configs by a fixed rule
+(128x256x64 tiles when there are at least as many of them as SMs and N >= 2048, else 128x128x64).
+
+TMA needs 16-byte aligned row strides: ``K`` and ``N`` must be multiples of 8 (2-byte dtypes).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import language as dl
+
+DTYPES = ("bfloat16", "float16")
+
+CONFIGS = {
+    # BM x BN x BK, pipeline depth, warps. Shared memory: 3 * (128 + 256) * 64 * 2 B of operands +
+    # a 128 x 256 x 2 B epilogue tile = 208 KiB (Hopper allows 227 KiB per program).
+    "large": dict(BM=128, BN=256, BK=64, GROUP_M=8, NUM_STAGES=3, num_warps=8),
+    # 4 * (128 + 128) * 64 * 2 B + 32 KiB = 160 KiB.
+    "small": dict(BM=128, BN=128, BK=64, GROUP_M=8, NUM_STAGES=4, num_warps=8),
+}
+"""The GEMM configs (no autotuner yet): name -> tile sizes, pipeline depth and warps."""
+
+
+def pick_config(m: int, n: int, k: int, num_sms: int) -> str:
+    """The config for an ``m x n x k`` GEMM on ``num_sms`` SMs (a fixed rule, the same on every
+    rank for the same shape): ``"large"`` when N >= 2048 and the 128x256 tiles fill the SMs, else
+    ``"small"``."""
+    big = CONFIGS["large"]
+    tiles = triton.cdiv(m, big["BM"]) * triton.cdiv(n, big["BN"])
+    return "large" if n >= 2048 and tiles >= num_sms else "small"
+
+
+def kernel_meta(config: str, wait_for_rows: bool) -> dict:
+    """Launch keyword arguments (constexprs and options) of :func:`gemm_kernel` for ``config``."""
+    c = CONFIGS[config]
+    return dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], NUM_STAGES=c["NUM_STAGES"],
+                WAIT_FOR_ROWS=wait_for_rows, num_warps=c["num_warps"], num_stages=c["NUM_STAGES"])
+
+
+@triton.jit
+def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """Grouped ordering: ``GROUP_M`` m-tiles share the n-tiles they walk, so B stays in L2."""
+    per_group = GROUP_M * num_n
+    group = tile // per_group
+    first_m = group * GROUP_M
+    group_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % group_m
+    pid_n = (tile % per_group) // group_m
+    return pid_m, pid_n
+
+
+@triton.jit(do_not_specialize=["M", "N", "K", "rank", "m_per_rank"])
+def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_rank, BM: tl.constexpr,
+                BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
+                WAIT_FOR_ROWS: tl.constexpr):
+    """``C = A @ B^T`` over a persistent grid. ``a_desc``: ``[M, K]`` block ``[BM, BK]``;
+    ``b_desc``: ``[N, K]`` block ``[BN, BK]``; ``c_desc``: ``[M, N]`` block ``[BM, BN]``.
+
+    ``WAIT_FOR_ROWS`` (the AllGather+GEMM consumer): rows ``[r * m_per_rank, (r + 1) * m_per_rank)``
+    of A are rank ``r``'s and may be read once ``signals[r] >= *calls`` (uint64 signals on this
+    GPU, published with release semantics at system scope); this program's rank is ``rank``.
+    Unused otherwise (pass None)."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    k_tiles = tl.cdiv(K, BK)
+    num_tiles = num_m * num_n
+    if WAIT_FOR_ROWS:
+        epoch = tl.load(calls)
+        shift = (rank * m_per_rank) // BM  # the m-tile holding this rank's first row
+    for tile in range(pid, num_tiles, grid):
+        pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+        if WAIT_FOR_ROWS:
+            pid_m = (pid_m + shift) % num_m
+        off_m = pid_m * BM
+        off_n = pid_n * BN
+        if WAIT_FOR_ROWS:
+            # Every rank whose shard holds a row of this tile (consecutive ranks, consecutive signals).
+            first = off_m // m_per_rank
+            last = (tl.minimum(off_m + BM, M) - 1) // m_per_rank
+            token = dl.wait(signals + first, last - first + 1, "sys", "acquire", epoch)
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k in tl.range(0, k_tiles, num_stages=NUM_STAGES):
+            if WAIT_FOR_ROWS:
+                a = dl.consume_token(a_desc, token).load([off_m, k * BK])
+            else:
+                a = a_desc.load([off_m, k * BK])
+            b = b_desc.load([off_n, k * BK])
+            acc = tl.dot(a, b.T, acc)
+        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+def num_sms(device=None) -> int:
+    import torch
+
+    device = torch.cuda.current_device() if device is None else device
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def descriptors(a, b, c, config: str):
+    """Host TMA descriptors of ``a [M, K]``, ``b [N, K]`` and ``c [M, N]`` for ``config``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    cfg = CONFIGS[config]
+    bm, bn, bk = cfg["BM"], cfg["BN"], cfg["BK"]
+    return (TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]),
+            TensorDescriptor.from_tensor(c, [bm, bn]))
+
+
+def grid_for(m: int, n: int, config: str, max_programs: int) -> tuple[int]:
+    cfg = CONFIGS[config]
+    tiles = triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"])
+    return (max(1, min(tiles, max_programs)), )
+
+
+def _check_operands(a, b, out) -> None:
+    import torch
+
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"triton_dist gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"triton_dist gemm: {name} must be 2-D, got shape {tuple(t.shape)}")
+        if t.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"triton_dist gemm: {name} is {t.dtype}; only torch.bfloat16 and torch.float16 are "
+                            f"supported")
+        if not t.is_cuda:
+            raise ValueError(f"triton_dist gemm: {name} is on {t.device}, not on a CUDA device")
+    if a.dtype != b.dtype:
+        raise TypeError(f"triton_dist gemm: a is {a.dtype} but b is {b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"triton_dist gemm: a is on {a.device} but b is on {b.device}")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"triton_dist gemm: a is [M, K] = {list(a.shape)} and b is [N, K] = {list(b.shape)}: "
+                         f"K differs (C = a @ b.T)")
+    k, n = a.shape[1], b.shape[0]
+    if k % 8 or n % 8:
+        raise ValueError(f"triton_dist gemm: K ({k}) and N ({n}) must be multiples of 8 (TMA needs 16-byte aligned "
+                         f"rows)")
+    if out is not None:
+        shape = (a.shape[0], n)
+        if not isinstance(out, torch.Tensor) or out.dtype != a.dtype or tuple(out.shape) != shape or \
+                out.device != a.device or not out.is_contiguous():
+            got = (f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else
+                   type(out).__name__)
+            raise ValueError(f"triton_dist gemm: out must be a contiguous {shape} {a.dtype} tensor on {a.device}; "
+                             f"got {got}")
+
+
+def _aligned(t):
+    """``t`` contiguous with a 16-byte aligned base (TMA's requirement), copied if it is not."""
+    t = t.contiguous()
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def gemm(a, b, *, out=None, config: str | None = None):
+    """``a @ b.T`` (``a [M, K]``, ``b [N, K]``, bf16 or fp16) on the current stream; returns ``out``
+    (a new ``[M, N]`` tensor when None). ``config``: a key of :data:`CONFIGS` (default:
+    :func:`pick_config`). Needs no triton_dist runtime."""
+    import torch
+
+    _check_operands(a, b, out)
+    m, k = a.shape
+    n = b.shape[0]
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    sms = num_sms(a.device)
+    config = config or pick_config(m, n, k, sms)
+    if config not in CONFIGS:
+        raise ValueError(f"triton_dist gemm: config must be one of {sorted(CONFIGS)}, got {config!r}")
+    target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
+    a_desc, b_desc, c_desc = descriptors(_aligned(a), _aligned(b), target, config)
+    gemm_kernel[grid_for(m, n, config, sms)](a_desc, b_desc, c_desc, m, n, k, None, None, 0, 1,
+                                             **kernel_meta(config, False))
+    if target is not out:
+        out.copy_(target)
+    return out

@@ -1,0 +1,94 @@
+"""The persistent GEMM and the AllGather+GEMM kernels compile for sm_90: wgmma and TMA in the plain
+GEMM and in the consumer, and in the consumer an acquire spin that every TMA load of A depends on
+(through the descriptor's token), issued before the first load; the producer's signal kernels
+release and acquire at system scope. Host-side rules (config choice) need no GPU."""
+
+import re
+
+import pytest
+
+from triton_dist.kernels import allgather_gemm
+from triton_dist.kernels import gemm as gemm_module
+from triton_dist.tools.compile_check import compile_for_hopper, depends_on, ops_matching, results
+
+_SPIN = "ld.acquire.sys.global.u64"
+_RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
+_SMEM_LIMIT = 232448  # bytes of shared memory one program may use on sm_90
+
+
+def _compile(config, dtype, wait_for_rows):
+    c = gemm_module.CONFIGS[config]
+    meta = gemm_module.kernel_meta(config, wait_for_rows)
+    options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
+    signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
+                 "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>",
+                 "c_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BN']}]>", "M": "i32", "N": "i32", "K": "i32",
+                 "rank": "i32", "m_per_rank": "i32"}
+    if wait_for_rows:
+        kernel = allgather_gemm.ag_gemm_consumer_kernel
+        signature.update(signals="*u64", calls="*i64")
+    else:
+        kernel = gemm_module.gemm_kernel
+        meta.update(signals=None, calls=None)
+    return compile_for_hopper(kernel, signature, meta, **options)
+
+
+@pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_plain_gemm_uses_wgmma_and_tma(config, dtype):
+    compiled = _compile(config, dtype, False)
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx
+    assert "cp.async.bulk.tensor" in ptx
+    assert _SPIN not in ptx
+    assert compiled.metadata.shared <= _SMEM_LIMIT
+    # Pipelined: NUM_STAGES - 1 TMA loads of A (and of B) in flight before the loop.
+    ttgir = compiled.asm["ttgir"]
+    loads = ops_matching(ttgir, r"async_tma_copy_global_to_local")
+    assert len(loads) >= 2 * gemm_module.CONFIGS[config]["NUM_STAGES"]
+
+
+@pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
+def test_consumer_loads_of_a_depend_on_the_wait(config):
+    compiled = _compile(config, "bf16", True)
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert compiled.metadata.shared <= _SMEM_LIMIT
+    ttgir = compiled.asm["ttgir"]
+    spins = results(ops_matching(ttgir, re.escape(_SPIN)))
+    assert len(spins) == 1  # one wait per tile, outside the pipelined K loop
+    loads = ops_matching(ttgir, r"async_tma_copy_global_to_local")
+    a_loads = [op for op in loads if "%a_desc[" in op]
+    b_loads = [op for op in loads if "%b_desc[" in op]
+    assert len(a_loads) >= gemm_module.CONFIGS[config]["NUM_STAGES"] and len(a_loads) == len(b_loads)
+    for load in a_loads:
+        assert depends_on(ttgir, load, spins), f"a TMA load of A does not depend on the wait: {load}"
+    lines = ptx.splitlines()
+    first_spin = min(i for i, line in enumerate(lines) if _SPIN in line)
+    first_load = min(i for i, line in enumerate(lines) if "cp.async.bulk.tensor.2d.shared::cluster.global" in line)
+    assert first_spin < first_load
+    # The acquired data reaches TMA's async proxy through a proxy fence after the spin.
+    fence = min(i for i, line in enumerate(lines) if "fence.proxy.async.global" in line)
+    assert first_spin < fence < first_load
+    # The wait reports and traps on timeout like every dl.wait.
+    assert "trap;" in ptx
+
+
+def test_signal_kernels_release_and_acquire_at_system_scope():
+    for phase in (0, 1):
+        ptx = compile_for_hopper(allgather_gemm.ag_gemm_signal_kernel, {"signals": "*u64", "calls": "*i64",
+                                                                         "peer": "i32"},
+                                 dict(PHASE=phase, WORLD=2), num_warps=1).asm["ptx"]
+        assert re.search(_RELEASE, ptx)
+        assert (_SPIN in ptx) == (phase == 0)
+
+
+def test_config_rule():
+    assert gemm_module.pick_config(8192, 14336, 8192, 131) == "large"
+    assert gemm_module.pick_config(1000, 512, 768, 132) == "small"
+    assert gemm_module.pick_config(2048, 1024, 1024, 131) == "small"
+    assert gemm_module.grid_for(1000, 512, "small", 131) == (32, )
+    assert gemm_module.grid_for(8192, 14336, "large", 131) == (131, )
+    for name in gemm_module.CONFIGS:
+        meta = gemm_module.kernel_meta(name, True)
+        assert meta["WAIT_FOR_ROWS"] and meta["num_stages"] == meta["NUM_STAGES"]

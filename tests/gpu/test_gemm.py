@@ -1,0 +1,127 @@
+"""The persistent GEMM against torch (fp32 reference), and triton_dist.ops.ag_gemm against
+torch.distributed.all_gather_into_tensor + matmul: back-to-back calls with fresh inputs (a tile read
+before its rows landed, or from a previous call, shows up as a large error or a NaN from the
+poisoned output), CUDA graph replay, bad inputs."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import triton_dist as tdist
+from conftest import all_ranks_agree, raises_everywhere, rank_generator
+from triton_dist import ops
+from triton_dist.kernels import AllGatherGemmContext
+from triton_dist.kernels.gemm import gemm
+
+_REL_TOL = 1e-2  # bf16/fp16 output rounding is 2**-8 relative; a wrong or stale tile is O(1)
+
+
+def _randn(shape, dtype, seed, rank=None):
+    g = rank_generator(seed, dist.get_rank() if rank is None else rank)
+    return torch.randn(shape, device="cuda", dtype=torch.float32, generator=g).to(dtype)
+
+
+def _rel_error(got, ref):
+    """max |got - ref| / max |ref| (inf when got has a NaN)."""
+    got = got.float()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+
+
+def _reference(a_shard, b):
+    world = dist.get_world_size()
+    gathered = torch.empty((world * a_shard.shape[0], a_shard.shape[1]), dtype=a_shard.dtype, device="cuda")
+    dist.all_gather_into_tensor(gathered, a_shard)
+    return gathered.float() @ b.float().T
+
+
+@pytest.mark.parametrize("dtype,config", [(torch.bfloat16, None), (torch.bfloat16, "large"), (torch.float16, None)],
+                         ids=["bf16", "bf16-large", "fp16"])
+def test_gemm_matches_torch(dtype, config):
+    m, n, k = 1000, 512, 768
+    a, b = _randn((m, k), dtype, 1), _randn((n, k), dtype, 2)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    got = gemm(a, b, out=out, config=config)
+    torch.cuda.synchronize()
+    err = _rel_error(got, a.float() @ b.float().T)
+    all_ranks_agree(got is out and err < _REL_TOL, f"gemm {m}x{n}x{k} {dtype} config {config}: rel error {err}")
+
+
+@pytest.mark.parametrize("m,n,calls", [(1000, 1024, 50), (1024, 1024, 50), (2048, 4096, 10)])
+def test_ag_gemm_back_to_back(m, n, calls):
+    k, dtype = 1024, torch.bfloat16
+    b = _randn((n, k), dtype, 100 + m)  # a different weight shard on every rank, as in tensor parallelism
+    inputs = [_randn((m, k), dtype, 1000 * m + i) for i in range(calls)]
+    checked = [i for i in range(calls) if i % 10 == 0 or i == calls - 1]
+    outs = {i: torch.full((dist.get_world_size() * m, n), float("nan"), device="cuda", dtype=dtype) for i in checked}
+    scratch = torch.empty((dist.get_world_size() * m, n), device="cuda", dtype=dtype)
+    tdist.barrier()
+    for i in range(calls):  # back to back: no synchronisation between calls
+        got = ops.ag_gemm(inputs[i], b, out=outs.get(i, scratch))
+        assert got is outs.get(i, scratch)
+    torch.cuda.synchronize()
+    errors = {i: _rel_error(outs[i], _reference(inputs[i], b)) for i in checked}
+    bad = {i: e for i, e in errors.items() if not e < _REL_TOL}
+    all_ranks_agree(not bad, f"ag_gemm m={m} n={n} k={k}: calls with wrong results (call: rel error) {bad}")
+
+
+def test_ag_gemm_new_tensor():
+    # m = 40 < BM: one tile holds rows of every rank (a wait on several signals). bf16 only: an
+    # fp16 context would compile two more consumer variants (the plain GEMM covers fp16).
+    m, n, k = 40, 256, 512
+    a, b = _randn((m, k), torch.bfloat16, 7), _randn((n, k), torch.bfloat16, 8)
+    got = ops.ag_gemm(a, b)
+    torch.cuda.synchronize()
+    ok = tuple(got.shape) == (dist.get_world_size() * m, n) and got.dtype == torch.bfloat16
+    err = _rel_error(got, _reference(a, b))
+    all_ranks_agree(ok and err < _REL_TOL, f"ag_gemm new tensor: shape {tuple(got.shape)}, rel error {err}")
+
+
+def test_ag_gemm_bad_inputs():
+    world = dist.get_world_size()
+    a = _randn((64, 128), torch.bfloat16, 9)
+    b = _randn((64, 128), torch.bfloat16, 10)
+    raises_everywhere(lambda: ops.ag_gemm(a.float(), b.float()), TypeError, "bfloat16")
+    raises_everywhere(lambda: ops.ag_gemm(a, b.half()), TypeError, "b is torch.float16")
+    raises_everywhere(lambda: ops.ag_gemm(a, b[:, :64].contiguous()), ValueError, "K differs")
+    raises_everywhere(lambda: ops.ag_gemm(a, b[:60]), ValueError, "multiple of 8")
+    raises_everywhere(lambda: ops.ag_gemm(a[:, :120], b[:, :120]), ValueError, "contiguous")
+    raises_everywhere(lambda: ops.ag_gemm(a.cpu(), b), ValueError, "cuda|CUDA")
+    raises_everywhere(lambda: ops.ag_gemm(a.view(-1), b), ValueError, "2-D")
+    raises_everywhere(lambda: ops.ag_gemm(a, b, out=torch.empty((64, 64), device="cuda", dtype=torch.bfloat16)),
+                      ValueError, "out")
+    small = AllGatherGemmContext(32, 128, torch.bfloat16)
+    raises_everywhere(lambda: ops.ag_gemm(a, b, context=small), ValueError, "max_m_per_rank>=64")
+    raises_everywhere(lambda: ops.ag_gemm(a, b, context=object()), TypeError, "AllGatherGemmContext")
+    # The op still works after the errors.
+    got = ops.ag_gemm(a[:32], b, context=small)
+    torch.cuda.synchronize()
+    err = _rel_error(got, _reference(a[:32].contiguous(), b))
+    all_ranks_agree(tuple(got.shape) == (world * 32, 64) and err < _REL_TOL, f"ag_gemm after errors: {err}")
+
+
+def test_ag_gemm_cuda_graph_replay():
+    m, n, k, dtype = 512, 1024, 1024, torch.bfloat16
+    ctx = AllGatherGemmContext(m, k, dtype)
+    a = torch.empty((m, k), device="cuda", dtype=dtype)
+    b = _randn((n, k), dtype, 11)
+    out = torch.empty((dist.get_world_size() * m, n), device="cuda", dtype=dtype)
+    a.copy_(_randn((m, k), dtype, 12))
+    ops.ag_gemm(a, b, out=out, context=ctx)  # one call outside the capture
+    torch.cuda.synchronize()
+    tdist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        ops.ag_gemm(a, b, out=out, context=ctx)
+        ops.ag_gemm(a, b, out=out, context=ctx)
+    torch.cuda.synchronize()
+    tdist.barrier()
+    errors = []
+    for replay in range(3):
+        a.copy_(_randn((m, k), dtype, 20 + replay))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        errors.append(_rel_error(out, _reference(a, b)))
+    all_ranks_agree(all(e < _REL_TOL for e in errors), f"ag_gemm graph replays: rel errors {errors}")
