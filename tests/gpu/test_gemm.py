@@ -89,8 +89,8 @@ def test_ag_gemm_bad_inputs():
     raises_everywhere(lambda: ops.ag_gemm(a[:, :120], b[:, :120]), ValueError, "contiguous")
     raises_everywhere(lambda: ops.ag_gemm(a.cpu(), b), ValueError, "cuda|CUDA")
     raises_everywhere(lambda: ops.ag_gemm(a.view(-1), b), ValueError, "2-D")
-    raises_everywhere(lambda: ops.ag_gemm(a, b, out=torch.empty((64, 64), device="cuda", dtype=torch.bfloat16)),
-                      ValueError, "out")
+    wrong_rows = torch.empty((world * 64 + 1, 64), device="cuda", dtype=torch.bfloat16)  # wrong at any world size
+    raises_everywhere(lambda: ops.ag_gemm(a, b, out=wrong_rows), ValueError, "out")
     small = AllGatherGemmContext(32, 128, torch.bfloat16)
     raises_everywhere(lambda: ops.ag_gemm(a, b, context=small), ValueError, "max_m_per_rank>=64")
     raises_everywhere(lambda: ops.ag_gemm(a, b, context=object()), TypeError, "AllGatherGemmContext")
