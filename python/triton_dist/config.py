@@ -67,6 +67,11 @@ class Config:
     """Wrap every ``dl.wait`` in CTA barriers and a system fence, to tell ordering bugs from logic bugs:
     a kernel that passes only with this on is missing a fence or a token (TRITON_DIST_DEBUG_BARRIERS=1)."""
 
+    autotune_cache_dir: str = "~/.cache/triton_dist/autotune"
+    """Where :mod:`triton_dist.autotune` keeps its decisions, one JSON file per (op, key, GPU, world size,
+    versions); ``~`` is expanded when used. Only rank 0 reads and writes it; the other ranks get rank
+    0's decision, so the directory need not be shared between nodes (TRITON_DIST_AUTOTUNE_CACHE_DIR)."""
+
     @staticmethod
     def from_environment() -> "Config":
         heap = os.environ.get("TRITON_DIST_SYMMETRIC_HEAP_SIZE")
@@ -79,6 +84,7 @@ class Config:
             bootstrap_timeout_s=_env_float("TRITON_DIST_BOOTSTRAP_TIMEOUT_S", 300.0),
             wait_timeout_ns=timeout,
             debug_barriers=_env_int("TRITON_DIST_DEBUG_BARRIERS", 0) != 0,
+            autotune_cache_dir=os.environ.get("TRITON_DIST_AUTOTUNE_CACHE_DIR") or Config.autotune_cache_dir,
         )
 
 

@@ -21,19 +21,27 @@ def test_environment_overrides(monkeypatch):
     monkeypatch.setenv("TRITON_DIST_BOOTSTRAP_TIMEOUT_S", "12.5")
     monkeypatch.setenv("TRITON_DIST_WAIT_TIMEOUT_NS", "5000")
     monkeypatch.setenv("TRITON_DIST_DEBUG_BARRIERS", "1")
+    monkeypatch.setenv("TRITON_DIST_AUTOTUNE_CACHE_DIR", "/tmp/tuned")
     cfg = config.Config.from_environment()
     assert cfg.wait_timeout_ns == 5000 and cfg.debug_barriers
     assert cfg.symmetric_heap_size == 3 << 30
     assert cfg.local_world_size == 1
     assert cfg.bootstrap_timeout_s == 12.5
+    assert cfg.autotune_cache_dir == "/tmp/tuned"
     assert config.get() == cfg  # nothing initialised: get() reads the environment
 
 
 def test_defaults(monkeypatch):
     for name in ("TRITON_DIST_SYMMETRIC_HEAP_SIZE", "TRITON_DIST_LOCAL_WORLD_SIZE", "TRITON_DIST_BOOTSTRAP_TIMEOUT_S",
-                 "TRITON_DIST_WAIT_TIMEOUT_NS", "TRITON_DIST_DEBUG_BARRIERS"):
+                 "TRITON_DIST_WAIT_TIMEOUT_NS", "TRITON_DIST_DEBUG_BARRIERS", "TRITON_DIST_AUTOTUNE_CACHE_DIR"):
         monkeypatch.delenv(name, raising=False)
     assert config.Config.from_environment() == config.Config()
+    assert config.Config().autotune_cache_dir == "~/.cache/triton_dist/autotune"
+
+
+def test_empty_autotune_cache_dir_means_the_default(monkeypatch):
+    monkeypatch.setenv("TRITON_DIST_AUTOTUNE_CACHE_DIR", "")
+    assert config.Config.from_environment().autotune_cache_dir == config.Config.autotune_cache_dir
 
 
 @pytest.mark.parametrize("name,value", [("TRITON_DIST_LOCAL_WORLD_SIZE", "two"), ("TRITON_DIST_BOOTSTRAP_TIMEOUT_S", "soon"),
