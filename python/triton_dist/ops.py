@@ -264,3 +264,86 @@ def ag_gemm(a_shard, b, *, out=None, context=None):
         return out
     context.run(a_shard, b, out)
     return out
+
+
+def _gemm_rs_context(a, n, context):
+    """A cached :class:`~triton_dist.kernels.GemmReduceScatterContext` that fits ``a`` and ``n``,
+    else a new one (collective; ``max_m`` rounded up to a power of two, at least 256)."""
+    from .kernels import GemmReduceScatterContext
+
+    big_m = a.shape[0]
+    if context is not None:
+        if not isinstance(context, GemmReduceScatterContext):
+            raise TypeError(f"triton_dist gemm_rs: context must be a GemmReduceScatterContext, got "
+                            f"{type(context).__name__}")
+        if context.dtype != a.dtype or context.n != n or big_m > context.max_m:
+            raise ValueError(f"triton_dist gemm_rs: the context is for up to {context.max_m} rows and N={context.n} "
+                             f"{context.dtype}; a is {list(a.shape)} {a.dtype} with N={n}: create a "
+                             f"GemmReduceScatterContext(max_m>={big_m}, n={n}, dtype={a.dtype}) or pass context=None")
+        return context
+    fitting = [ctx for (o, dt, key), ctx in _CONTEXTS.items() if o == "gemm_rs" and dt == a.dtype and key[0] == n and
+               key[1] >= big_m]
+    if fitting:
+        return min(fitting, key=lambda c: c.max_m)
+    max_m = 256
+    while max_m < big_m:
+        max_m *= 2
+    ctx = GemmReduceScatterContext(max_m, n, a.dtype)
+    _CONTEXTS[("gemm_rs", a.dtype, (n, max_m))] = ctx
+    return ctx
+
+
+def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
+    """GEMM+ReduceScatter: this rank's rows ``[rank * M / world, (rank + 1) * M / world)`` of the sum
+    over ranks of ``a @ b.T``; returns ``out`` (``[M / world, N]``; a new tensor when None). The
+    reduction (a reduce kernel on a side stream) overlaps the GEMM (persistent Triton kernel, the
+    current stream) tile by tile; see :mod:`triton_dist.kernels.gemm_reduce_scatter`.
+
+    ``a``: ``[M, K]`` (this rank's K-shard of the activations, the same ``M`` on every rank, a
+    multiple of the world size); ``b``: ``[N, K]`` (this rank's K-shard of a linear layer's
+    weight: ``y = x @ W.T``); both contiguous, bfloat16 or float16 (the same), on the current CUDA
+    device, 16-byte aligned; ``K`` and ``N`` multiples of 8. The sum is taken in fp32 in rank
+    order and rounded once. ``variant``: ``"push"`` (the GEMM epilogue stores each tile into its
+    destination rank's buffer), ``"pull"`` (each rank's reduce reads the peers' partial tiles) or
+    ``"auto"`` (push). ``context``: a :class:`~triton_dist.kernels.GemmReduceScatterContext` to use
+    instead of a cached one (needed to capture the first call in a CUDA graph). Collective: every
+    rank, same calls, same shapes, same variant.
+    """
+    _require_initialized("gemm_rs")
+    import torch
+
+    from .kernels.gemm_reduce_scatter import VARIANTS
+    from .runtime import world_size
+
+    _check_method("gemm_rs", variant, VARIANTS)
+    for name, t in (("a", a), ("b", b)):
+        _check_input(f"gemm_rs ({name})", t)
+        if t.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"triton_dist gemm_rs: {name} is {t.dtype}; only torch.bfloat16 and torch.float16 are "
+                            f"supported")
+        if t.dim() != 2:
+            raise ValueError(f"triton_dist gemm_rs: {name} must be 2-D, got shape {tuple(t.shape)}")
+        if t.data_ptr() % 16:
+            raise ValueError(f"triton_dist gemm_rs: {name} must start 16-byte aligned (TMA); pass {name}.clone()")
+    if a.dtype != b.dtype:
+        raise TypeError(f"triton_dist gemm_rs: a is {a.dtype} but b is {b.dtype}")
+    big_m, k = a.shape
+    n = b.shape[0]
+    if b.shape[1] != k:
+        raise ValueError(f"triton_dist gemm_rs: a is [M, K] = {list(a.shape)} and b is [N, K] = {list(b.shape)}: K "
+                         f"differs (the result is reduce_scatter(a @ b.T))")
+    if k == 0 or k % 8 or n == 0 or n % 8:
+        raise ValueError(f"triton_dist gemm_rs: K ({k}) and N ({n}) must be positive multiples of 8 (TMA needs "
+                         f"16-byte aligned rows)")
+    world = world_size()
+    if big_m % world:
+        raise ValueError(f"triton_dist gemm_rs: M = a.shape[0] = {big_m} must be divisible by the world size {world}; "
+                         f"pad the rows")
+    out = _output("gemm_rs", a, out, (big_m // world, n))
+    if out.data_ptr() % 16:
+        raise ValueError("triton_dist gemm_rs: out must start 16-byte aligned")
+    context = _gemm_rs_context(a, n, context)
+    if big_m == 0:
+        return out
+    context.run(a, b, out, variant)
+    return out

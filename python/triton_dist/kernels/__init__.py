@@ -13,3 +13,6 @@ __all__ = ["AllGatherContext", "AllGatherGemmContext", "ag_gemm_consumer_kernel"
            "gemm_kernel", "AllReduceContext", "CollectiveContext", "ReduceScatterContext",
            "all_reduce_one_shot_kernel", "all_reduce_two_shot_kernel", "reduce_scatter_push_kernel",
            "reduce_scatter_ring_kernel"]
+from .gemm_reduce_scatter import GemmReduceScatterContext, gemm_rs_producer_kernel, gemm_rs_reduce_kernel  # noqa: E402
+
+__all__ += ["GemmReduceScatterContext", "gemm_rs_producer_kernel", "gemm_rs_reduce_kernel"]

@@ -55,11 +55,17 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> str:
     return "large" if n >= 2048 and tiles >= num_sms else "small"
 
 
-def kernel_meta(config: str, wait_for_rows: bool) -> dict:
-    """Launch keyword arguments (constexprs and options) of :func:`gemm_kernel` for ``config``."""
+def kernel_meta(config: str, wait_for_rows: bool, *, signal_rows: bool = False, world: int = 1,
+                peer_epilogue: bool = False) -> dict:
+    """Launch keyword arguments (constexprs and options) of :func:`gemm_kernel` for ``config``
+    (``signal_rows``: the GEMM+ReduceScatter producer for ``world`` ranks, ``peer_epilogue`` its
+    variant that stores into the destination's buffer)."""
     c = CONFIGS[config]
-    return dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], NUM_STAGES=c["NUM_STAGES"],
+    meta = dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], NUM_STAGES=c["NUM_STAGES"],
                 WAIT_FOR_ROWS=wait_for_rows, num_warps=c["num_warps"], num_stages=c["NUM_STAGES"])
+    if signal_rows:
+        meta.update(SIGNAL_ROWS=True, WORLD=world, PEER_EPILOGUE=peer_epilogue)
+    return meta
 
 
 @triton.jit
@@ -74,17 +80,32 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
-@triton.jit(do_not_specialize=["M", "N", "K", "rank", "m_per_rank"])
+@triton.jit(do_not_specialize=["M", "N", "K", "rank", "m_per_rank", "half_elems"])
 def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_rank, BM: tl.constexpr,
                 BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
-                WAIT_FOR_ROWS: tl.constexpr):
+                WAIT_FOR_ROWS: tl.constexpr, half_elems=0, SIGNAL_ROWS: tl.constexpr = False,
+                WORLD: tl.constexpr = 1, PEER_EPILOGUE: tl.constexpr = False):
     """``C = A @ B^T`` over a persistent grid. ``a_desc``: ``[M, K]`` block ``[BM, BK]``;
     ``b_desc``: ``[N, K]`` block ``[BN, BK]``; ``c_desc``: ``[M, N]`` block ``[BM, BN]``.
 
     ``WAIT_FOR_ROWS`` (the AllGather+GEMM consumer): rows ``[r * m_per_rank, (r + 1) * m_per_rank)``
     of A are rank ``r``'s and may be read once ``signals[r] >= *calls`` (uint64 signals on this
     GPU, published with release semantics at system scope); this program's rank is ``rank``.
-    Unused otherwise (pass None)."""
+    Unused otherwise (pass None).
+
+    ``SIGNAL_ROWS`` (the GEMM+ReduceScatter producer, :mod:`~triton_dist.kernels.gemm_reduce_scatter`):
+    ``M = WORLD * m_per_rank``, rows ``[d * m_per_rank, (d + 1) * m_per_rank)`` of C go to rank
+    ``d``. ``c_desc`` is then a plain pointer to a symmetric buffer of two halves of
+    ``half_elems`` elements (the half is ``*calls % 2``), ``N`` a multiple of 8. Tiles never
+    straddle two destinations: destination ``d``'s rows are cut into ``cdiv(m_per_rank, BM)``
+    m-tiles of their own (the last one masked), ``T = cdiv(m_per_rank, BM) * cdiv(N, BN)`` tiles per
+    destination, walked destination ``rank + 1`` first, then ``rank + 2``, ..., this rank's own
+    rows last. Each tile is stored with ``tl.store`` (generic-proxy stores: see the module notes
+    of gemm_reduce_scatter for why not TMA) to the half's ``[M, N]`` rows ``d * m_per_rank + i``
+    here (``PEER_EPILOGUE=False``), or to rows ``rank * m_per_rank + i`` of rank ``d``'s buffer
+    (``PEER_EPILOGUE=True``, ``dl.symm_at``), and then signal ``rank * T + t`` (``t``: the tile's
+    index among ``d``'s) on rank ``d`` is set to ``*calls`` with release semantics at system
+    scope (``dl.notify``: a CTA barrier, then one release atomic). The producer never waits."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     num_m = tl.cdiv(M, BM)
@@ -94,11 +115,24 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     if WAIT_FOR_ROWS:
         epoch = tl.load(calls)
         shift = (rank * m_per_rank) // BM  # the m-tile holding this rank's first row
+    if SIGNAL_ROWS:
+        epoch = tl.load(calls)
+        half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
+        stride = (N // 8) * 8  # == N (a multiple of 8), with the divisibility fact for 16-byte stores
+        local_m = tl.cdiv(m_per_rank, BM)  # m-tiles per destination
+        per_dest = local_m * num_n
+        num_tiles = WORLD * per_dest
     for tile in range(pid, num_tiles, grid):
-        pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
-        if WAIT_FOR_ROWS:
-            pid_m = (pid_m + shift) % num_m
-        off_m = pid_m * BM
+        if SIGNAL_ROWS:
+            dest = (rank + 1 + tile // per_dest) % WORLD
+            local_tile = tile % per_dest
+            pid_m, pid_n = _tile_coords(local_tile, local_m, num_n, GROUP_M)
+            off_m = dest * m_per_rank + pid_m * BM
+        else:
+            pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+            if WAIT_FOR_ROWS:
+                pid_m = (pid_m + shift) % num_m
+            off_m = pid_m * BM
         off_n = pid_n * BN
         if WAIT_FOR_ROWS:
             # Every rank whose shard holds a row of this tile (consecutive ranks, consecutive signals).
@@ -113,7 +147,21 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 a = a_desc.load([off_m, k * BK])
             b = b_desc.load([off_n, k * BK])
             acc = tl.dot(a, b.T, acc)
-        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+        if SIGNAL_ROWS:
+            rows = pid_m * BM + tl.arange(0, BM)  # within the destination's m_per_rank rows
+            cols = off_n + tl.arange(0, BN)
+            mask = (rows < m_per_rank)[:, None] & (cols < stride)[None, :]
+            if PEER_EPILOGUE:
+                base = tl.multiple_of(dl.symm_at(c_desc, dest), 16) + half  # symm_at loses alignment
+                first = rank * m_per_rank
+            else:
+                base = c_desc + half
+                first = dest * m_per_rank
+            ptrs = base + (first + rows).to(tl.int64)[:, None] * stride + cols[None, :]
+            tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
+            dl.notify(signals + rank * per_dest + local_tile, dest, epoch, "set", "intra_node")
+        else:
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
 def num_sms(device=None) -> int:

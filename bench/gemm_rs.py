@@ -1,0 +1,204 @@
+"""GEMM+ReduceScatter (bf16): ours (:func:`triton_dist.ops.gemm_rs`, both variants) vs torch
+(``matmul`` then NCCL ``reduce_scatter_tensor``) vs ``torch.ops.symm_mem.fused_matmul_reduce_scatter``
+(when this torch has it and it runs), plus our GEMM alone vs ``torch.matmul`` (cuBLAS).
+
+    torchrun --nproc-per-node=2 bench/gemm_rs.py [--quick] [--reduce-sms 8]
+
+Shapes (``A [M, K]`` and weight shard ``B [N, K]`` per rank, ``K`` the rank's shard of the
+contraction; result ``[M / world, N]``: this rank's rows of the sum over ranks of ``A @ B^T``):
+``M=8192, N=8192, K=28672/world`` (DESIGN §7's bar) and the smaller ``M=4096, N=4096,
+K=8192/world`` (``--quick``: the smaller only).
+
+- ``ours_us``: ``ops.gemm_rs(variant="auto")`` (the push variant: the GEMM epilogue stores into
+  the destination's buffer); ``pull_us``: ``variant="pull"`` (the reduce reads peers' partials);
+- ``torch_nccl_us``: ``torch.matmul(A, B.T)`` + ``dist.reduce_scatter_tensor``;
+- ``torch_symm_mem_us``: ``torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B.T, "sum", 0,
+  group)`` (omitted when unavailable or failing; timed without a CUDA graph);
+- ``gemm_us`` / ``cublas_us``: our GEMM alone / ``torch.matmul``, ``[M, N, K]``;
+- ``transfer_us``: the reduce-scatter of the ``[M, N]`` partial alone, the faster of
+  ``ops.reduce_scatter`` and NCCL;
+- ``bound_us`` = max(``gemm_us``, ``transfer_us``) (DESIGN §7, an overlapped op).
+
+Every contender's result is checked against the fp32 reference (max |error| / max |ref| < 1e-2)
+first. Timing: :mod:`triton_dist.bench.timing`, CUDA graphs (every contender but the symm_mem
+op), fixed counts on every rank, median per rank, MAX over ranks. Writes
+bench/results/<gpu>-x<world>/gemm_rs.json.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+try:
+    import triton_dist._C  # noqa: F401  an installed build
+except ImportError:
+    sys.path.insert(0, str(HERE.parent / "python"))
+
+import triton_dist as tdist  # noqa: E402
+from triton_dist import bench  # noqa: E402
+from triton_dist import ops  # noqa: E402
+from triton_dist.kernels import GemmReduceScatterContext  # noqa: E402
+from triton_dist.kernels.gemm import gemm  # noqa: E402
+
+log = bench.script.logger("gemm_rs")
+all_ok = bench.script.all_ranks_ok
+REL_TOL = 1e-2
+
+
+def _rel_error(got, ref) -> float:
+    import torch
+
+    got = got.float()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+
+
+def _symm_mem_op(a, b):
+    """``fused_matmul_reduce_scatter`` as a no-argument call, or ``(None, why)``."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        fused = torch.ops.symm_mem.fused_matmul_reduce_scatter
+        group_name = dist.group.WORLD.group_name
+        try:
+            from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+            enable_symm_mem_for_group(group_name)
+        except Exception:  # noqa: BLE001  newer torch needs (or has) no such call
+            pass
+        bt = b.t()
+
+        def run():
+            return fused(a, bt, "sum", 0, group_name)
+
+        return run, None
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {e}"
+
+
+def main() -> int:
+    parser = bench.script.argument_parser(__doc__, HERE / "results")
+    parser.add_argument("--reduce-sms", type=int, default=None,
+                        help="SMs left to the reduce kernel (default: gemm_reduce_scatter.REDUCE_SMS)")
+    args = parser.parse_args()
+    bench.script.guard(args)
+
+    import torch
+    import torch.distributed as dist
+
+    tdist.init(heap_size=args.heap_size)
+    world, rank = tdist.world_size(), tdist.rank()
+    device = torch.device("cuda", torch.cuda.current_device())
+    gpu = bench.gpu_slug()
+    dtype = torch.bfloat16
+    shapes = [(4096, 4096, 8192 // world)] + ([] if args.quick else [(8192, 8192, 28672 // world)])
+    log(f"gpu {gpu} x{world}, commit {bench.commit()}, versions {bench.versions()}, "
+        f"{'quick' if args.quick else 'full'} run, reduce_sms {args.reduce_sms}")
+    iters = 10 if args.quick else 30
+
+    records = []
+    for big_m, n, k in shapes:
+        m = big_m // world
+        ctx = GemmReduceScatterContext(big_m, n, dtype, reduce_sms=args.reduce_sms)  # collective; preloads
+        g = torch.Generator(device=device)
+        g.manual_seed(4000 + rank)
+        a = torch.randn((big_m, k), device=device, generator=g).to(dtype)
+        b = torch.randn((n, k), device=device, generator=g).to(dtype)
+        full = a.float() @ b.float().T
+        dist.all_reduce(full)
+        ref = full[rank * m:(rank + 1) * m].clone()
+        del full
+        out = torch.empty((m, n), device=device, dtype=dtype)
+        pull_out = torch.empty_like(out)
+        nccl_out = torch.empty_like(out)
+        partial = torch.empty((big_m, n), device=device, dtype=dtype)
+        gemm_out = torch.empty_like(partial)
+        rs_out = torch.empty_like(out)
+
+        def torch_nccl():
+            torch.matmul(a, b.t(), out=partial)
+            dist.reduce_scatter_tensor(nccl_out, partial)
+
+        fns = {"ours": lambda: ops.gemm_rs(a, b, out=out, variant="auto", context=ctx),
+               "pull": lambda: ops.gemm_rs(a, b, out=pull_out, variant="pull", context=ctx),
+               "torch_nccl": torch_nccl,
+               "gemm": lambda: gemm(a, b, out=gemm_out),
+               "cublas": lambda: torch.matmul(a, b.t(), out=gemm_out),
+               "rs_ours": lambda: ops.reduce_scatter(partial, out=rs_out),
+               "rs_nccl": lambda: dist.reduce_scatter_tensor(rs_out, partial)}
+        outputs = {"ours": out, "pull": pull_out, "torch_nccl": nccl_out}
+
+        symm, why = _symm_mem_op(a, b)
+        checks, errors = {}, {}
+        if symm is not None:
+            try:
+                got = symm()
+                torch.cuda.synchronize()
+                errors["torch_symm_mem"] = _rel_error(got, ref)
+            except Exception as e:  # noqa: BLE001
+                symm, why = None, f"{type(e).__name__}: {e}"
+        if not all_ok(symm is not None):  # collective: every rank runs it or none
+            symm = None
+        if symm is None:
+            log(f"torch symm_mem fused_matmul_reduce_scatter skipped: {why}")
+        for name in ("ours", "pull", "torch_nccl"):
+            outputs[name].fill_(float("nan"))
+            fns[name]()
+            torch.cuda.synchronize()
+            errors[name] = _rel_error(outputs[name], ref)
+        gemm_out.fill_(float("nan"))
+        fns["gemm"]()
+        torch.cuda.synchronize()
+        errors["gemm"] = _rel_error(gemm_out, a.float() @ b.float().T)
+        for name, err in errors.items():
+            checks[name] = all_ok(err < REL_TOL)
+        bench.sync_and_barrier()
+
+        times = {name: bench.median_us(fn, warmup=3, iters=iters, graph=True) for name, fn in fns.items()}
+        if symm is not None:
+            times["torch_symm_mem"] = bench.median_us(symm, warmup=3, iters=iters, graph=False)
+        transfer = min(times["rs_ours"], times["rs_nccl"])
+        bound = max(times["gemm"], transfer)
+        flop = 2.0 * big_m * n * k
+        log(f"M={big_m} N={n} K={k}: ours (push) {times['ours']:.1f} us, pull {times['pull']:.1f} us, "
+            f"matmul+NCCL {times['torch_nccl']:.1f} us, symm_mem {times.get('torch_symm_mem', float('nan')):.1f} us, "
+            f"gemm alone {times['gemm']:.1f} us (cuBLAS {times['cublas']:.1f} us), transfer {transfer:.1f} us, "
+            f"bound {bound:.1f} us, errors {errors}, checks {checks}")
+        records.append(
+            bench.record("gemm_rs", shape=[big_m, n, k], dtype="bfloat16", world_size=world, gpu=gpu,
+                         ours_us=times["ours"],
+                         baselines={"torch_nccl_us": times["torch_nccl"],
+                                    "torch_symm_mem_us": times.get("torch_symm_mem")},
+                         bound_us=bound, m_per_rank=m, variant="push", pull_us=times["pull"],
+                         reduce_sms=ctx.reduce_sms, gemm_us=times["gemm"], cublas_us=times["cublas"],
+                         gemm_vs_cublas=times["cublas"] / times["gemm"], transfer_us=transfer,
+                         reduce_scatter_ours_us=times["rs_ours"], reduce_scatter_nccl_us=times["rs_nccl"],
+                         ours_tflops=flop / (times["ours"] * 1e6), of_bound=bound / times["ours"],
+                         verified=checks["ours"] and checks["pull"] and checks["gemm"], checks=checks,
+                         rel_errors={name: (e if e < 1e30 else None) for name, e in errors.items()},
+                         timing={"iters": iters, "cuda_graph": True, "torch_symm_mem_cuda_graph": False},
+                         bound_method="max(our gemm alone, min(ops.reduce_scatter, NCCL reduce_scatter_tensor))",
+                         shape_meaning="[M rows in total, N, K per rank]"))
+        bench.sync_and_barrier()
+        del ctx
+
+    bench.sync_and_barrier()
+    if rank == 0:
+        print()
+        bench.print_table(records, extra=("pull_us", "gemm_us", "cublas_us", "transfer_us", "of_bound"))
+        path = bench.write_results(records, "gemm_rs", root=args.out, rank=0)
+        print(f"\n[gemm_rs] wrote {path}", flush=True)
+    bench.sync_and_barrier()
+    ops.clear_contexts()
+    tdist.finalize()
+    faulthandler.cancel_dump_traceback_later()
+    return 0 if all(r["verified"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

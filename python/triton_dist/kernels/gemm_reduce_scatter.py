@@ -1,0 +1,264 @@
+"""GEMM+ReduceScatter: ``out = rows [me * m, (me + 1) * m) of sum over ranks r of A_r @ B_r^T``,
+the GEMM's tiles reduced across ranks while the GEMM still runs. Every rank holds ``A [M, K]``
+(``M = world * m``, the same ``M`` on every rank; ``K`` is the rank's shard of the contraction)
+and ``B [N, K]``; the result is this rank's ``[m, N]`` rows of the sum, as a row-parallel linear
+layer needs.
+
+Producer (the persistent GEMM of :mod:`triton_dist.kernels.gemm` with ``SIGNAL_ROWS``, on the
+caller's stream ``S``): tiles never straddle two destinations (rank ``d``'s rows are cut into
+m-tiles of their own), and are walked destination ``me + 1`` first, then ``me + 2``, ..., this
+rank's own rows last, so a peer's rows are ready as early as possible and the rows only this
+rank waits for come last. After each tile's stores it sets signal ``me * T + t`` on the
+destination ``d`` to the call's epoch (release, system scope); ``t`` is the tile's index among
+``d``'s ``T`` tiles. Two variants:
+
+- ``"pull"``: the tile goes to this rank's own symmetric ``partials`` (rows ``[d * m, (d + 1) *
+  m)`` hold the partial of ``d``'s rows); ``d``'s reduce kernel reads it over NVLink
+  (``dl.symm_at``).
+- ``"push"`` (the "peer epilogue"): the GEMM epilogue stores the tile straight into ``d``'s
+  ``partials``, slot ``me`` (rows ``[me * m, (me + 1) * m)``); ``d``'s reduce kernel reads only
+  its local memory.
+
+Consumer (:func:`gemm_rs_reduce_kernel`, on the context's side stream ``P``, concurrent with the
+GEMM): :data:`REDUCE_SMS` programs walk this rank's ``T`` output tiles in the producer's order;
+per tile it waits (acquire, system scope) for signal ``r * T + t >= epoch`` of every rank ``r``,
+then sums the ``world`` partial tiles in fp32 in rank order 0, 1, ... (so every rank computes
+its rows with the same operation order) and rounds once into ``out``.
+
+Call ``e`` (the context's device call counter, bumped on ``S`` first, so a CUDA graph replays
+with fresh values): ``S``: ``calls += 1``; ``P`` waits for ``S``; ``P``: the reduce kernel;
+``S``: the GEMM; ``S`` waits for ``P`` before the call returns.
+
+TMA stores and the release: a TMA store (``cp.async.bulk.tensor``) is a write of the async
+proxy that completes asynchronously; Triton 3.6 only waits for it to have *read* its shared
+memory source (``cp.async.bulk.wait_group.read``) and exposes no way to wait for the global
+writes to complete and become visible before a later generic-proxy release. An inline
+``cp.async.bulk.wait_group 0`` in the issuing thread would probably do it, but which thread
+issues the store is Triton's choice and that argument is not proven on a GPU. So the producer
+stores C tiles with ``tl.store`` (generic proxy, every thread, 16-byte vectors: ``N`` is a
+multiple of 8 and the stride carries that fact), which ``dl.notify`` covers (CTA barrier, then
+the release atomic): the plain memory model, and for the peer epilogue the only option anyway
+(a TMA descriptor per peer buffer would be needed). The epilogue is a small part of a tile at
+the shapes this is for (K = 14336: 224 K steps per tile).
+
+SMs, and why this cannot deadlock: only the consumer ever waits, and it waits only for GEMM
+tiles (this rank's and the peers'); no GEMM waits for anything, so every GEMM program finishes
+whatever else runs on its GPU, and the consumer then finishes. Residency decides speed, not
+progress: the GEMM's persistent grid leaves :data:`REDUCE_SMS` SMs free for the consumer, or a
+consumer that could not become resident next to a GEMM program (a 128x256 GEMM program holds
+~208 KiB of shared memory and most registers of its SM) would only start when the GEMM ends,
+and overlap nothing. Across calls: the GEMM of call ``e + 1`` on rank ``r`` is stream-ordered
+after ``r``'s consumer of call ``e`` (``S`` waits for ``P``), and that consumer waits only for
+GEMMs of call ``e``, which never wait: no cycle.
+
+Buffer reuse: ``partials`` has two halves, the call's half is ``epoch % 2`` (the argument of
+:mod:`triton_dist.kernels.context`): a rank writes half ``e % 2`` again in call ``e + 2``, after
+its call ``e + 1`` finished, which needed every peer's GEMM of call ``e + 1`` to have produced
+this rank's tiles, which on that peer runs after its consumer of call ``e`` (stream order) - the
+only reader of what was written in call ``e`` (pull: peers read my half; push: I read my half;
+in both the reader is the consumer of call ``e``). Signals only grow (set to the epoch, waited
+with ``>=``): a value ``> e`` was set after the same tile of call ``e`` was written (same GEMM
+stream on the producer), so ``>= e`` is enough. The half is a fixed ``max_m * n`` elements, so
+calls with different ``M`` never overlap halves.
+
+``M`` not a multiple of ``world * BM``: the last m-tile of each destination is masked (its rows
+past ``m`` are computed from the next destination's A rows, or TMA's zero fill past ``M``, and
+dropped).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import language as dl
+from .. import runtime as _runtime
+from ..distributed_jit import DistributedKernel, jit
+from ..signals import SignalPad
+from ..symmetric import symm_empty
+from . import gemm as _gemm
+
+REDUCE_SMS = 8
+"""SMs the producer GEMM leaves free for the consumer (its programs): the GEMM loses
+``REDUCE_SMS / num_sms`` of its SMs (6 % of an H200's 132 at 8), the consumer must keep up with
+the GEMM's output (at most ``M * N`` elements per rank read over NVLink for ``"pull"``). A
+constructor argument overrides it; to be tuned on the GPU (``bench/gemm_rs.py --reduce-sms``)."""
+
+REDUCE_TILE_ELEMS = 4096
+"""Elements of a partial tile the consumer loads per rank at once (rows of ``REDUCE_TILE_ELEMS //
+BN``): 16 per thread at 8 warps, two 16-byte vectors."""
+
+VARIANTS = ("auto", "push", "pull")
+
+gemm_rs_producer_kernel = DistributedKernel(_gemm.gemm_kernel)
+""":func:`triton_dist.kernels.gemm.gemm_kernel` launched with ``SIGNAL_ROWS=True`` and the
+language's libraries linked in."""
+
+
+@jit(do_not_specialize=["m", "half_elems"])
+def gemm_rs_reduce_kernel(partials, out, signals, calls, m, N, half_elems, WORLD: tl.constexpr, BM: tl.constexpr,
+                          BN: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr,
+                          PEER_EPILOGUE: tl.constexpr):
+    """``out [m, N]`` = this rank's rows of the sum of every rank's partial, tile by tile as the
+    producers signal them. ``partials``: the symmetric buffer (two halves of ``half_elems``
+    elements, the call's half ``*calls % 2``), each ``[WORLD * m, N]`` rows: for ``PEER_EPILOGUE``
+    rank ``r``'s partial of this rank's rows is local rows ``[r * m, (r + 1) * m)``; else it is
+    rows ``[me * m, (me + 1) * m)`` of rank ``r``'s buffer. ``signals``: ``WORLD`` regions of
+    ``T = cdiv(m, BM) * cdiv(N, BN)`` (region ``r``: rank ``r``'s tiles). ``N``: a multiple of 8
+    (specialised: the context's ``n``)."""
+    epoch = tl.load(calls)
+    me = dl.rank()
+    half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
+    stride = (N // 8) * 8  # == N, with the divisibility fact for 16-byte loads
+    local_m = tl.cdiv(m, BM)
+    num_n = tl.cdiv(N, BN)
+    per_dest = local_m * num_n
+    sub_rows = tl.arange(0, ROWS)
+    for t in range(tl.program_id(0), per_dest, tl.num_programs(0)):
+        pid_m, pid_n = _gemm._tile_coords(t, local_m, num_n, GROUP_M)
+        # This rank's own tile is produced last: wait for it first, the peers' are likely there.
+        token = dl.wait(signals + me * per_dest + t, 1, "sys", "acquire", epoch)
+        for i in tl.static_range(1, WORLD):
+            token = token + dl.wait(signals + ((me + i) % WORLD) * per_dest + t, 1, "sys", "acquire", epoch)
+        cols = pid_n * BN + tl.arange(0, BN)
+        for r0 in range(0, BM, ROWS):
+            rows = pid_m * BM + r0 + sub_rows
+            mask = (rows < m)[:, None] & (cols < stride)[None, :]
+            offs = rows.to(tl.int64)[:, None] * stride + cols[None, :]
+            acc = tl.zeros((ROWS, BN), tl.float32)
+            for r in tl.static_range(WORLD):
+                if PEER_EPILOGUE:
+                    src = partials + half + (r * m).to(tl.int64) * stride
+                else:
+                    src = tl.multiple_of(dl.symm_at(partials, r), 16) + half + (me * m).to(tl.int64) * stride
+                v = tl.load(dl.consume_token(src + offs, token), mask=mask)
+                acc += v.to(tl.float32)
+            tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+
+
+def _config_blocks() -> tuple[int, int]:
+    bms = {c["BM"] for c in _gemm.CONFIGS.values()}
+    assert len(bms) == 1, "gemm_reduce_scatter assumes one BM across the GEMM configs"
+    return bms.pop(), min(c["BN"] for c in _gemm.CONFIGS.values())
+
+
+class GemmReduceScatterContext:
+    """Symmetric partials buffer, signals, side stream and loaded kernels for GEMM+ReduceScatter of
+    up to ``max_m`` rows in total (``M``, all ranks' output rows; ``M / world`` per rank) and ``n``
+    columns, ``dtype`` bfloat16 or float16; any ``K``.
+
+    Collective: every rank creates it with the same arguments, in the same order as its other
+    symmetric allocations; creating it compiles and loads every kernel (both GEMM configs and both
+    variants, since ``K`` is per call) and ends with a barrier. Symmetric memory: ``2 * max_m * n``
+    elements plus ``world * cdiv(max_m / world, 128) * cdiv(n, 128)`` signals. ``reduce_sms``: SMs
+    left to the reduce kernel (default :data:`REDUCE_SMS`). Call with :meth:`run` (or
+    :func:`triton_dist.ops.gemm_rs`); every rank makes the same calls in the same order with the
+    same ``M``, ``K`` and variant. Calls may be captured in a CUDA graph and replayed.
+    """
+
+    def __init__(self, max_m: int, n: int, dtype, *, reduce_sms: int | None = None):
+        _runtime._require_initialized("GemmReduceScatterContext")
+        import torch
+
+        op = "triton_dist GemmReduceScatterContext"
+        for name, v in (("max_m", max_m), ("n", n)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{op}: {name} must be a positive int, got {v!r}")
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"{op}: dtype must be torch.bfloat16 or torch.float16, got {dtype!r}")
+        if n % 8:
+            raise ValueError(f"{op}: n ({n}) must be a multiple of 8 (16-byte aligned rows)")
+        if 2 * max_m * n >= 2**31:
+            raise ValueError(f"{op}: 2 * max_m * n = {2 * max_m * n} elements is too large (< 2**31)")
+        self.world = _runtime.world_size()
+        self.rank = _runtime.rank()
+        self.max_m = max_m
+        self.n = n
+        self.dtype = dtype
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.num_sms = _gemm.num_sms(self.device)
+        if reduce_sms is None:
+            reduce_sms = REDUCE_SMS
+        if isinstance(reduce_sms, bool) or not isinstance(reduce_sms, int) or not 0 < reduce_sms < self.num_sms:
+            raise ValueError(f"{op}: reduce_sms must be an int in [1, {self.num_sms - 1}], got {reduce_sms!r}")
+        self.reduce_sms = reduce_sms
+        self.max_programs = self.num_sms - reduce_sms
+        bm, bn_min = _config_blocks()
+        self.tiles_per_rank = triton.cdiv(triton.cdiv(max_m, self.world), bm) * triton.cdiv(n, bn_min)
+        """The most tiles of one rank's rows (signals per source rank)."""
+        self.half = max_m * n
+        self.partials = symm_empty((2 * self.half, ), dtype)
+        self.pad = SignalPad(self.world * self.tiles_per_rank)
+        self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
+        """The device-side call counter (this call's epoch once bumped)."""
+        self._side = torch.cuda.Stream(device=self.device)
+        if self.world > 1:
+            self.preload()
+        torch.cuda.synchronize()
+        _runtime.barrier()  # every rank's pad is zeroed before any rank can signal it
+
+    def _reduce_meta(self, config: str, peer_epilogue: bool) -> dict:
+        c = _gemm.CONFIGS[config]
+        return dict(WORLD=self.world, BM=c["BM"], BN=c["BN"], GROUP_M=c["GROUP_M"],
+                    ROWS=max(1, REDUCE_TILE_ELEMS // c["BN"]), PEER_EPILOGUE=peer_epilogue, num_warps=8)
+
+    def preload(self) -> None:
+        """Compile and load every kernel with the specialisation of real calls (descriptors of this
+        dtype and each config's blocks, 16-byte aligned tensors, the context's ``n``; every other
+        int unspecialised)."""
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        p = self.partials
+        a = p[:self.max_m * self.n].view(self.max_m, self.n)  # only dtype and blocks matter
+        for config, c in _gemm.CONFIGS.items():
+            a_desc = TensorDescriptor.from_tensor(a, [c["BM"], c["BK"]])
+            b_desc = TensorDescriptor.from_tensor(a, [c["BN"], c["BK"]])
+            for peer in (False, True):
+                meta = _gemm.kernel_meta(config, False, signal_rows=True, world=self.world, peer_epilogue=peer)
+                gemm_rs_producer_kernel.preload(a_desc, b_desc, p, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
+                                                half_elems=2, grid=(1, ), **meta)
+                gemm_rs_reduce_kernel.preload(p, p, self.pad.signals, self.calls, 2, self.n, 2, grid=(1, ),
+                                              **self._reduce_meta(config, peer))
+
+    def run(self, a, b, out, variant: str = "auto") -> None:
+        """``out`` = this rank's rows of the sum over ranks of ``a @ b.T`` on the current stream.
+        ``a [M, K]``, ``b [n, K]``, ``out [M / world, n]``: contiguous, 16-byte aligned CUDA
+        tensors of this dtype, ``M <= max_m`` a multiple of the world size, ``K`` a multiple of 8
+        (validated by :func:`triton_dist.ops.gemm_rs`, not here). ``variant``: ``"push"`` (the
+        GEMM epilogue stores into the destination's buffer), ``"pull"`` (the reduce reads the
+        peers' buffers) or ``"auto"`` (push)."""
+        import torch
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        if variant not in VARIANTS:
+            raise ValueError(f"triton_dist GemmReduceScatterContext.run: variant must be one of {VARIANTS}, got "
+                             f"{variant!r}")
+        big_m, k = a.shape
+        n = b.shape[0]
+        if n != self.n or big_m > self.max_m or big_m % self.world:
+            raise ValueError(f"triton_dist GemmReduceScatterContext.run: a is {list(a.shape)} and b {list(b.shape)}; "
+                             f"the context takes M <= {self.max_m}, a multiple of {self.world}, and N = {self.n}")
+        if big_m == 0:
+            return
+        if self.world == 1:
+            _gemm.gemm(a, b, out=out)
+            return
+        peer = variant in ("auto", "push")
+        m = big_m // self.world
+        config = _gemm.pick_config(big_m, n, k, self.max_programs)
+        c = _gemm.CONFIGS[config]
+        a_desc = TensorDescriptor.from_tensor(a, [c["BM"], c["BK"]])
+        b_desc = TensorDescriptor.from_tensor(b, [c["BN"], c["BK"]])
+        tiles = triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"])
+        stream = torch.cuda.current_stream()
+        self.calls.add_(1)
+        self._side.wait_stream(stream)
+        with torch.cuda.stream(self._side):
+            gemm_rs_reduce_kernel[(min(tiles, self.reduce_sms), )](self.partials, out, self.pad.signals, self.calls, m,
+                                                                   n, self.half, **self._reduce_meta(config, peer))
+        grid = (max(1, min(self.world * tiles, self.max_programs)), )
+        gemm_rs_producer_kernel[grid](a_desc, b_desc, self.partials, big_m, n, k, self.pad.signals, self.calls,
+                                      self.rank, m, half_elems=self.half,  # after the constexprs: by name
+                                      **_gemm.kernel_meta(config, False, signal_rows=True, world=self.world,
+                                                          peer_epilogue=peer))
+        stream.wait_stream(self._side)

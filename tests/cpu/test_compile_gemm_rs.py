@@ -1,0 +1,110 @@
+"""GEMM+ReduceScatter kernels compile for sm_90: the producer (the persistent GEMM with
+``SIGNAL_ROWS``) keeps wgmma and TMA loads, stores each C tile with 16-byte vectors (here or, for
+the peer epilogue, through ``symm_at``) and releases its signal at system scope after a CTA
+barrier that follows the tile's store, and never spins; the reduce kernel acquire-spins before
+loading the partials (loads depend on the waits through the token) and sums them in fp32."""
+
+import re
+
+import pytest
+
+from triton_dist.kernels import gemm as gemm_module
+from triton_dist.kernels import gemm_reduce_scatter as grs
+from triton_dist.tools.compile_check import compile_for_hopper, depends_on, ops_matching, results
+
+_SPIN = "ld.acquire.sys.global.u64"
+_RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
+_SMEM_LIMIT = 232448
+
+
+def _producer(config, peer, dtype="bf16", world=2):
+    c = gemm_module.CONFIGS[config]
+    meta = gemm_module.kernel_meta(config, False, signal_rows=True, world=world, peer_epilogue=peer)
+    options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
+    signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
+                 "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>", "c_desc": f"*{dtype}", "M": "i32",
+                 "N": "i32", "K": "i32", "signals": "*u64", "calls": "*i64", "rank": "i32", "m_per_rank": "i32",
+                 "half_elems": "i32"}
+    return compile_for_hopper(grs.gemm_rs_producer_kernel, signature, meta, **options)
+
+
+def _reduce(config, peer, dtype="bf16", world=2):
+    c = gemm_module.CONFIGS[config]
+    meta = dict(WORLD=world, BM=c["BM"], BN=c["BN"], GROUP_M=c["GROUP_M"], ROWS=grs.REDUCE_TILE_ELEMS // c["BN"],
+                PEER_EPILOGUE=peer)
+    signature = {"partials": f"*{dtype}", "out": f"*{dtype}", "signals": "*u64", "calls": "*i64", "m": "i32",
+                 "N": "i32", "half_elems": "i32"}
+    return compile_for_hopper(grs.gemm_rs_reduce_kernel, signature, meta, num_warps=8)
+
+
+def _release_follows_store_and_barrier(ttir: str) -> None:
+    """The tile's store, then a CTA barrier, then the release atomic, with no other memory or
+    synchronising op in between (the barrier makes every thread's stores precede the release)."""
+    lines = ttir.splitlines()
+    releases = [i for i, line in enumerate(lines) if "tt.atomic_rmw" in line and "release" in line]
+    assert len(releases) == 1, releases
+    i = releases[0]
+    earlier = [line for line in lines[:i] if re.search(r"gpu\.barrier|tt\.store|tt\.atomic|inline_asm|"
+                                                       r"tt\.descriptor_store", line)]
+    assert len(earlier) >= 2 and "gpu.barrier" in earlier[-1] and "tt.store" in earlier[-2], lines[max(0, i - 12):i + 1]
+
+
+@pytest.mark.parametrize("peer", [False, True], ids=["pull", "push"])
+@pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
+def test_producer_stores_then_releases(config, peer):
+    compiled = _producer(config, peer)
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # the shared GEMM loop
+    assert compiled.metadata.shared <= _SMEM_LIMIT
+    assert _SPIN not in ptx  # the producer never waits (the no-deadlock argument)
+    assert re.search(_RELEASE, ptx)
+    # No TMA store (see the module notes): generic stores, 16-byte vectors.
+    assert "cp.async.bulk.tensor.2d.global.shared" not in ptx
+    stores = re.findall(r"st\.global[a-z0-9.]*", ptx)
+    assert stores and all(".v4." in s for s in stores), stores
+    assert "nvshmemi_device_state_d" in ptx  # the signal (and, for push, the tile) goes through symm_at
+    _release_follows_store_and_barrier(compiled.asm["ttir"])
+    # In the PTX (whose block layout is not program order) a CTA barrier follows the tile's last
+    # store before any other memory access.
+    lines = ptx.splitlines()
+    last_store = max(i for i, line in enumerate(lines) if re.search(r"st\.global\.v4", line))
+    after = [line for line in lines[last_store + 1:] if re.search(r"bar\.sync|ld\.|st\.|atom\.", line)]
+    assert after and "bar.sync" in after[0], after[:3]
+
+
+@pytest.mark.parametrize("peer", [False, True], ids=["pull", "push"])
+@pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
+def test_reduce_waits_then_sums_in_fp32(config, peer):
+    compiled = _reduce(config, peer)
+    ttgir = compiled.asm["ttgir"]
+    spins = results(ops_matching(ttgir, re.escape(_SPIN)))
+    assert len(spins) == 2  # one per rank (world 2), per tile
+    loads = [op for op in ops_matching(ttgir, r"tt\.load ") if "tensor<" in op.split(":")[-1]]
+    assert len(loads) == 2  # one partial tile per rank
+    for load in loads:
+        assert depends_on(ttgir, load, spins), f"a partial-tile load does not depend on the waits: {load}"
+    assert "tensor<32x128xf32" in ttgir or "tensor<16x256xf32" in ttgir  # fp32 accumulator
+    ptx = compiled.asm["ptx"]
+    assert "cvt.f32.bf16" in ptx and re.search(r"add(\.rn)?\.f32", ptx)
+    assert re.search(r"cvt\.rn\.bf16x2\.f32|cvt\.rn\.bf16\.f32", ptx)  # rounded once, on the way out
+    lines = ptx.splitlines()
+    first_spin = min(i for i, line in enumerate(lines) if _SPIN in line)
+    first_load = min(i for i, line in enumerate(lines) if re.search(r"ld\.global(\.nc)?\.v4", line))
+    assert first_spin < first_load
+    assert all(".v4." in s for s in re.findall(r"st\.global[a-z0-9.]*", ptx))
+    assert "trap;" in ptx  # the waits time out like every dl.wait
+
+
+def test_fp16_and_world_4_compile():
+    assert re.search(_RELEASE, _producer("small", True, "fp16", 4).asm["ptx"])
+    ttgir = _reduce("small", False, "fp16", 4).asm["ttgir"]
+    assert len(ops_matching(ttgir, re.escape(_SPIN))) == 4
+
+
+def test_meta_and_blocks():
+    meta = gemm_module.kernel_meta("large", False, signal_rows=True, world=2, peer_epilogue=True)
+    assert meta["SIGNAL_ROWS"] and meta["WORLD"] == 2 and meta["PEER_EPILOGUE"] and not meta["WAIT_FOR_ROWS"]
+    assert "SIGNAL_ROWS" not in gemm_module.kernel_meta("large", False)  # the plain GEMM's launch is unchanged
+    bm, bn = grs._config_blocks()
+    assert bm == 128 and bn == min(c["BN"] for c in gemm_module.CONFIGS.values())
+    assert grs.VARIANTS == ("auto", "push", "pull")

@@ -1,0 +1,152 @@
+"""triton_dist.ops.gemm_rs (GEMM+ReduceScatter), both variants, against torch: the fp32 sum over
+ranks of ``a @ b.T`` (``dist.all_reduce`` of each rank's fp32 product), this rank's rows. Back-to-
+back calls with fresh inputs and a NaN-poisoned output (a tile reduced before a rank's partial
+landed, or from the previous call's half, shows up as a large error or a NaN), M not a multiple of
+the tile, CUDA graph replay, bad inputs. Runs at any world size, 1 included."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import triton_dist as tdist
+from conftest import all_ranks_agree, raises_everywhere, rank_generator
+from triton_dist import ops
+from triton_dist.kernels import GemmReduceScatterContext
+
+_REL_TOL = 1e-2  # bf16/fp16 output rounding is 2**-8 relative; a missing or stale partial is O(1)
+_VARIANTS = ["push", "pull"]
+
+
+def _randn(shape, dtype, seed):
+    g = rank_generator(seed, dist.get_rank())
+    return torch.randn(shape, device="cuda", dtype=torch.float32, generator=g).to(dtype)
+
+
+def _rel_error(got, ref):
+    got = got.float()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+
+
+def _reference(a, b):
+    """This rank's rows of the fp32 sum over ranks of a @ b.T."""
+    full = a.float() @ b.float().T
+    dist.all_reduce(full)
+    m = a.shape[0] // dist.get_world_size()
+    return full[dist.get_rank() * m:(dist.get_rank() + 1) * m]
+
+
+@pytest.mark.parametrize("variant", _VARIANTS)
+@pytest.mark.parametrize("m,n,k", [(1000, 512, 768), (1024, 1024, 1024), (40, 264, 136)])
+def test_gemm_rs_matches_torch(variant, m, n, k):
+    # m = 1000: not a multiple of the 128-row tile (each destination's last m-tile is masked);
+    # m = 40 with N = 264: one partial m-tile per rank, N not a multiple of the 128-column tile.
+    world, dtype = dist.get_world_size(), torch.bfloat16
+    a, b = _randn((world * m, k), dtype, 1), _randn((n, k), dtype, 2)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    got = ops.gemm_rs(a, b, out=out, variant=variant)
+    torch.cuda.synchronize()
+    err = _rel_error(got, _reference(a, b))
+    all_ranks_agree(got is out and err < _REL_TOL, f"gemm_rs {variant} M={world * m} N={n} K={k}: rel error {err}")
+
+
+@pytest.mark.parametrize("variant", _VARIANTS + ["auto"])
+def test_gemm_rs_back_to_back(variant):
+    world, dtype, calls = dist.get_world_size(), torch.bfloat16, 50
+    m, n, k = 1000, 1024, 512
+    b = _randn((n, k), dtype, 100)
+    inputs = [_randn((world * m, k), dtype, 1000 + i) for i in range(calls)]
+    checked = [i for i in range(calls) if i % 10 == 0 or i == calls - 1]
+    outs = {i: torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for i in checked}
+    scratch = torch.empty((m, n), device="cuda", dtype=dtype)
+    tdist.barrier()
+    for i in range(calls):  # back to back: no synchronisation between calls
+        got = ops.gemm_rs(inputs[i], b, out=outs.get(i, scratch), variant=variant)
+        assert got is outs.get(i, scratch)
+    torch.cuda.synchronize()
+    errors = {i: _rel_error(outs[i], _reference(inputs[i], b)) for i in checked}
+    bad = {i: e for i, e in errors.items() if not e < _REL_TOL}
+    all_ranks_agree(not bad, f"gemm_rs {variant} back to back: calls with wrong results (call: rel error) {bad}")
+
+
+def test_gemm_rs_alternating_variants_and_fp16():
+    world, dtype = dist.get_world_size(), torch.float16
+    m, n, k = 256, 512, 256
+    b = _randn((n, k), dtype, 5)
+    inputs = [_randn((world * m, k), dtype, 50 + i) for i in range(8)]
+    outs = [torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for _ in inputs]
+    for i, x in enumerate(inputs):
+        ops.gemm_rs(x, b, out=outs[i], variant=_VARIANTS[i % 2])
+    torch.cuda.synchronize()
+    errors = [_rel_error(o, _reference(x, b)) for o, x in zip(outs, inputs)]
+    all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_rs alternating variants fp16: rel errors {errors}")
+
+
+def test_gemm_rs_new_tensor():
+    world = dist.get_world_size()
+    a, b = _randn((world * 64, 128), torch.bfloat16, 7), _randn((256, 128), torch.bfloat16, 8)
+    got = ops.gemm_rs(a, b)
+    torch.cuda.synchronize()
+    ok = tuple(got.shape) == (64, 256) and got.dtype == torch.bfloat16
+    err = _rel_error(got, _reference(a, b))
+    all_ranks_agree(ok and err < _REL_TOL, f"gemm_rs new tensor: shape {tuple(got.shape)}, rel error {err}")
+
+
+def test_gemm_rs_bad_inputs():
+    world = dist.get_world_size()
+    a = _randn((world * 64, 128), torch.bfloat16, 9)
+    b = _randn((64, 128), torch.bfloat16, 10)
+    raises_everywhere(lambda: ops.gemm_rs(a.float(), b.float()), TypeError, "bfloat16")
+    raises_everywhere(lambda: ops.gemm_rs(a, b.half()), TypeError, "b is torch.float16")
+    raises_everywhere(lambda: ops.gemm_rs(a, b[:, :64].contiguous()), ValueError, "K differs")
+    raises_everywhere(lambda: ops.gemm_rs(a, b[:60]), ValueError, "multiples of 8")
+    raises_everywhere(lambda: ops.gemm_rs(a[:, :120], b[:, :120]), ValueError, "contiguous")
+    raises_everywhere(lambda: ops.gemm_rs(a.cpu(), b), ValueError, "cuda|CUDA")
+    raises_everywhere(lambda: ops.gemm_rs(a.view(-1), b), ValueError, "2-D")
+    raises_everywhere(lambda: ops.gemm_rs(a, b, variant="sideways"), ValueError, "variant|method")
+    misaligned = torch.empty(a.numel() + 8, device="cuda", dtype=a.dtype)[1:a.numel() + 1].view(a.shape)
+    raises_everywhere(lambda: ops.gemm_rs(misaligned, b), ValueError, "16-byte")
+    if world > 1:
+        raises_everywhere(lambda: ops.gemm_rs(a[:world * 64 - 1], b), ValueError, "divisible by the world size")
+    wrong = torch.empty((65, 64), device="cuda", dtype=torch.bfloat16)
+    raises_everywhere(lambda: ops.gemm_rs(a, b, out=wrong), ValueError, "out")
+    small = GemmReduceScatterContext(world * 32, 64, torch.bfloat16)
+    raises_everywhere(lambda: ops.gemm_rs(a, b, context=small), ValueError, f"max_m>={world * 64}")
+    raises_everywhere(lambda: ops.gemm_rs(a, b, context=object()), TypeError, "GemmReduceScatterContext")
+    other_n = GemmReduceScatterContext(world * 64, 128, torch.bfloat16)
+    raises_everywhere(lambda: ops.gemm_rs(a, b, context=other_n), ValueError, "N=128")
+    # The op still works after the errors.
+    got = ops.gemm_rs(a[:world * 32], b, context=small)
+    torch.cuda.synchronize()
+    err = _rel_error(got, _reference(a[:world * 32], b))
+    all_ranks_agree(tuple(got.shape) == (32, 64) and err < _REL_TOL, f"gemm_rs after errors: {err}")
+
+
+@pytest.mark.parametrize("variant", _VARIANTS)
+def test_gemm_rs_cuda_graph_replay(variant):
+    world, dtype = dist.get_world_size(), torch.bfloat16
+    m, n, k = 512, 1024, 1024
+    ctx = GemmReduceScatterContext(world * m, n, dtype)
+    a = torch.empty((world * m, k), device="cuda", dtype=dtype)
+    b = _randn((n, k), dtype, 11)
+    out = torch.empty((m, n), device="cuda", dtype=dtype)
+    a.copy_(_randn((world * m, k), dtype, 12))
+    ops.gemm_rs(a, b, out=out, variant=variant, context=ctx)  # one call outside the capture
+    torch.cuda.synchronize()
+    tdist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        ops.gemm_rs(a, b, out=out, variant=variant, context=ctx)
+        ops.gemm_rs(a, b, out=out, variant=variant, context=ctx)
+        ops.gemm_rs(a, b, out=out, variant=variant, context=ctx)  # an odd count: replays alternate halves
+    torch.cuda.synchronize()
+    tdist.barrier()
+    errors = []
+    for replay in range(4):
+        a.copy_(_randn((world * m, k), dtype, 20 + replay))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        errors.append(_rel_error(out, _reference(a, b)))
+    all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_rs {variant} graph replays: rel errors {errors}")
