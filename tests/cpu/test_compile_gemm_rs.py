@@ -24,7 +24,7 @@ def _producer(config, peer, dtype="bf16", world=2):
     signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
                  "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>", "c_desc": f"*{dtype}", "M": "i32",
                  "N": "i32", "K": "i32", "signals": "*u64", "calls": "*i64", "rank": "i32", "m_per_rank": "i32",
-                 "half_elems": "i32"}
+                 "half_elems": "i32", "signal_region": "i32"}
     return compile_for_hopper(grs.gemm_rs_producer_kernel, signature, meta, **options)
 
 
@@ -33,7 +33,7 @@ def _reduce(config, peer, dtype="bf16", world=2):
     meta = dict(WORLD=world, BM=c["BM"], BN=c["BN"], GROUP_M=c["GROUP_M"], ROWS=grs.REDUCE_TILE_ELEMS // c["BN"],
                 PEER_EPILOGUE=peer)
     signature = {"partials": f"*{dtype}", "out": f"*{dtype}", "signals": "*u64", "calls": "*i64", "m": "i32",
-                 "N": "i32", "half_elems": "i32"}
+                 "N": "i32", "half_elems": "i32", "signal_region": "i32"}
     return compile_for_hopper(grs.gemm_rs_reduce_kernel, signature, meta, num_warps=8)
 
 

@@ -70,6 +70,26 @@ def test_gemm_rs_back_to_back(variant):
     all_ranks_agree(not bad, f"gemm_rs {variant} back to back: calls with wrong results (call: rel error) {bad}")
 
 
+@pytest.mark.parametrize("variant", _VARIANTS)
+def test_gemm_rs_back_to_back_with_changing_rows(variant):
+    """One context, M shrinking and growing between unsynchronised calls: a rank already on the
+    next call must not set signals that this call's reduce is still waiting for (the signal region
+    of each source rank is fixed by the context, not by the call's M)."""
+    world, dtype, n, k = dist.get_world_size(), torch.bfloat16, 1024, 256
+    context = GemmReduceScatterContext(world * 2048, n, dtype)
+    b = _randn((n, k), dtype, 300)
+    rows = [2048, 1024, 256, 2048, 40, 1000, 2048, 128] * 3
+    inputs = [_randn((world * m, k), dtype, 3000 + i) for i, m in enumerate(rows)]
+    outs = [torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for m in rows]
+    tdist.barrier()
+    for x, out in zip(inputs, outs):
+        ops.gemm_rs(x, b, out=out, variant=variant, context=context)
+    torch.cuda.synchronize()
+    bad = {i: e for i, (x, out) in enumerate(zip(inputs, outs))
+           if not (e := _rel_error(out, _reference(x, b))) < _REL_TOL}
+    all_ranks_agree(not bad, f"gemm_rs {variant} with changing M: wrong calls (call: rel error) {bad}")
+
+
 def test_gemm_rs_alternating_variants_and_fp16():
     world, dtype = dist.get_world_size(), torch.float16
     m, n, k = 256, 512, 256

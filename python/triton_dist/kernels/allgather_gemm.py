@@ -179,7 +179,9 @@ class AllGatherGemmContext:
             self.gathered[me * m * k:(me + 1) * m * k].copy_(x)
             ag_gemm_signal_kernel[(1, )](self.pad.signals, self.calls, 0, PHASE=0, WORLD=world, num_warps=1)
             for i in range(1, world):
-                r = (me + i) % world
+                # Rank r's GEMM walks its own rows, then rank r + 1's, r + 2's, ...: rank me's rows
+                # are needed (me - r) % world blocks in, so ranks me - 1, me - 2, ... get them first.
+                r = (me - i) % world
                 self._peers[r][me * m * k:(me + 1) * m * k].copy_(x)
                 ag_gemm_signal_kernel[(1, )](self.pad.signals, self.calls, r, PHASE=1, WORLD=world, num_warps=1)
         rows = world * m

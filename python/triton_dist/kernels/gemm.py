@@ -80,11 +80,11 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
-@triton.jit(do_not_specialize=["M", "N", "K", "rank", "m_per_rank", "half_elems"])
+@triton.jit(do_not_specialize=["M", "N", "K", "rank", "m_per_rank", "half_elems", "signal_region"])
 def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_rank, BM: tl.constexpr,
                 BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
                 WAIT_FOR_ROWS: tl.constexpr, half_elems=0, SIGNAL_ROWS: tl.constexpr = False,
-                WORLD: tl.constexpr = 1, PEER_EPILOGUE: tl.constexpr = False):
+                WORLD: tl.constexpr = 1, PEER_EPILOGUE: tl.constexpr = False, signal_region=0):
     """``C = A @ B^T`` over a persistent grid. ``a_desc``: ``[M, K]`` block ``[BM, BK]``;
     ``b_desc``: ``[N, K]`` block ``[BN, BK]``; ``c_desc``: ``[M, N]`` block ``[BM, BN]``.
 
@@ -99,13 +99,16 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     ``half_elems`` elements (the half is ``*calls % 2``), ``N`` a multiple of 8. Tiles never
     straddle two destinations: destination ``d``'s rows are cut into ``cdiv(m_per_rank, BM)``
     m-tiles of their own (the last one masked), ``T = cdiv(m_per_rank, BM) * cdiv(N, BN)`` tiles per
-    destination, walked destination ``rank + 1`` first, then ``rank + 2``, ..., this rank's own
-    rows last. Each tile is stored with ``tl.store`` (generic-proxy stores: see the module notes
+    destination, walked with the destinations interleaved (tile ``i`` goes to destination
+    ``(rank + 1 + i % WORLD) % WORLD``, its tile ``i // WORLD``). Each tile is stored with ``tl.store`` (generic-proxy stores: see the module notes
     of gemm_reduce_scatter for why not TMA) to the half's ``[M, N]`` rows ``d * m_per_rank + i``
     here (``PEER_EPILOGUE=False``), or to rows ``rank * m_per_rank + i`` of rank ``d``'s buffer
     (``PEER_EPILOGUE=True``, ``dl.symm_at``), and then signal ``rank * T + t`` (``t``: the tile's
     index among ``d``'s) on rank ``d`` is set to ``*calls`` with release semantics at system
-    scope (``dl.notify``: a CTA barrier, then one release atomic). The producer never waits."""
+    scope (``dl.notify``: a CTA barrier, then one release atomic). The producer never waits.
+    ``signal_region``: signals per source rank, fixed for the context (not ``T``, which depends on
+    the call's M: a region that moved with M would let a peer already on the next call set the
+    signals of tiles this rank's reduce still waits for in this one)."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     num_m = tl.cdiv(M, BM)
@@ -124,8 +127,11 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
         num_tiles = WORLD * per_dest
     for tile in range(pid, num_tiles, grid):
         if SIGNAL_ROWS:
-            dest = (rank + 1 + tile // per_dest) % WORLD
-            local_tile = tile % per_dest
+            # Destinations interleaved tile by tile: tile t of every destination is done about t/T
+            # into the GEMM everywhere, so every rank's reduce can start early (had each rank
+            # walked whole destinations, one producer would reach any destination last).
+            dest = (rank + 1 + tile % WORLD) % WORLD
+            local_tile = tile // WORLD
             pid_m, pid_n = _tile_coords(local_tile, local_m, num_n, GROUP_M)
             off_m = dest * m_per_rank + pid_m * BM
         else:
@@ -159,7 +165,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 first = dest * m_per_rank
             ptrs = base + (first + rows).to(tl.int64)[:, None] * stride + cols[None, :]
             tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
-            dl.notify(signals + rank * per_dest + local_tile, dest, epoch, "set", "intra_node")
+            dl.notify(signals + rank * signal_region + local_tile, dest, epoch, "set", "intra_node")
         else:
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 

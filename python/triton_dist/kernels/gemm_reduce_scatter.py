@@ -6,11 +6,13 @@ layer needs.
 
 Producer (the persistent GEMM of :mod:`triton_dist.kernels.gemm` with ``SIGNAL_ROWS``, on the
 caller's stream ``S``): tiles never straddle two destinations (rank ``d``'s rows are cut into
-m-tiles of their own), and are walked destination ``me + 1`` first, then ``me + 2``, ..., this
-rank's own rows last, so a peer's rows are ready as early as possible and the rows only this
-rank waits for come last. After each tile's stores it sets signal ``me * T + t`` on the
-destination ``d`` to the call's epoch (release, system scope); ``t`` is the tile's index among
-``d``'s ``T`` tiles. Two variants:
+m-tiles of their own), and are walked with the destinations interleaved (tile ``i``: destination
+``(me + 1 + i % world) % world``, its tile ``i // world``), so tile ``t`` of every destination is
+done about ``t / T`` into the GEMM on every rank and every reduce can start early. After each
+tile's stores it sets signal ``me * R + t`` on the destination ``d`` to the call's epoch
+(release, system scope); ``t`` is the tile's index among ``d``'s ``T`` tiles and ``R`` the
+context's fixed signals per source rank (``T`` depends on the call's M; a region that moved with
+it would let a peer already on the next call set signals this call still waits for). Two variants:
 
 - ``"pull"``: the tile goes to this rank's own symmetric ``partials`` (rows ``[d * m, (d + 1) *
   m)`` hold the partial of ``d``'s rows); ``d``'s reduce kernel reads it over NVLink
@@ -21,13 +23,15 @@ destination ``d`` to the call's epoch (release, system scope); ``t`` is the tile
 
 Consumer (:func:`gemm_rs_reduce_kernel`, on the context's side stream ``P``, concurrent with the
 GEMM): :data:`REDUCE_SMS` programs walk this rank's ``T`` output tiles in the producer's order;
-per tile it waits (acquire, system scope) for signal ``r * T + t >= epoch`` of every rank ``r``,
+per tile it waits (acquire, system scope) for signal ``r * R + t >= epoch`` of every rank ``r``,
 then sums the ``world`` partial tiles in fp32 in rank order 0, 1, ... (so every rank computes
 its rows with the same operation order) and rounds once into ``out``.
 
 Call ``e`` (the context's device call counter, bumped on ``S`` first, so a CUDA graph replays
-with fresh values): ``S``: ``calls += 1``; ``P`` waits for ``S``; ``P``: the reduce kernel;
-``S``: the GEMM; ``S`` waits for ``P`` before the call returns.
+with fresh values): ``S``: ``calls += 1``, then the GEMM; ``P`` waits for the bump (an event, not
+the GEMM), then the reduce kernel; ``S`` waits for ``P`` before the call returns. The GEMM is
+launched first so that serialised launches (CUDA_LAUNCH_BLOCKING, a sanitizer) cannot leave the
+reduce waiting for a GEMM that was never launched.
 
 TMA stores and the release: a TMA store (``cp.async.bulk.tensor``) is a write of the async
 proxy that completes asynchronously; Triton 3.6 only waits for it to have *read* its shared
@@ -95,8 +99,9 @@ gemm_rs_producer_kernel = DistributedKernel(_gemm.gemm_kernel)
 language's libraries linked in."""
 
 
-@jit(do_not_specialize=["m", "half_elems"])
-def gemm_rs_reduce_kernel(partials, out, signals, calls, m, N, half_elems, WORLD: tl.constexpr, BM: tl.constexpr,
+@jit(do_not_specialize=["m", "half_elems", "signal_region"])
+def gemm_rs_reduce_kernel(partials, out, signals, calls, m, N, half_elems, signal_region, WORLD: tl.constexpr,
+                          BM: tl.constexpr,
                           BN: tl.constexpr, GROUP_M: tl.constexpr, ROWS: tl.constexpr,
                           PEER_EPILOGUE: tl.constexpr):
     """``out [m, N]`` = this rank's rows of the sum of every rank's partial, tile by tile as the
@@ -104,8 +109,9 @@ def gemm_rs_reduce_kernel(partials, out, signals, calls, m, N, half_elems, WORLD
     elements, the call's half ``*calls % 2``), each ``[WORLD * m, N]`` rows: for ``PEER_EPILOGUE``
     rank ``r``'s partial of this rank's rows is local rows ``[r * m, (r + 1) * m)``; else it is
     rows ``[me * m, (me + 1) * m)`` of rank ``r``'s buffer. ``signals``: ``WORLD`` regions of
-    ``T = cdiv(m, BM) * cdiv(N, BN)`` (region ``r``: rank ``r``'s tiles). ``N``: a multiple of 8
-    (specialised: the context's ``n``)."""
+    ``signal_region`` signals (region ``r``: rank ``r``'s tiles, the first
+    ``T = cdiv(m, BM) * cdiv(N, BN)`` of it used). ``N``: a multiple of 8 (specialised: the
+    context's ``n``)."""
     epoch = tl.load(calls)
     me = dl.rank()
     half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
@@ -116,10 +122,9 @@ def gemm_rs_reduce_kernel(partials, out, signals, calls, m, N, half_elems, WORLD
     sub_rows = tl.arange(0, ROWS)
     for t in range(tl.program_id(0), per_dest, tl.num_programs(0)):
         pid_m, pid_n = _gemm._tile_coords(t, local_m, num_n, GROUP_M)
-        # This rank's own tile is produced last: wait for it first, the peers' are likely there.
-        token = dl.wait(signals + me * per_dest + t, 1, "sys", "acquire", epoch)
+        token = dl.wait(signals + me * signal_region + t, 1, "sys", "acquire", epoch)
         for i in tl.static_range(1, WORLD):
-            token = token + dl.wait(signals + ((me + i) % WORLD) * per_dest + t, 1, "sys", "acquire", epoch)
+            token = token + dl.wait(signals + ((me + i) % WORLD) * signal_region + t, 1, "sys", "acquire", epoch)
         cols = pid_n * BN + tl.arange(0, BN)
         for r0 in range(0, BM, ROWS):
             rows = pid_m * BM + r0 + sub_rows
@@ -216,8 +221,8 @@ class GemmReduceScatterContext:
             for peer in (False, True):
                 meta = _gemm.kernel_meta(config, False, signal_rows=True, world=self.world, peer_epilogue=peer)
                 gemm_rs_producer_kernel.preload(a_desc, b_desc, p, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
-                                                half_elems=2, grid=(1, ), **meta)
-                gemm_rs_reduce_kernel.preload(p, p, self.pad.signals, self.calls, 2, self.n, 2, grid=(1, ),
+                                                half_elems=2, signal_region=2, grid=(1, ), **meta)
+                gemm_rs_reduce_kernel.preload(p, p, self.pad.signals, self.calls, 2, self.n, 2, 2, grid=(1, ),
                                               **self._reduce_meta(config, peer))
 
     def run(self, a, b, out, variant: str = "auto") -> None:
@@ -251,14 +256,26 @@ class GemmReduceScatterContext:
         b_desc = TensorDescriptor.from_tensor(b, [c["BN"], c["BK"]])
         tiles = triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"])
         stream = torch.cuda.current_stream()
+        # The preloaded reduce variants assume a 16-byte aligned output: another variant would load
+        # here, possibly while a peer spins.
+        target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
         self.calls.add_(1)
-        self._side.wait_stream(stream)
-        with torch.cuda.stream(self._side):
-            gemm_rs_reduce_kernel[(min(tiles, self.reduce_sms), )](self.partials, out, self.pad.signals, self.calls, m,
-                                                                   n, self.half, **self._reduce_meta(config, peer))
+        bumped = torch.cuda.Event()
+        bumped.record(stream)
+        # The GEMM is launched before the reduce that waits for it: were kernels serialised
+        # (CUDA_LAUNCH_BLOCKING, a sanitizer), a reduce launched first would wait for a GEMM that
+        # cannot start. The side stream waits only for the bump, not for the GEMM.
         grid = (max(1, min(self.world * tiles, self.max_programs)), )
         gemm_rs_producer_kernel[grid](a_desc, b_desc, self.partials, big_m, n, k, self.pad.signals, self.calls,
                                       self.rank, m, half_elems=self.half,  # after the constexprs: by name
+                                      signal_region=self.tiles_per_rank,
                                       **_gemm.kernel_meta(config, False, signal_rows=True, world=self.world,
                                                           peer_epilogue=peer))
+        self._side.wait_event(bumped)
+        with torch.cuda.stream(self._side):
+            gemm_rs_reduce_kernel[(min(tiles, self.reduce_sms), )](self.partials, target, self.pad.signals,
+                                                                   self.calls, m, n, self.half, self.tiles_per_rank,
+                                                                   **self._reduce_meta(config, peer))
         stream.wait_stream(self._side)
+        if target is not out:
+            out.copy_(target)
