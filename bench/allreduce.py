@@ -1,12 +1,13 @@
-"""AllReduce (sum, bf16): ours (one-shot, two-shot) vs torch.distributed (NCCL) vs torch symm_mem.
+"""AllReduce (sum, bf16): ours (ll, one-shot, two-shot) vs torch.distributed (NCCL) vs torch symm_mem.
 
     torchrun --nproc-per-node=2 bench/allreduce.py [--quick]
 
 Sizes 8 KiB .. 256 MiB in x4 steps (``--quick``: 8 KiB, 64 KiB, 256 KiB, 4 MiB, 64 MiB). For each:
 
 - ours: :func:`triton_dist.ops.all_reduce` with one context of the largest size, methods
-  ``one_shot`` and ``two_shot``; ``ours_us`` is the faster, each is also recorded
-  (``one_shot_us``, ``two_shot_us``, ``method``);
+  ``one_shot``, ``two_shot`` and, for sizes up to ``AllReduceContext.LL_MAX_BYTES``, ``ll``;
+  ``ours_us`` is the fastest, each is also recorded (``one_shot_us``, ``two_shot_us``, ``ll_us``
+  (null above the LL limit), ``method``);
 - ``torch_nccl_us``: ``torch.distributed.all_reduce`` (NCCL) on the same data;
 - ``torch_symm_mem_us``: ``torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group_name)`` on a
   ``torch.distributed._symmetric_memory`` buffer (omitted if unavailable or failing).
@@ -93,7 +94,7 @@ def main() -> int:
         f"{'quick' if args.quick else 'full'} run")
 
     n_max = max(sizes) // 2
-    ctx = AllReduceContext(max(sizes), dtype)  # collective; preloads both kernels
+    ctx = AllReduceContext(max(sizes), dtype)  # collective; preloads every kernel
     symm = make_symm_mem_baseline(n_max, dtype, device)
     symm_ok = all_ok(symm is not None)
     if not symm_ok:
@@ -119,14 +120,15 @@ def main() -> int:
         def ours(method, x=x, out=out):
             return lambda: ops.all_reduce(x, out=out, method=method, context=ctx)
 
-        fns = {"one_shot": ours("one_shot"), "two_shot": ours("two_shot"),
-               "torch_nccl": (lambda t=nccl_all[:n]: dist.all_reduce(t))}
+        mine = ("one_shot", "two_shot") + (("ll", ) if nbytes <= ctx.ll_max_bytes else ())
+        fns = {name: ours(name) for name in mine}
+        fns["torch_nccl"] = lambda t=nccl_all[:n]: dist.all_reduce(t)
         if symm is not None:
             fns["torch_symm_mem"] = symm[1](n)
 
         # Check each once (NCCL's in-place buffer drifts while timed; only its speed matters).
         checks = {}
-        for name in ("one_shot", "two_shot"):
+        for name in mine:
             out.fill_(float("nan"))
             fns[name]()
             torch.cuda.synchronize()
@@ -152,11 +154,12 @@ def main() -> int:
             times[name] = bench.median_us(fn, warmup=5, iters=iters, group=group, gpu_delay_us=delay, graph=True)
         if symm is not None:
             symm[0][:n].copy_(x)  # the in-place symm_mem baseline is not in-place, but keep inputs fresh
-        best = min(("one_shot", "two_shot"), key=times.get)
+        best = min(mine, key=times.get)
         ours_us = times[best]
         bus = 2 * (world - 1) / world * nbytes
         bound = bus / (LINK_GBPS * 1e3) + ROUND_TRIP_US
-        log(f"{nbytes:>10d} B  one-shot {times['one_shot']:9.2f} us  two-shot {times['two_shot']:9.2f} us  "
+        log(f"{nbytes:>10d} B  ll {times.get('ll', float('nan')):9.2f} us  one-shot {times['one_shot']:9.2f} us  "
+            f"two-shot {times['two_shot']:9.2f} us  "
             f"NCCL {times['torch_nccl']:9.2f} us  symm_mem {times.get('torch_symm_mem', float('nan')):9.2f} us  "
             f"checks {checks}")
         records.append(
@@ -165,15 +168,15 @@ def main() -> int:
                                     "torch_symm_mem_us": times.get("torch_symm_mem")},
                          bound_us=bound, bytes=nbytes, busbw_gbps=bus / (ours_us * 1e3),
                          torch_nccl_busbw_gbps=bus / (times["torch_nccl"] * 1e3), method=best,
-                         one_shot_us=times["one_shot"], two_shot_us=times["two_shot"],
-                         verified=checks["one_shot"] and checks["two_shot"], checks=checks,
+                         one_shot_us=times["one_shot"], two_shot_us=times["two_shot"], ll_us=times.get("ll"),
+                         verified=all(checks[name] for name in mine), checks=checks,
                          timing={"iters": iters, "group": group, "gpu_delay_us": delay, "cuda_graph": True},
                          bound_method=f"2(w-1)/w*bytes / {LINK_GBPS} GB/s + {ROUND_TRIP_US} us"))
 
     bench.sync_and_barrier()
     if rank == 0:
         print()
-        bench.print_table(records, extra=("bytes", "method", "one_shot_us", "two_shot_us", "busbw_gbps",
+        bench.print_table(records, extra=("bytes", "method", "ll_us", "one_shot_us", "two_shot_us", "busbw_gbps",
                                           "torch_nccl_busbw_gbps"))
         path = bench.write_results(records, "allreduce", root=args.out, rank=0)
         print(f"\n[allreduce] wrote {path}", flush=True)

@@ -27,6 +27,11 @@ at 512 KiB, two-shot from 128 MiB). Measured on two GPUs, where both move the sa
 moves ``w / 2`` times the bytes of two-shot on ``w`` GPUs, so the threshold is scaled by ``2 / w``
 (not yet measured beyond two GPUs)."""
 
+AUTO_LL_MAX_BYTES = 0
+"""``all_reduce(method="auto")`` uses ``"ll"`` up to this many bytes (capped by
+``AllReduceContext.LL_MAX_BYTES``). 0 until the ll method has run on GPUs and been measured against
+one-shot; ``method="ll"`` selects it explicitly."""
+
 MIN_CONTEXT_BYTES = 1 << 20
 """Contexts created on first use hold at least this many bytes (then powers of two)."""
 
@@ -122,15 +127,20 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
 
     ``x``: a contiguous CUDA tensor on the current device, float32, bfloat16 or float16, of the
     same shape on every rank (bf16/fp16 are summed in fp32, rounded once). ``method``:
-    ``"one_shot"`` (every rank reads every rank's data; lowest latency), ``"two_shot"`` (reduce-
-    scatter then all-gather; moves ``2 (w-1)/w`` of the bytes per rank) or ``"auto"`` (one-shot up
-    to :data:`AUTO_ONE_SHOT_MAX_BYTES`). Every rank gets bit-identical results.
+    ``"ll"`` (low-latency protocol: every rank pushes its data, flags inside the words, to every
+    rank; at most :attr:`AllReduceContext.LL_MAX_BYTES <triton_dist.kernels.AllReduceContext>`),
+    ``"one_shot"`` (every rank reads every rank's data), ``"two_shot"`` (reduce-scatter then
+    all-gather; moves ``2 (w-1)/w`` of the bytes per rank) or ``"auto"`` (``"ll"`` up to
+    :data:`AUTO_LL_MAX_BYTES`, one-shot up to :data:`AUTO_ONE_SHOT_MAX_BYTES`, two-shot above).
+    Every rank gets bit-identical results (``"ll"`` and ``"one_shot"`` the same bits).
     ``context``: an :class:`~triton_dist.kernels.AllReduceContext` of ``x``'s dtype to use instead
     of a cached one.
     """
     _require_initialized("all_reduce")
     _check_input("all_reduce", x)
-    _check_method("all_reduce", method, ("auto", "one_shot", "two_shot"))
+    from .kernels import AllReduceContext
+
+    _check_method("all_reduce", method, AllReduceContext.METHODS)
     out = _output("all_reduce", x, out, x.shape)
     context = _resolve_context("all_reduce", x, context)
     if x.numel() == 0:
@@ -138,8 +148,12 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     if method == "auto":
         from .runtime import world_size
 
+        nbytes = x.numel() * x.element_size()
         one_shot_max = AUTO_ONE_SHOT_MAX_BYTES * 2 // max(2, world_size())
-        method = "one_shot" if x.numel() * x.element_size() <= one_shot_max else "two_shot"
+        if nbytes <= min(AUTO_LL_MAX_BYTES, context.ll_max_bytes):
+            method = "ll"
+        else:
+            method = "one_shot" if nbytes <= one_shot_max else "two_shot"
     context.run(x.view(-1), out.view(-1), method)
     return out
 

@@ -1,6 +1,8 @@
 """The AllReduce kernels (one-shot, two-shot) compile for sm_90 for fp32 and bf16, spin with
-acquire loads, publish with release atomics, and copy with 16-byte vectors; ops.all_reduce
-validates its arguments before touching the GPU."""
+acquire loads, publish with release atomics, and copy with 16-byte vectors; the LL kernel sends
+one 64-bit relaxed system-scope store of packed payload and flag per word and rank, spins with
+relaxed loads (no atomics, no acquire spins, no fences) and accumulates in fp32 like one-shot;
+ops.all_reduce validates its arguments before touching the GPU."""
 
 import re
 
@@ -25,6 +27,21 @@ def _two_shot(dt, world=2):
                               {"x": f"*{dt}", "out": f"*{dt}", "stage": f"*{dt}", "gather": f"*{dt}",
                                "signals": "*u64", "n": "i32", "epoch_ptr": "*i64", "shard_tiles": "i32"},
                               dict(_META, WORLD=world), num_warps=8).asm["ptx"]
+
+
+_ANY_ATOMIC = r"\batom\.|\bred\."
+_LL_STORE = r"st\.relaxed\.sys\.global\.b64"
+_LL_LOAD = r"ld\.relaxed\.sys\.global\.b64"
+_ELEMS = {"fp32": 1, "bf16": 2, "fp16": 2}
+
+
+def _ll(dt, world=2):
+    block = allreduce.AllReduceContext.LL_BLOCK
+    return compile_for_hopper(allreduce.all_reduce_ll_kernel,
+                              {"x": f"*{dt}", "out": f"*{dt}", "ll": "*i64", "n": "i32", "words": "i32",
+                               "epoch_ptr": "*i64"},
+                              dict(WORLD=world, LL_SLOT=4 * block, BLOCK_W=block, ELEMS=_ELEMS[dt]),
+                              num_warps=8).asm["ptx"]
 
 
 def _check(ptx, waits, notifies):
@@ -58,6 +75,55 @@ def test_bf16_accumulates_in_fp32():
     assert re.search(r"cvt\.f32\.bf16|cvt\.rn\.f32\.bf16|mov\.b32 .*\{.*\}", ptx) or "add.f32" in ptx
     assert re.search(r"add(\.rn)?\.f32", ptx)
     assert "cvt.rn.bf16" in ptx  # rounded once, at the end
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("dt", ["fp32", "bf16", "fp16"])
+def test_ll_compiles_with_combined_stores_and_no_signals(dt, world):
+    ptx = _ll(dt, world)
+    assert ".target sm_90" in ptx
+    assert not [c for c in ptx_calls(ptx) if c.startswith("nvshmem")], ptx_calls(ptx)
+    # Payload and flag travel in one 64-bit relaxed system-scope store; the receiver spins with
+    # relaxed system-scope loads of its own buffer.
+    assert re.search(_LL_STORE, ptx)
+    assert re.search(_LL_LOAD, ptx)
+    # No separate signal: no atomics, no acquire spins, no fences.
+    assert not re.search(_ANY_ATOMIC, ptx)
+    assert _SPIN not in ptx
+    assert "fence." not in ptx
+    assert "%globaltimer" in ptx  # the spin has a timeout
+    assert re.search(r"shl\.b64 [^;]*, 32;", ptx)  # the flag goes into the high half
+
+
+def test_ll_stores_to_every_rank_and_spins_on_every_slot():
+    """Each word is stored once per rank (own slot included) and spun on once per rank."""
+    two, four = _ll("bf16", 2), _ll("bf16", 4)
+    stores = [len(re.findall(_LL_STORE, p)) for p in (two, four)]
+    loads = [len(re.findall(_LL_LOAD, p)) for p in (two, four)]
+    assert stores[0] > 0 and stores[1] == 2 * stores[0], stores
+    assert loads[0] > 0 and loads[1] == 2 * loads[0], loads
+
+
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+def test_ll_accumulates_in_fp32_like_one_shot(dt):
+    """fp32 adds starting from 0 (as one-shot's, so the bits match one-shot's, -0.0 included),
+    and for bf16 one rounding at the end."""
+    ll, one = _ll(dt), _one_shot(dt)
+    zero_add = r"add(\.rn)?\.f32\s+%r\d+, %r\d+, 0f00000000;"
+    assert re.search(zero_add, ll) and re.search(zero_add, one)
+    assert len(re.findall(r"add(\.rn)?\.f32", ll)) >= 2 * len(re.findall(zero_add, ll))
+    if dt == "bf16":
+        assert "cvt.f32.bf16" in ll
+        assert "cvt.rn.bf16" in ll
+
+
+def test_methods_and_ll_limit():
+    ctx = allreduce.AllReduceContext
+    assert ctx.METHODS == ("auto", "one_shot", "two_shot", "ll")
+    assert ctx.LL_MAX_BYTES == 64 * 1024
+    from triton_dist import ops
+
+    assert ctx.LL_MAX_BYTES < ops.AUTO_ONE_SHOT_MAX_BYTES
 
 
 def test_all_reduce_needs_init():

@@ -1,4 +1,4 @@
-"""triton_dist.ops.all_reduce (one-shot and two-shot) against torch.distributed.all_reduce."""
+"""triton_dist.ops.all_reduce (one-shot, two-shot, ll) against torch.distributed.all_reduce."""
 
 import random
 
@@ -12,7 +12,18 @@ from triton_dist import ops
 from triton_dist.kernels import AllReduceContext
 
 _SIZES = [1, 7, 4099 * 3, 1000003]
-_METHODS = ["one_shot", "two_shot"]
+_METHODS = ["one_shot", "two_shot", "ll"]
+_LL_MAX = AllReduceContext.LL_MAX_BYTES
+
+
+def _fits(method, n, dtype):
+    return method != "ll" or n * dtype.itemsize <= _LL_MAX
+
+
+def _skip_unless_fits(method, n, dtype):
+    if not _fits(method, n, dtype):
+        pytest.skip(f"ll takes at most AllReduceContext.LL_MAX_BYTES = {_LL_MAX} bytes per rank; "
+                    f"{n} x {dtype} is {n * dtype.itemsize}")
 
 
 def _fresh(n, dtype, seed):
@@ -44,12 +55,55 @@ def _same_everywhere(t):
 @pytest.mark.parametrize("method", _METHODS)
 @pytest.mark.parametrize("n", _SIZES)
 def test_matches_torch(n, method, dtype):
+    _skip_unless_fits(method, n, dtype)
     x = _fresh(n, dtype, seed=n)
     out = torch.full_like(x, float("nan"))
     got = ops.all_reduce(x, out=out, method=method)
     torch.cuda.synchronize()
     all_ranks_agree(got is out and _matches(x, got), f"all_reduce {method} n={n} {dtype}")
     all_ranks_agree(_same_everywhere(got), f"all_reduce {method} n={n} {dtype}: ranks differ")
+
+
+@pytest.fixture(scope="module")
+def bits_contexts():
+    """dtype -> AllReduceContext, created on first use (every rank runs the same parametrisations
+    in the same order) and dropped at the end of the module."""
+    contexts = {}
+    yield contexts
+    contexts.clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("n", [1, 2, 3, 1023, 1024, 1025, 4099 * 3, 16384, 32768])
+def test_ll_same_bits_as_one_shot(n, dtype, bits_contexts):
+    """ll adds the same values in the same order as one_shot: the same bits (odd sizes, tails of
+    the last word and of the last tile included)."""
+    _skip_unless_fits("ll", n, dtype)
+    ctx = bits_contexts.get(dtype)
+    if ctx is None:
+        ctx = bits_contexts[dtype] = AllReduceContext(1 << 20, dtype)
+    x = _fresh(n, dtype, seed=77 + n)
+    one = ops.all_reduce(x, method="one_shot", context=ctx)
+    ll = torch.full_like(x, float("nan"))
+    ops.all_reduce(x, out=ll, method="ll", context=ctx)
+    torch.cuda.synchronize()
+    all_ranks_agree(torch.equal(one, ll), f"all_reduce ll n={n} {dtype}: bits differ from one_shot")
+
+
+def test_ll_max_size_and_too_large():
+    """Exactly LL_MAX_BYTES works (with the same bits as auto); one element more is refused."""
+    ctx = AllReduceContext(1 << 20, torch.float32)
+    x = _fresh(_LL_MAX // 4, torch.float32, seed=9)
+    y = ops.all_reduce(x, method="ll", context=ctx)
+    z = ops.all_reduce(x, method="auto", context=ctx)
+    torch.cuda.synchronize()
+    all_ranks_agree(_matches(x, y) and torch.equal(y, z), "all_reduce ll at LL_MAX_BYTES")
+    big = torch.ones(_LL_MAX // 4 + 1, device="cuda")
+    raises_everywhere(lambda: ops.all_reduce(big, method="ll", context=ctx), ValueError, "ll")
+    y = ops.all_reduce(big, context=ctx)  # auto: one_shot
+    torch.cuda.synchronize()
+    all_ranks_agree(bool((y == dist.get_world_size()).all()), "all_reduce auto just above the ll limit")
+    tdist.barrier()
 
 
 @pytest.mark.parametrize("method", ["auto"] + _METHODS)
@@ -72,6 +126,8 @@ def test_back_to_back_random_sizes(dtype):
     for i in range(200):
         n = rng.choice([1, 7, 100, 2048, 2049, 4099 * 3, rng.randint(1, ctx.max_numel)])
         method = rng.choice(_METHODS)
+        if not _fits(method, n, dtype):
+            method = rng.choice(["one_shot", "two_shot"])
         x = _fresh(n, dtype, seed=10000 + i)
         out = torch.full_like(x, float("nan"))
         ops.all_reduce(x, out=out, method=method, context=ctx)
@@ -108,7 +164,7 @@ def test_cuda_graph_capture_and_replay(method):
     """One captured call replayed 20 times on fresh inputs: every replay takes a new epoch from the
     context's device counter, so none reads the previous replay's data."""
     ctx = AllReduceContext(1 << 20, torch.bfloat16)
-    n = 100_003
+    n = 100_003 if method != "ll" else 30_011  # ll: at most LL_MAX_BYTES
     x = _fresh(n, torch.bfloat16, seed=1)
     out = torch.empty_like(x)
     ops.all_reduce(x, out=out, method=method, context=ctx)  # uncaptured first call

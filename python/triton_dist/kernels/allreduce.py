@@ -25,11 +25,43 @@ Two-shot (:func:`all_reduce_two_shot_kernel`), bandwidth-bound sizes. The tensor
 3. gather: it waits for region-2 signal ``(r, p)`` from every peer and copies shard ``r``'s tiles
    from the gather buffer into the output.
 
-Reuse between calls: the epoch is the context's device call counter and buffers alternate halves
-by its parity (see :mod:`triton_dist.kernels.context` for why that is safe and graph-capturable).
+LL (:func:`all_reduce_ll_kernel`), small messages (up to :attr:`AllReduceContext.LL_MAX_BYTES`
+per rank), the low-latency protocol of :mod:`triton_dist.kernels.allgather`'s ``"ll"`` method:
+the input is cut into 8-byte LL words of 4 payload bytes (low half) and a 4-byte flag derived
+from the epoch (high half); program ``p`` owns the same ``BLOCK_W``-word tiles on every rank.
 
-Inputs and outputs need not be symmetric; only the staging buffers are. Accumulation is fp32 for
-every dtype; staging and gather buffers hold the input dtype.
+1. push: program ``p`` packs each of its tiles of the input and writes it, one 64-bit
+   ``st.relaxed.sys`` store per word (single-copy atomic: a reader sees payload and flag
+   together), into slot ``me`` of every rank's LL buffer, this rank's included. No signal, no
+   fence: the flag inside each word is the signal;
+2. reduce: for its tiles, it spins with ``ld.relaxed.sys`` on its LOCAL LL buffer, slot ``0``,
+   then ``1``, ..., ``WORLD - 1``, until every word of the tile carries this call's flag, and adds
+   the payloads in fp32 in that rank order (the same additions, in the same order, as one-shot:
+   every rank gets the same bits, and the same bits as one-shot), then writes the output.
+
+The LL buffer holds ``2 x WORLD`` slots (two halves); a word moves twice the payload over NVLink,
+which is why LL is for latency-bound sizes only. Reuse of the LL buffer between calls:
+
+- halves: call ``e`` writes half ``e % 2``. A rank starts call ``e + 2`` only after finishing call
+  ``e + 1`` (stream order), and call ``e + 1``, of any method, does not finish before it received
+  data or a signal from every peer's call ``e + 1``, which every peer sends only after finishing
+  its call ``e`` (stream order again). So no peer still reads half ``e % 2`` for call ``e`` when
+  this rank writes it for call ``e + 2``, and no word of call ``e + 2`` can reach a rank that has
+  not finished reading call ``e``'s.
+- flags: call ``e`` writes flag ``e mod (2^32 - 1) + 1``, never 0 (the buffer is zeroed at
+  creation, so a never-written word never matches). A word a receiver spins on was last written by
+  an earlier ``"ll"`` call of the same parity (or never): its flag differs from this call's unless
+  the two calls are a multiple of ``2^32 - 1`` calls apart (the word not rewritten for over four
+  billion calls, e.g. past the end of much smaller messages: not guarded against). Words past the
+  end of the message in the last tile are sent but never waited for.
+
+Reuse between calls (one-shot, two-shot): the epoch is the context's device call counter and
+buffers alternate halves by its parity (see :mod:`triton_dist.kernels.context` for why that is
+safe and graph-capturable). Every method bumps the same counter, so the argument above holds
+across methods.
+
+Inputs and outputs need not be symmetric; only the staging, gather and LL buffers are.
+Accumulation is fp32 for every dtype; staging and gather buffers hold the input dtype.
 """
 
 from __future__ import annotations
@@ -40,6 +72,10 @@ import triton.language as tl
 from .. import language as dl
 from .. import runtime as _runtime
 from ..distributed_jit import jit
+from ..language.signals import _settings
+from ..symmetric import symm_empty
+# The LL word packing and the timed spin are allgather's "ll" helpers (read-only here).
+from .allgather import _ll_receive, _ll_words
 from .context import CollectiveContext
 from .tiles import copy_tile, load_tile, store_tile
 
@@ -168,19 +204,104 @@ def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, epoch_ptr, sha
                 copy_tile(out + idx, src + idx, idx, n, True)
 
 
+@triton.jit
+def _ll_values(vals, out, ELEMS: tl.constexpr):
+    """The elements carried by LL words ``vals`` (int64, payload in the low 32 bits), as fp32:
+    shape ``[BLOCK_W]`` for 4-byte elements (``ELEMS == 1``), ``[BLOCK_W, 2]`` for 2-byte ones
+    (element ``2w`` in column 0, ``2w + 1`` in column 1, as :func:`_ll_words` packs them)."""
+    if ELEMS == 1:
+        return vals.to(tl.int32).to(tl.float32, bitcast=True)  # truncation drops the flag
+    else:
+        lo = vals.to(tl.int16).to(out.dtype.element_ty, bitcast=True).to(tl.float32)
+        hi = (vals >> 16).to(tl.int16).to(out.dtype.element_ty, bitcast=True).to(tl.float32)
+        return tl.join(lo, hi)
+
+
+@triton.jit
+def _ll_store_values(out, w, n, acc, ELEMS: tl.constexpr):
+    """Round ``acc`` (the fp32 sums of words ``w``, shaped as :func:`_ll_values` returns) once to
+    the output dtype and store the elements below ``n``."""
+    if ELEMS == 1:
+        tl.store(out + w, acc.to(out.dtype.element_ty), mask=w < n)
+    else:
+        e = w[:, None] * 2 + tl.arange(0, 2)[None, :]
+        tl.store(out + e, acc.to(out.dtype.element_ty), mask=e < n)
+
+
+@jit(do_not_specialize=["n", "words"])
+def all_reduce_ll_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LL_SLOT: tl.constexpr,
+                         BLOCK_W: tl.constexpr, ELEMS: tl.constexpr):
+    """``out = sum over ranks of x`` (``n`` elements) through the LL protocol (module notes).
+    ``ll``: symmetric int64, ``2 * WORLD * LL_SLOT`` words (half ``epoch % 2``, slot ``r`` = rank
+    ``r``'s data), zeroed at creation; ``words``: LL words per rank (``n`` elements of ``4 / ELEMS``
+    bytes, 4 payload bytes a word); ``epoch_ptr``: the context's device call counter. ``LL_SLOT``
+    is a whole number of ``BLOCK_W``-word tiles."""
+    TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
+    epoch = tl.load(epoch_ptr)
+    # The flag: never 0 (the buffer starts zeroed), different for epochs e and e - 2.
+    flag = (epoch % 0xFFFFFFFF) + 1
+    high = flag << 32
+    me = dl.rank()
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    lanes = tl.arange(0, BLOCK_W)
+    half = (epoch % 2).to(tl.int64) * (WORLD * LL_SLOT)
+    mine = ll + half  # this rank's half
+    tiles = tl.cdiv(words, BLOCK_W)
+
+    # 1. Push: each tile, packed once, goes to slot `me` of every rank (own buffer first, then
+    # peers), one 64-bit relaxed system-scope store per word. Words past `words` in the last tile
+    # are written too (they stay inside the slot) and never waited for.
+    for t in range(pid, tiles, grid):
+        w = t.to(tl.int64) * BLOCK_W + lanes
+        packed = _ll_words(x, w, n, ELEMS) | high
+        for r in tl.static_range(WORLD):
+            if r == 0:
+                base = ll
+            else:
+                base = dl.symm_at(ll, (me + r) % WORLD)
+            dl.st(base + half + me.to(tl.int64) * LL_SLOT + w, packed, "sys", "relaxed")
+    # Every thread's loads of x are done before any thread stores into out (out may be x).
+    tl.debug_barrier()
+
+    # 2. Reduce: spin on the local buffer for each rank's tile, in rank order, and add in fp32.
+    for t in range(pid, tiles, grid):
+        w = t.to(tl.int64) * BLOCK_W + lanes
+        valid = (w < words).to(tl.int32)
+        v = _ll_values(_ll_receive(mine + w, valid, flag, lanes, TIMEOUT_NS), out, ELEMS)
+        acc = tl.zeros_like(v) + v  # 0 + x first, as one-shot does: the same bits for -0.0
+        for r in tl.static_range(1, WORLD):
+            acc += _ll_values(_ll_receive(mine + r * LL_SLOT + w, valid, flag, lanes, TIMEOUT_NS), out, ELEMS)
+        _ll_store_values(out, w, n, acc, ELEMS)
+
+
 class AllReduceContext(CollectiveContext):
-    """Symmetric staging, gather buffers and signals for AllReduce (sum) of up to ``max_bytes``
-    bytes of ``dtype`` (float32, bfloat16 or float16), reused across calls.
+    """Symmetric staging, gather and LL buffers and signals for AllReduce (sum) of up to
+    ``max_bytes`` bytes of ``dtype`` (float32, bfloat16 or float16), reused across calls.
+
+    Methods (:attr:`METHODS`; ``"auto"`` is resolved by :func:`triton_dist.ops.all_reduce`):
+    ``"one_shot"``, ``"two_shot"`` and ``"ll"`` (low-latency protocol, flags inside the data, up to
+    :attr:`ll_max_bytes` = ``min(max_bytes, LL_MAX_BYTES)`` per rank). See the module notes.
 
     Collective: every rank creates it with the same arguments, in the same order as its other
-    symmetric allocations; creating it compiles and loads both kernels. Ranks must have the same
-    GPU model (the grid is sized from the SM count). Memory: ``4 * max_bytes`` (rounded up to whole
-    tiles) on the symmetric heap, plus ``3 * world * max_programs`` signals.
+    symmetric allocations; creating it compiles and loads every kernel. Ranks must have the same
+    GPU model (the grid is sized from the SM count). Memory on the symmetric heap: ``4 *
+    max_bytes`` (stage and gather, rounded up to whole tiles) plus the LL buffer, ``2 * world * 2 *
+    ll_max_bytes`` (rounded up to whole LL tiles), plus ``3 * world * max_programs`` signals.
 
     Call with :meth:`run` (or use :func:`triton_dist.ops.all_reduce`). Every call must be made by
     every rank, in the same order, with the same ``numel`` and method. Calls may be captured in a
     CUDA graph and replayed.
     """
+
+    METHODS = ("auto", "one_shot", "two_shot", "ll")
+
+    LL_MAX_BYTES = 64 * 1024
+    """The largest input (bytes per rank) the ``"ll"`` method takes; ``"auto"`` uses ``"ll"`` up to
+    it (not yet measured: allgather's LL beats its sm_push up to 32 KiB on 2 x H200)."""
+
+    LL_BLOCK = 512
+    """8-byte LL words per tile (one program handles a tile at a time)."""
 
     def __init__(self, max_bytes: int, dtype, *, max_programs: int | None = None):
         import torch
@@ -194,35 +315,53 @@ class AllReduceContext(CollectiveContext):
         super().__init__("AllReduceContext", dtype, max_numel, {"stage": half, "gather": half}, 3 * world,
                          max_programs)
         self.half = self.halves["stage"]
+        self.ll_max_bytes = min(self.max_bytes, self.LL_MAX_BYTES)
+        """The largest input (bytes per rank) this context's ``"ll"`` method takes."""
+        self.ll_slot = triton.cdiv(triton.cdiv(self.ll_max_bytes, 4), self.LL_BLOCK) * self.LL_BLOCK
+        """8-byte words per rank slot of :attr:`ll` (whole tiles)."""
+        self.ll = symm_empty((2 * self.world * self.ll_slot, ), torch.int64)
+        """The LL buffer: two halves of ``world`` slots of ``ll_slot`` words, zeroed (flags are
+        never 0). Zeroed on the current stream; :meth:`ready` synchronises and barriers before any
+        peer can write it."""
+        self.ll.zero_()
         self.ready()
 
     def _meta(self) -> dict:
         return self.meta(HALF=self.half)
 
+    def _ll_meta(self) -> dict:
+        return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=self.LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
+                    num_warps=self.NUM_WARPS)
+
     def preload(self) -> None:
-        """Compile and load both kernels with the specialisation of real calls (16-byte aligned
-        tensors of this dtype; ``n`` and ``shard_tiles`` unspecialised 32-bit ints)."""
+        """Compile and load every kernel with the specialisation of real calls (16-byte aligned
+        tensors of this dtype; ``n``, ``words`` and ``shard_tiles`` unspecialised 32-bit ints)."""
         n = max(2, self.max_numel)  # the int type (i32) real calls have
         all_reduce_one_shot_kernel.preload(self.stage, self.gather, self.stage, self.pad.signals, n, self.calls,
                                            grid=(1, ), **self._meta())
         all_reduce_two_shot_kernel.preload(self.stage, self.gather, self.stage, self.gather, self.pad.signals, n,
                                            self.calls, 3, grid=(1, ), **self._meta())
+        all_reduce_ll_kernel.preload(self.stage, self.gather, self.ll, n, n, self.calls, grid=(1, ), **self._ll_meta())
 
     def run(self, x, out, method: str) -> None:
-        """``out = sum over ranks of x`` with ``method`` ``"one_shot"`` or ``"two_shot"``, on the
-        current stream. ``x`` and ``out``: contiguous CUDA tensors of this dtype, ``x.numel() <=
-        max_numel`` elements (validated by :func:`triton_dist.ops.all_reduce`, not here); ``out``
-        may be ``x``."""
+        """``out = sum over ranks of x`` with ``method`` ``"one_shot"``, ``"two_shot"`` or ``"ll"``
+        (at most :attr:`ll_max_bytes`), on the current stream. ``x`` and ``out``: contiguous CUDA
+        tensors of this dtype, ``x.numel() <= max_numel`` elements (validated by
+        :func:`triton_dist.ops.all_reduce`, not here); ``out`` may be ``x``."""
         n = x.numel()
+        if method not in ("one_shot", "two_shot", "ll"):
+            raise ValueError(f"triton_dist AllReduceContext.run: method must be 'one_shot', 'two_shot' or 'll', "
+                             f"got {method!r}")
         if n == 0:
             return
+        nbytes = n * self.dtype.itemsize
+        if method == "ll" and nbytes > self.ll_max_bytes:
+            raise ValueError(f"triton_dist all_reduce: method 'll' takes at most {self.ll_max_bytes} bytes per rank, "
+                             f"got {nbytes}; use 'one_shot', 'two_shot' or 'auto'")
         if self.world == 1:
             if out.data_ptr() != x.data_ptr():
                 out.copy_(x)
             return
-        if method not in ("one_shot", "two_shot"):
-            raise ValueError(f"triton_dist AllReduceContext.run: method must be 'one_shot' or 'two_shot', "
-                             f"got {method!r}")
         # The preloaded variants assume 16-byte aligned pointers: a misaligned tensor would
         # compile and load another variant here, possibly while a peer spins.
         if x.data_ptr() % 16:
@@ -233,9 +372,13 @@ class AllReduceContext(CollectiveContext):
         if method == "one_shot":
             grid = self.grid(triton.cdiv(n, self.BLOCK))
             all_reduce_one_shot_kernel[grid](x, target, self.stage, self.pad.signals, n, epoch_ptr, **meta)
-        else:
+        elif method == "two_shot":
             shard_tiles = triton.cdiv(n, self.world * self.BLOCK)
             all_reduce_two_shot_kernel[self.grid(shard_tiles)](x, target, self.stage, self.gather, self.pad.signals,
                                                                n, epoch_ptr, shard_tiles, **meta)
+        else:
+            words = triton.cdiv(nbytes, 4)
+            grid = self.grid(triton.cdiv(words, self.LL_BLOCK))
+            all_reduce_ll_kernel[grid](x, target, self.ll, n, words, epoch_ptr, **self._ll_meta())
         if target is not out:
             out.copy_(target)
