@@ -1,13 +1,19 @@
-"""AllGather (bf16): ours (sm_push, ce_push, ll) vs torch.distributed.all_gather_into_tensor (NCCL).
+"""AllGather (bf16): ours (sm_push, ce_push, ce_chunked, ll; zero-copy into a symmetric out) vs
+torch.distributed.all_gather_into_tensor (NCCL).
 
     torchrun --nproc-per-node=2 bench/allgather.py [--quick]
 
 Per-rank input sizes 8 KiB .. 256 MiB in x4 steps (8 KiB .. 128 MiB, then 256 MiB; ``--quick``:
 8 KiB, 256 KiB, 16 MiB, 256 MiB). For each:
 
-- ours: :func:`triton_dist.ops.all_gather` with one context of the largest size, methods
-  ``sm_push``, ``ce_push`` and (up to ``LL_MAX_BYTES`` per rank) ``ll``; ``ours_us`` is the
-  fastest, each is also recorded (``sm_push_us``, ``ce_push_us``, ``ll_us``, ``method``);
+- ours: :func:`triton_dist.ops.all_gather` with one context of the largest size into an
+  ordinary (torch.empty) ``out``, methods ``sm_push``, ``ce_push``, ``ce_chunked`` and (up to
+  ``LL_MAX_BYTES`` per rank) ``ll``; ``ours_us`` is the fastest, each is also recorded
+  (``sm_push_us``, ``ce_push_us``, ``ce_chunked_us``, ``ll_us``, ``method``);
+- zero-copy (from :data:`ZERO_COPY_MIN_BYTES` per rank): the same call into a symmetric ``out``
+  (``tdist.symm_empty``), methods ``ce_zero_copy`` and ``sm_zero_copy`` (``ce_zero_copy_us``,
+  ``sm_zero_copy_us``; ``zero_copy_us`` the faster, ``zero_copy_method``). Not in ``ours_us``:
+  NCCL writes an ordinary tensor, the zero-copy methods need the output on the symmetric heap;
 - ``torch_nccl_us``: ``torch.distributed.all_gather_into_tensor`` on the same data.
 
 Every result is checked once against NCCL before timing (exact equality). Timing:
@@ -20,6 +26,11 @@ bytes / t (NCCL's bus bandwidth for AllGather: what each rank receives over the 
 ``bound_us`` = max(2.9 us, (w-1) * bytes / 384 GB/s): every rank must receive (w-1) * bytes over
 its link, at best at the measured bidirectional copy-engine put bandwidth (bench/language_floors,
 2 x H200, both GPUs pushing), and no call can beat one measured signal round trip.
+``link_fraction`` / ``zero_copy_link_fraction`` = busbw / LINK_GBPS: the share of that peer-copy
+bandwidth reached (the large-message target is >= 0.9); ``zero_copy_algbw_gbps`` /
+``zero_copy_busbw_gbps`` as above for the zero-copy time. The heap must hold the context
+(``3 * world`` times the largest size) plus the symmetric out (``world`` times): the default 4G
+fits two ranks; pass ``--heap-size`` for more.
 Writes bench/results/<gpu>-x<world>/allgather.json.
 """
 
@@ -46,6 +57,9 @@ LINK_GBPS = bench.script.LINK_GBPS
 ROUND_TRIP_US = bench.script.ROUND_TRIP_US
 
 log = bench.script.logger("allgather")
+
+ZERO_COPY_MIN_BYTES = 2 * MIB
+"""Per-rank sizes from which the symmetric-out (zero-copy) methods are measured."""
 
 all_ok = bench.script.all_ranks_ok
 
@@ -78,6 +92,7 @@ def main() -> int:
     x_all = torch.randn(n_max, device=device, dtype=torch.float32, generator=g).to(dtype)
     out_all = torch.empty(world * n_max, device=device, dtype=dtype)
     nccl_out_all = torch.empty_like(out_all)
+    symm_out_all = tdist.symm_empty((world * n_max, ), dtype)  # collective, like the context
     bench.sync_and_barrier()
 
     iters = 20 if args.quick else 50
@@ -88,19 +103,24 @@ def main() -> int:
         ref = torch.empty_like(out)
         dist.all_gather_into_tensor(ref, x)
 
+        symm_out = symm_out_all[:world * n]
+
         def ours(method, x=x, out=out):
             return lambda: ops.all_gather(x, out=out, method=method, context=ctx)
 
-        methods = ["sm_push", "ce_push"] + (["ll"] if nbytes <= LL_MAX_BYTES else [])
+        methods = ["sm_push", "ce_push", "ce_chunked"] + (["ll"] if nbytes <= LL_MAX_BYTES else [])
+        zero_copy = ["ce_zero_copy", "sm_zero_copy"] if nbytes >= ZERO_COPY_MIN_BYTES else []
         fns = {m: ours(m) for m in methods}
+        fns.update({m: ours(m, out=symm_out) for m in zero_copy})
         fns["torch_nccl"] = lambda x=x, o=nccl_out: dist.all_gather_into_tensor(o, x)
 
         checks = {}
-        for name in methods:
-            out.fill_(float("nan"))
+        for name in methods + zero_copy:
+            target = symm_out if name in zero_copy else out
+            target.fill_(float("nan"))
             fns[name]()
             torch.cuda.synchronize()
-            checks[name] = all_ok(bool(torch.equal(out, ref)))
+            checks[name] = all_ok(bool(torch.equal(target, ref)))
         bench.sync_and_barrier()
 
         group = max(1, min(16, (4 * MIB) // nbytes))
@@ -113,15 +133,25 @@ def main() -> int:
         ours_us = times[best]
         bus = (world - 1) * nbytes
         bound = max(ROUND_TRIP_US, bus / (LINK_GBPS * 1e3))
-        per_method = "  ".join(f"{m} {times[m]:9.2f} us" for m in methods)
+        zc = {}
+        if zero_copy:
+            zc_verified = [m for m in zero_copy if checks[m]]
+            zc_best = min(zc_verified or zero_copy, key=times.get)
+            zc_us = times[zc_best]
+            zc = dict(zero_copy_us=zc_us, zero_copy_method=zc_best, ce_zero_copy_us=times["ce_zero_copy"],
+                      sm_zero_copy_us=times["sm_zero_copy"], zero_copy_algbw_gbps=world * nbytes / (zc_us * 1e3),
+                      zero_copy_busbw_gbps=bus / (zc_us * 1e3), zero_copy_link_fraction=bus / (zc_us * 1e3) / LINK_GBPS)
+        per_method = "  ".join(f"{m} {times[m]:9.2f} us" for m in methods + zero_copy)
         log(f"{nbytes:>10d} B  {per_method}  NCCL {times['torch_nccl']:9.2f} us  bound {bound:8.2f} us  "
-            f"checks {checks}")
+            f"link {bus / (ours_us * 1e3) / LINK_GBPS:.2f}"
+            + (f" (zero-copy {zc['zero_copy_link_fraction']:.2f})" if zc else "") + f"  checks {checks}")
         records.append(
             bench.record("all_gather", shape=[n], dtype="bfloat16", world_size=world, gpu=gpu, ours_us=ours_us,
                          baselines={"torch_nccl_us": times["torch_nccl"]}, bound_us=bound, bytes=nbytes,
                          method=best, sm_push_us=times["sm_push"], ce_push_us=times["ce_push"],
-                         ll_us=times.get("ll"), algbw_gbps=world * nbytes / (ours_us * 1e3),
-                         busbw_gbps=bus / (ours_us * 1e3),
+                         ce_chunked_us=times["ce_chunked"], ll_us=times.get("ll"),
+                         algbw_gbps=world * nbytes / (ours_us * 1e3), busbw_gbps=bus / (ours_us * 1e3),
+                         link_gbps=LINK_GBPS, link_fraction=bus / (ours_us * 1e3) / LINK_GBPS, **zc,
                          torch_nccl_busbw_gbps=bus / (times["torch_nccl"] * 1e3),
                          verified=all(checks.values()), checks=checks,
                          timing={"iters": iters, "group": group, "gpu_delay_us": delay, "cuda_graph": True},
@@ -130,13 +160,14 @@ def main() -> int:
     bench.sync_and_barrier()
     if rank == 0:
         print()
-        bench.print_table(records, extra=("bytes", "method", "sm_push_us", "ce_push_us", "ll_us", "busbw_gbps",
-                                          "torch_nccl_busbw_gbps"))
+        bench.print_table(records, extra=("bytes", "method", "sm_push_us", "ce_push_us", "ce_chunked_us", "ll_us",
+                                          "busbw_gbps", "zero_copy_us", "zero_copy_method", "zero_copy_busbw_gbps",
+                                          "zero_copy_link_fraction", "torch_nccl_busbw_gbps"))
         path = bench.write_results(records, "allgather", root=args.out, rank=0)
         print(f"\n[allgather] wrote {path}", flush=True)
     bench.sync_and_barrier()
     ops.clear_contexts()
-    del ctx
+    del ctx, symm_out_all, symm_out
     tdist.finalize()
     faulthandler.cancel_dump_traceback_later()
     return 0 if all(r["verified"] for r in records) else 1

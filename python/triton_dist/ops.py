@@ -162,7 +162,10 @@ def all_gather(x, *, out=None, method: str = "auto", context=None):
     """Concatenate every rank's ``x`` along dim 0, in rank order; returns ``out`` (shape
     ``(world * x.shape[0], *x.shape[1:])``; a new tensor when None). Runs on the current stream.
 
-    ``method``: see :class:`~triton_dist.kernels.AllGatherContext` (``"auto"`` picks by size).
+    ``method``: see :class:`~triton_dist.kernels.AllGatherContext` (``"auto"`` picks by size and,
+    for large inputs, by ``out`` being symmetric). With ``out`` from :func:`triton_dist.symm_empty`
+    (collective: every rank passes a symmetric ``out`` at the same offset of the same allocation)
+    the ``"ce_zero_copy"``/``"sm_zero_copy"`` methods write peers' data straight into it.
     """
     _require_initialized("all_gather")
     _check_input("all_gather", x)

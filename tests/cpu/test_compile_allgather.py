@@ -1,4 +1,5 @@
-"""The AllGather kernels (sm_push, ll, ce_push signalling) compile for sm_90 for fp32 and bf16 and
+"""The AllGather kernels (sm_push, ll, ce_push signalling, ce_chunked's chunk signal and
+copy-out, sm_zero_copy) compile for sm_90 for fp32 and bf16 and
 world sizes 2 and 4, and carry the instructions their protocols need: acquire spins and release
 atomics for sm_push and ce_push; for ll, one 64-bit relaxed system-scope store per word of
 combined payload and flag, relaxed system-scope spinning loads, and no signal atomics."""
@@ -96,9 +97,127 @@ def test_ce_signal_kernels_compile(world):
     assert _SPIN not in ack and len(re.findall(_RELEASE, ack)) == world - 1
 
 
+def _chunk_signal(world=2):
+    return compile_for_hopper(allgather.all_gather_ce_chunk_signal_kernel,
+                              {"signals": "*u64", "k_ptr": "*i64", "c": "i32"},
+                              dict(WORLD=world, CHUNK_READY=2 * world, MAX_CHUNKS=allgather.CE_MAX_CHUNKS),
+                              num_warps=1).asm["ptx"]
+
+
+def _copy_out(dt, world=2, aligned=True):
+    return compile_for_hopper(allgather.all_gather_ce_copy_out_kernel,
+                              {"out": f"*{dt}", "ce": f"*{dt}", "signals": "*u64", "n": "i32", "chunk": "i32",
+                               "k_ptr": "*i64"},
+                              dict(WORLD=world, SLOT=4 * 2048, CHUNK_READY=2 * world,
+                                   MAX_CHUNKS=allgather.CE_MAX_CHUNKS, BLOCK=2048, ALIGNED=aligned),
+                              num_warps=8).asm["ptx"]
+
+
+def _zero_copy(dt, world=2, aligned=True):
+    return compile_for_hopper(allgather.all_gather_zero_copy_kernel,
+                              {"x": f"*{dt}", "out": f"*{dt}", "signals": "*u64", "n": "i32", "epoch_ptr": "*i64"},
+                              dict(WORLD=world, MAX_PROGRAMS=128, BLOCK=2048, ALIGNED=aligned,
+                                   READY=allgather._smz_ready_base(world, 128),
+                                   DONE=allgather._smz_done_base(world, 128)), num_warps=8).asm["ptx"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ce_chunk_signal_kernel_compiles(world):
+    ptx = _chunk_signal(world)
+    _common(ptx)
+    # Notify only: one release per peer, no waiting.
+    assert len(re.findall(_RELEASE, ptx)) == world - 1
+    assert _SPIN not in ptx
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+def test_ce_copy_out_kernel_compiles(dt, world):
+    ptx = _copy_out(dt, world)
+    _common(ptx)
+    # One acquire wait per peer and chunk (inside the chunk loop), no notifies: the ack is a
+    # separate kernel after it.
+    assert ptx.count(_SPIN) == 2 * (world - 1), ptx.count(_SPIN)
+    assert not re.search(_RELEASE, ptx)
+    assert re.search(r"ld\.global(\.[a-z0-9]+)*\.v4\.b32", ptx)
+    assert re.search(r"st\.global(\.[a-z0-9]+)*\.v4\.b32", ptx)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+def test_zero_copy_kernel_compiles(dt, world):
+    ptx = _zero_copy(dt, world)
+    _common(ptx)
+    # Handshake and done: two waits and two release notifies per peer.
+    assert ptx.count(_SPIN) == 4 * (world - 1), ptx.count(_SPIN)
+    assert len(re.findall(_RELEASE, ptx)) == 2 * (world - 1)
+    assert "nvshmemi_device_state_d" in ptx  # peers' out through symm_at
+    assert re.search(r"st\.global(\.[a-z0-9]+)*\.v4\.b32", ptx)
+
+
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+def test_aligned_variants_vectorise_out(dt):
+    vec = r"st\.global(\.[a-z0-9]+)*\.v4\.b32"
+    for build in (_copy_out, _zero_copy):
+        assert len(re.findall(vec, build(dt, aligned=True))) > len(re.findall(vec, build(dt, aligned=False)))
+
+
+def test_ext_pad_layout_is_disjoint():
+    for world, mp in ((2, 132), (4, 1), (8, 128)):
+        regions = [(allgather._zc_ready_base(world), world), (allgather._zc_done_base(world), world),
+                   (allgather._chunk_ready_base(world), world * allgather.CE_MAX_CHUNKS),
+                   (allgather._smz_ready_base(world, mp), world * mp),
+                   (allgather._smz_done_base(world, mp), world * mp)]
+        end = 0
+        for start, size in regions:
+            assert start == end
+            end = start + size
+        assert end == allgather._ext_signals(world, mp)
+
+
 def test_methods_and_auto_placeholders():
-    assert allgather.AllGatherContext.METHODS == ("auto", "sm_push", "ce_push", "ll")
+    assert allgather.AllGatherContext.METHODS == ("auto", "sm_push", "ce_push", "ll", "ce_chunked", "ce_zero_copy",
+                                                  "sm_zero_copy")
+    assert set(allgather.AllGatherContext.ZERO_COPY_METHODS) < set(allgather.AllGatherContext.METHODS)
     assert allgather.AUTO_LL_MAX_BYTES <= allgather.LL_MAX_BYTES < allgather.AUTO_SM_MAX_BYTES
+    assert allgather.CE_CHUNK_BYTES % (2048 * 4) == 0 and allgather.CE_MAX_CHUNKS >= 2
+
+
+class _FakeContext:
+    """Just what method_for and chunk_numel read (no GPU)."""
+    BLOCK = 2048
+    ll_max_bytes = allgather.LL_MAX_BYTES
+    ce_chunk_bytes = allgather.CE_CHUNK_BYTES
+
+    def __init__(self, itemsize):
+        self.dtype = type("D", (), {"itemsize": itemsize})()
+
+
+def test_auto_picks_zero_copy_only_for_large_symmetric_out(monkeypatch):
+    monkeypatch.setattr(allgather, "AUTO_ZERO_COPY", True)
+    ctx = _FakeContext(2)
+    method_for = allgather.AllGatherContext.method_for
+    big = allgather.AUTO_SM_MAX_BYTES + 1
+    assert method_for(ctx, 1024) == method_for(ctx, 1024, True) == "ll"
+    assert method_for(ctx, allgather.AUTO_SM_MAX_BYTES, True) == "sm_push"
+    assert method_for(ctx, big, True) == "ce_zero_copy"
+    assert method_for(ctx, big) == ("ce_chunked" if allgather.AUTO_CE_CHUNKED else "ce_push")
+    monkeypatch.setattr(allgather, "AUTO_ZERO_COPY", False)
+    assert method_for(ctx, big, True) == method_for(ctx, big)
+
+
+@pytest.mark.parametrize("itemsize", [4, 2])
+@pytest.mark.parametrize("n", [1, 7, 2048, 2049, 4099 * 3, 1000003, 2**20 * 5 + 3, 2**27 + 1, 2**31 // 4 - 1])
+def test_chunks_are_whole_tiles_cover_n_and_fit_the_signals(n, itemsize):
+    ctx = _FakeContext(itemsize)
+    chunk = allgather.AllGatherContext.chunk_numel(ctx, n)
+    chunks = -(-n // chunk)
+    assert chunk % ctx.BLOCK == 0 and chunk > 0
+    assert 1 <= chunks <= allgather.CE_MAX_CHUNKS
+    assert (chunks - 1) * chunk < n <= chunks * chunk  # no empty chunk
+    if n * itemsize >= 2 * allgather.CE_CHUNK_BYTES:
+        assert chunks >= 2
+        assert chunk * itemsize >= allgather.CE_CHUNK_BYTES - ctx.BLOCK * itemsize
 
 
 def test_all_gather_needs_init():

@@ -52,6 +52,67 @@ it is zeroed at creation and flags are never 0, so a stale word never matches.
 Reuse between calls (``sm_push``, ``ll``): the epoch is the context's device call counter and
 buffers alternate halves by its parity (see :mod:`triton_dist.kernels.context`). Inputs and
 outputs need not be symmetric; only the context's buffers are.
+
+Methods added after the first GPU run (CPU-compiled only so far; ``ce_push`` spent ~30 % of its
+time on the copy-out from ``ce`` into ``out`` after the transfer, at 256 MiB per rank):
+
+``"ce_chunked"`` (:meth:`AllGatherContext._run_ce_chunked`): ``ce_push`` with the copy-out
+overlapped with the transfer. Same staging buffer ``ce``, counter ``ce_calls`` and phase-0 wait /
+phase-2 ack as ``ce_push`` (so the two interleave freely: every call of either waits for
+``ack[r] >= k - 1`` and sends ``ack[me] = k``). Each peer's transfer is cut into ``C`` chunks
+(:meth:`AllGatherContext.chunk_numel`, at least :data:`CE_CHUNK_BYTES`, at most
+:data:`CE_MAX_CHUNKS`). Streams: the caller's ``S``, a send stream ``T``, a notify stream ``N``:
+
+1. ``S``: ``ce_calls += 1``; phase 0 (wait ``ack[r] >= k - 1``); ``T`` waits for ``S``;
+2. ``S``: the copy-out kernel (:func:`all_gather_ce_copy_out_kernel`, :data:`CE_COPY_PROGRAMS`
+   programs): for each chunk ``c``, for each peer ``r``, acquire-wait ``chunk_ready[r][c] >= k``,
+   then copy that chunk of slot ``r`` of ``ce`` into ``out``;
+3. ``T``: for each chunk: the copies of chunk ``c`` into every peer's ``ce`` slot ``me``, then an
+   event; ``N`` waits for the event and runs :func:`all_gather_ce_chunk_signal_kernel`
+   (release-notify ``chunk_ready[me][c] = k`` on every peer). The copy engine goes from chunk to
+   chunk without a kernel in between; the notifies run beside it;
+4. ``S``: phase 2 (``ack[me] = k``, after the copy-out read everything); ``S`` joins ``T``, ``N``
+   and the own-slot side stream.
+
+   Ordering: ``N``'s notify of chunk ``c`` starts after the event, i.e. after the copy engine
+   finished chunk ``c``'s writes, and releases at system scope: the argument of ``ce_push``, with
+   an event edge in place of same-stream order. ``chunk_ready`` only grows and the peer sends call
+   ``k + 1``'s chunks only after this rank's ack of ``k``, so a value ``>= k`` is this call's.
+   Everything is stream work on the device counter: a CUDA graph replays it correctly.
+
+``"ce_zero_copy"`` and ``"sm_zero_copy"`` (``out`` symmetric): no staging, no copy-out: each rank
+writes ``x`` straight into slot ``me`` of every rank's ``out`` (``peer_tensor(out, r)`` copies on
+the caller's stream; or :func:`all_gather_zero_copy_kernel`, whose programs store each tile into
+every rank's ``out``). They share the counter ``zc_calls`` (``k``) and use ``pad_ext``:
+
+1. handshake "ready": notify ``ready[me] = k`` on every peer, wait ``ready[r] >= k`` from every
+   peer (``sm_zero_copy``: per program ``p``, signals ``(r, p)``);
+2. the copies (stores) into every peer's ``out`` (and the own slot: the side stream for
+   ``ce_zero_copy``, the same stores for ``sm_zero_copy``);
+3. "done": notify ``done[me] = k`` (release, after the copies completed: same argument as
+   ``ce_push``), wait ``done[r] >= k`` (every peer's data has landed in my ``out``).
+
+   Why the handshake of step 1: ``out`` belongs to the user between calls - the user may still
+   read call ``k``'s result, or write the tensor, or pass it to another op, in stream order after
+   call ``k`` returned. A peer may finish call ``k`` and start ``k + 1`` while this rank is still
+   in call ``k`` (it only needed my ``done``), or before this rank's user is done with ``out``.
+   ``ready[me] = k + 1`` is released by this rank's stream only when call ``k + 1`` has started
+   on it, i.e. after every earlier operation on that stream (the user's uses of ``out``) has
+   finished; the peer's copies come after its acquire of that value. So no peer writes into my
+   ``out`` before I handed it over by calling, and the tensor may differ from call to call. The
+   signals only grow, and a peer sets ``ready``/``done`` to ``k + 1`` only after it passed call
+   ``k`` (which needed my ``done[me] = k``), so ``>= k`` identifies call ``k`` (the per-program
+   signals of ``sm_zero_copy`` likewise: the same grid on every rank, and program ``p``'s done
+   covers the same tiles on both sides). ``ce_zero_copy`` and ``sm_zero_copy`` use their own
+   regions, so sharing ``zc_calls`` is safe; they touch no buffer of the other methods and none
+   of their signals.
+
+   The requirement, like every symmetric allocation: every rank passes a symmetric ``out``
+   (:func:`triton_dist.symm_empty`, or a view of one) at the same offset of the same allocation
+   on every rank (peer ``r``'s slot is addressed through this rank's ``out``), for every call
+   that uses a zero-copy method. ``"auto"`` decides on ``out`` being symmetric on the calling
+   rank: if some ranks pass a symmetric ``out`` and others not, the ranks pick different
+   protocols and wait for each other forever (or until the configured wait timeout traps).
 """
 
 from __future__ import annotations
@@ -64,6 +125,7 @@ from .. import language as dl
 from .. import runtime as _runtime
 from ..distributed_jit import jit
 from ..language.signals import _settings, _timed_out
+from ..signals import SignalPad
 from ..symmetric import peer_tensor, symm_empty
 from .context import CollectiveContext
 from .tiles import load_tile, store_tile
@@ -76,8 +138,9 @@ AUTO_LL_MAX_BYTES = LL_MAX_BYTES
 ll 5.8 us against sm_push 8.1 us at 32 KiB, even at 8 KiB)."""
 
 AUTO_SM_MAX_BYTES = 32 << 20
-"""``method="auto"`` uses ``"sm_push"`` up to this many bytes per rank, ``"ce_push"`` above
-(bench/results/h200-x2/allgather.json: sm_push ahead up to 32 MiB, ce_push from 128 MiB)."""
+"""``method="auto"`` uses ``"sm_push"`` up to this many bytes per rank, a copy-engine method above
+(bench/results/h200-x2/allgather.json: sm_push ahead up to 32 MiB, ce_push from 128 MiB; which
+one: :meth:`AllGatherContext.method_for`)."""
 
 LL_BLOCK = 512
 """8-byte LL words per tile (one program handles a tile at a time)."""
@@ -86,7 +149,61 @@ ALIGN_ELEMENTS = 8
 """Calls whose ``n`` is a multiple of this use the variant that knows every rank's slot of
 ``out`` starts 16-byte aligned (so its stores are vectorised)."""
 
+CE_CHUNK_BYTES = 8 << 20
+"""``"ce_chunked"``: the smallest chunk (bytes per rank) a transfer is cut into; an input of
+``nbytes`` goes in ``max(1, min(CE_MAX_CHUNKS, nbytes // CE_CHUNK_BYTES))`` chunks of equal size
+(rounded up to whole ``BLOCK`` tiles; the last one takes the rest). Not measured yet: 8 MiB is
+~22 us on the link, against ~2-4 us for a signal kernel and the host's per-chunk launches (the
+chunk count is capped so the host keeps up outside CUDA graphs too)."""
+
+CE_MAX_CHUNKS = 16
+"""``"ce_chunked"``: at most this many chunks per call (signals: ``world * CE_MAX_CHUNKS``)."""
+
+CE_COPY_PROGRAMS = 32
+"""``"ce_chunked"``: programs of the copy-out kernel (they spin most of the time; 32 SMs copy a
+chunk out of the staging buffer far faster than the link fills it)."""
+
+AUTO_CE_CHUNKED = False
+"""``method="auto"`` above :data:`AUTO_SM_MAX_BYTES` with a non-symmetric ``out``: ``"ce_chunked"``
+(True) or ``"ce_push"`` (False). False until ``ce_chunked`` has passed its GPU tests and
+``bench/allgather.py`` shows it ahead of ``ce_push``."""
+
+AUTO_ZERO_COPY = False
+"""``method="auto"`` above :data:`AUTO_SM_MAX_BYTES` with a symmetric ``out``: ``"ce_zero_copy"``
+(True) or as for a plain ``out`` (False). False until it has passed its GPU tests and been
+measured."""
+
 # Pad layout: [0, W*MP) sm_push ready signals (r, p); then W ce_push ready signals; then W acks.
+# Second pad (``pad_ext``, the methods added after the first GPU run):
+#   [0, W)                ce_zero_copy "ready to receive into out"  (index r: from rank r)
+#   [W, 2W)               ce_zero_copy "my data is in your out"
+#   [2W, 2W + W*CMAX)     ce_chunked chunk ready (r * CMAX + c: chunk c of rank r is in my ce slot r)
+#   then W*MP             sm_zero_copy ready to receive (r * MP + p)
+#   then W*MP             sm_zero_copy done (r * MP + p)
+
+
+def _zc_ready_base(world):
+    return 0
+
+
+def _zc_done_base(world):
+    return world
+
+
+def _chunk_ready_base(world):
+    return 2 * world
+
+
+def _smz_ready_base(world, max_programs):
+    return 2 * world + world * CE_MAX_CHUNKS
+
+
+def _smz_done_base(world, max_programs):
+    return 2 * world + world * CE_MAX_CHUNKS + world * max_programs
+
+
+def _ext_signals(world, max_programs):
+    return 2 * world + world * CE_MAX_CHUNKS + 2 * world * max_programs
 
 
 def _ce_ready_base(world, max_programs):
@@ -178,6 +295,113 @@ def all_gather_ce_signal_kernel(signals, k_ptr, PHASE: tl.constexpr, WORLD: tl.c
     else:
         for r in tl.static_range(1, WORLD):
             dl.notify(signals + ACK + me, (me + r) % WORLD, k, "set", "intra_node")
+
+
+# --------------------------------------------------------------------------------------------
+# ce_chunked: per-chunk signals and the overlapped copy-out
+
+
+@jit(do_not_specialize=["c"])
+def all_gather_ce_chunk_signal_kernel(signals, k_ptr, c, WORLD: tl.constexpr, CHUNK_READY: tl.constexpr,
+                                      MAX_CHUNKS: tl.constexpr):
+    """One program, launched (on the notify stream) once chunk ``c`` of this rank's copies into
+    every peer's ``ce`` buffer has completed: release-notify ``chunk_ready[me][c] = k`` on every
+    peer. ``k_ptr``: the context's ``ce_calls`` (this call's ``k``); ``signals``: ``pad_ext``."""
+    k = tl.load(k_ptr)
+    me = dl.rank()
+    for r in tl.static_range(1, WORLD):
+        dl.notify(signals + CHUNK_READY + me * MAX_CHUNKS + c, (me + r) % WORLD, k, "set", "intra_node")
+
+
+@jit(do_not_specialize=["n", "chunk"])
+def all_gather_ce_copy_out_kernel(out, ce, signals, n, chunk, k_ptr, WORLD: tl.constexpr, SLOT: tl.constexpr,
+                                  CHUNK_READY: tl.constexpr, MAX_CHUNKS: tl.constexpr, BLOCK: tl.constexpr,
+                                  ALIGNED: tl.constexpr):
+    """``out[r * n + i] = ce[r * SLOT + i]`` for every peer ``r``, chunk by chunk (``chunk``
+    elements, a multiple of ``BLOCK``), each chunk as soon as ``chunk_ready[r][c] >= k``: runs
+    while the later chunks are still on the link. ``k_ptr``: ``ce_calls``; ``signals``:
+    ``pad_ext``. Program ``p`` copies tiles ``first + p, first + p + G, ...`` of each chunk."""
+    k = tl.load(k_ptr)
+    me = dl.rank()
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    lanes = tl.arange(0, BLOCK)
+    tiles = tl.cdiv(n, BLOCK)
+    chunk_tiles = chunk // BLOCK
+    chunks = tl.cdiv(tiles, chunk_tiles)
+    if ALIGNED:
+        stride = ((n // 8) * 8).to(tl.int64)  # == n; tells the compiler slots of out are aligned
+    else:
+        stride = n.to(tl.int64)
+    for c in range(chunks):
+        first = c * chunk_tiles
+        last = tl.minimum(first + chunk_tiles, tiles)
+        for j in tl.static_range(1, WORLD):
+            src = (me + j) % WORLD
+            token = dl.wait(signals + CHUNK_READY + src * MAX_CHUNKS + c, 1, "sys", "acquire", k)
+            slot = dl.consume_token(ce + src.to(tl.int64) * SLOT, token)
+            dst = out + src.to(tl.int64) * stride
+            for t in range(first + pid, last, grid):
+                offs = t.to(tl.int64) * BLOCK + lanes
+                if (t.to(tl.int64) + 1) * BLOCK <= n:
+                    store_tile(dst + offs, load_tile(slot + offs, offs, n, False), offs, n, False)
+                else:
+                    store_tile(dst + offs, load_tile(slot + offs, offs, n, True), offs, n, True)
+
+
+# --------------------------------------------------------------------------------------------
+# sm_zero_copy: stores straight into every rank's (symmetric) out
+
+
+@triton.jit
+def _zero_copy_tile(x, out, offs, n, stride, me, WORLD: tl.constexpr, MASKED: tl.constexpr):
+    v = load_tile(x + offs, offs, n, MASKED)
+    for r in tl.static_range(WORLD):
+        dst = tl.multiple_of(dl.symm_at(out, (me + r) % WORLD), 16)  # symm_at loses the alignment fact
+        store_tile(dst + me.to(tl.int64) * stride + offs, v, offs, n, MASKED)
+
+
+@jit(do_not_specialize=["n"])
+def all_gather_zero_copy_kernel(x, out, signals, n, epoch_ptr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
+                                BLOCK: tl.constexpr, ALIGNED: tl.constexpr, READY: tl.constexpr,
+                                DONE: tl.constexpr):
+    """``out[me * n:(me + 1) * n] = x`` on every rank, ``out`` symmetric (same offset on every
+    rank). ``signals``: ``pad_ext`` (``READY``/``DONE``: regions of ``WORLD * MAX_PROGRAMS``);
+    ``epoch_ptr``: the context's ``zc_calls``. Program ``p``: (1) notify ``ready(me, p)`` on every
+    peer, wait ``ready(r, p)`` from every peer (peer ``r``'s program ``p`` is running, so ``r``'s
+    earlier work on its ``out`` is finished); (2) push its tiles; (3) notify ``done(me, p)``, wait
+    ``done(r, p)`` (peer ``r``'s program ``p``'s tiles, the same tile indices, are in my ``out``)."""
+    epoch = tl.load(epoch_ptr)
+    me = dl.rank()
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    lanes = tl.arange(0, BLOCK)
+    tiles = tl.cdiv(n, BLOCK)
+    if ALIGNED:
+        stride = ((n // 8) * 8).to(tl.int64)
+    else:
+        stride = n.to(tl.int64)
+
+    # 1. Handshake: my program p has started (my out is ours now); peers' programs p likewise.
+    for r in tl.static_range(1, WORLD):
+        dl.notify(signals + READY + me * MAX_PROGRAMS + pid, (me + r) % WORLD, epoch, "set", "intra_node")
+    for r in tl.static_range(1, WORLD):
+        token = dl.wait(signals + READY + ((me + r) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+        x = dl.consume_token(x, token)
+
+    # 2. Push: each tile of x, loaded once, into slot `me` of every rank's out (own included).
+    for t in range(pid, tiles, grid):
+        offs = t.to(tl.int64) * BLOCK + lanes
+        if (t.to(tl.int64) + 1) * BLOCK <= n:
+            _zero_copy_tile(x, out, offs, n, stride, me, WORLD, False)
+        else:
+            _zero_copy_tile(x, out, offs, n, stride, me, WORLD, True)
+
+    # 3. Done: my tiles are in every peer's out; wait until every peer's are in mine.
+    for r in tl.static_range(1, WORLD):
+        dl.notify(signals + DONE + me * MAX_PROGRAMS + pid, (me + r) % WORLD, epoch, "set", "intra_node")
+    for r in tl.static_range(1, WORLD):
+        dl.wait(signals + DONE + ((me + r) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
 
 
 # --------------------------------------------------------------------------------------------
@@ -306,27 +530,39 @@ class AllGatherContext(CollectiveContext):
     Methods (:attr:`METHODS`): ``"sm_push"`` (Triton stores into every peer's buffer, per-program
     signals), ``"ce_push"`` (copy engine: ``cudaMemcpyAsync`` into peers' buffers, for large
     messages), ``"ll"`` (low-latency protocol, flags inside the data, up to :data:`LL_MAX_BYTES`
-    per rank) and ``"auto"`` (``ll`` up to :data:`AUTO_LL_MAX_BYTES`, ``sm_push`` up to
-    :data:`AUTO_SM_MAX_BYTES`, ``ce_push`` above). See the module notes for each protocol.
+    per rank), ``"ce_chunked"`` (``ce_push`` in chunks, the copy-out overlapped with the
+    transfer), ``"ce_zero_copy"`` / ``"sm_zero_copy"`` (``out`` must be symmetric, the same
+    layout on every rank: peers write into it directly, no staging) and ``"auto"`` (``ll`` up to
+    :data:`AUTO_LL_MAX_BYTES`, ``sm_push`` up to :data:`AUTO_SM_MAX_BYTES`; above,
+    ``ce_zero_copy`` when ``out`` is symmetric, else ``ce_chunked`` (:data:`AUTO_CE_CHUNKED`)).
+    See the module notes for each protocol. ``ce_chunk_bytes``: ``ce_chunked``'s smallest chunk
+    (tests use small ones to get many chunks from small inputs).
 
     Collective: every rank creates it with the same arguments, in the same order as its other
     symmetric allocations; creating it compiles and loads every kernel. Memory on the symmetric
     heap: ``gathered`` ``2 * world * max_bytes`` (sm_push), ``ce`` ``world * max_bytes``
     (ce_push), ``ll`` ``2 * world * 2 * min(max_bytes, LL_MAX_BYTES)`` (all rounded up to whole
-    tiles), plus ``3 * world * max_programs`` signals.
+    tiles), plus ``3 * world * max_programs`` signals and ``pad_ext``'s ``2 * world * (1 +
+    max_programs) + world * CE_MAX_CHUNKS``.
 
     Call with :meth:`run` (or :func:`triton_dist.ops.all_gather`). Every call must be made by every
     rank, in the same order, with the same ``numel`` and method. Calls may be captured in a CUDA
     graph and replayed.
     """
 
-    METHODS = ("auto", "sm_push", "ce_push", "ll")
+    METHODS = ("auto", "sm_push", "ce_push", "ll", "ce_chunked", "ce_zero_copy", "sm_zero_copy")
+    ZERO_COPY_METHODS = ("ce_zero_copy", "sm_zero_copy")
+    """The methods that need a symmetric ``out`` (see :meth:`run`)."""
 
-    def __init__(self, max_bytes: int, dtype, *, max_programs: int | None = None):
+    def __init__(self, max_bytes: int, dtype, *, max_programs: int | None = None,
+                 ce_chunk_bytes: int = CE_CHUNK_BYTES):
         import torch
 
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
             raise ValueError(f"triton_dist AllGatherContext: max_bytes must be a positive int, got {max_bytes!r}")
+        if isinstance(ce_chunk_bytes, bool) or not isinstance(ce_chunk_bytes, int) or ce_chunk_bytes <= 0:
+            raise ValueError(f"triton_dist AllGatherContext: ce_chunk_bytes must be a positive int, got "
+                             f"{ce_chunk_bytes!r}")
         itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 1
         max_numel = max(1, max_bytes // itemsize)
         world = _runtime.world_size() if _runtime.is_initialized() else 1
@@ -342,9 +578,22 @@ class AllGatherContext(CollectiveContext):
         """The LL buffer: two halves of ``world`` slots of ``ll_slot`` 8-byte words, zeroed."""
         self.ll.zero_()
         self.ce_calls = torch.zeros(1, dtype=torch.int64, device=self.calls.device)
-        """The device-side count of ``ce_push`` calls (their ``k``)."""
+        """The device-side count of ``ce_push`` and ``ce_chunked`` calls (their ``k``; the two share
+        the ``ce`` buffer and its acks)."""
         self._ce_peers = [peer_tensor(self.ce, r) if r != self.rank else self.ce for r in range(self.world)]
         self._side = torch.cuda.Stream(device=self.calls.device)
+        self.ce_chunk_bytes = ce_chunk_bytes
+        """``"ce_chunked"``'s smallest chunk in bytes (:data:`CE_CHUNK_BYTES` unless given; the
+        same on every rank)."""
+        self.pad_ext = SignalPad(_ext_signals(self.world, self.max_programs))
+        """Signals of ``ce_chunked``, ``ce_zero_copy`` and ``sm_zero_copy`` (layout: module source)."""
+        self.zc_calls = torch.zeros(1, dtype=torch.int64, device=self.calls.device)
+        """The device-side count of zero-copy calls (``ce_zero_copy`` and ``sm_zero_copy``)."""
+        self._send = torch.cuda.Stream(device=self.calls.device)
+        """``ce_chunked``: the copies into peers' ``ce`` buffers."""
+        self._notify = torch.cuda.Stream(device=self.calls.device)
+        """``ce_chunked``: the per-chunk signal kernels, each after its chunk's copies (an event)."""
+        self._chunk_events = [torch.cuda.Event() for _ in range(CE_MAX_CHUNKS)]
         self.ready()
 
     # ---------------------------------------------------------------- introspection
@@ -377,6 +626,25 @@ class AllGatherContext(CollectiveContext):
         return dict(PHASE=phase, WORLD=self.world, READY=_ce_ready_base(self.world, self.max_programs),
                     ACK=_ce_ack_base(self.world, self.max_programs), num_warps=1)
 
+    def _zc_meta(self, region: str) -> dict:
+        """``all_gather_ce_signal_kernel`` phase 1 (notify mine, wait for every peer's) on the
+        ``ce_zero_copy`` region ``"ready"`` or ``"done"`` of ``pad_ext``."""
+        base = _zc_ready_base(self.world) if region == "ready" else _zc_done_base(self.world)
+        return dict(PHASE=1, WORLD=self.world, READY=base, ACK=0, num_warps=1)
+
+    def _chunk_signal_meta(self) -> dict:
+        return dict(WORLD=self.world, CHUNK_READY=_chunk_ready_base(self.world), MAX_CHUNKS=CE_MAX_CHUNKS,
+                    num_warps=1)
+
+    def _copy_out_meta(self, aligned: bool) -> dict:
+        return dict(WORLD=self.world, SLOT=self.slot_numel, CHUNK_READY=_chunk_ready_base(self.world),
+                    MAX_CHUNKS=CE_MAX_CHUNKS, BLOCK=self.BLOCK, ALIGNED=aligned, num_warps=self.NUM_WARPS)
+
+    def _zero_copy_meta(self, aligned: bool) -> dict:
+        return dict(WORLD=self.world, MAX_PROGRAMS=self.max_programs, BLOCK=self.BLOCK, ALIGNED=aligned,
+                    READY=_smz_ready_base(self.world, self.max_programs),
+                    DONE=_smz_done_base(self.world, self.max_programs), num_warps=self.NUM_WARPS)
+
     def preload(self) -> None:
         """Compile and load every kernel with the specialisation of real calls (16-byte aligned
         tensors of this dtype; ``n`` and ``words`` unspecialised 32-bit ints)."""
@@ -388,12 +656,31 @@ class AllGatherContext(CollectiveContext):
                                      **self._ll_meta())
         for phase in (0, 1, 2):
             all_gather_ce_signal_kernel.preload(self.pad.signals, self.ce_calls, grid=(1, ), **self._ce_meta(phase))
+        ext = self.pad_ext.signals
+        for region in ("ready", "done"):
+            all_gather_ce_signal_kernel.preload(ext, self.zc_calls, grid=(1, ), **self._zc_meta(region))
+        all_gather_ce_chunk_signal_kernel.preload(ext, self.ce_calls, 2, grid=(1, ), **self._chunk_signal_meta())
+        for aligned in (False, True):
+            all_gather_ce_copy_out_kernel.preload(self.gathered, self.ce, ext, n, n, self.ce_calls, grid=(1, ),
+                                                  **self._copy_out_meta(aligned))
+            all_gather_zero_copy_kernel.preload(self.gathered, self.gathered, ext, n, self.zc_calls, grid=(1, ),
+                                                **self._zero_copy_meta(aligned))
 
-    def method_for(self, nbytes: int) -> str:
-        """The method ``"auto"`` picks for ``nbytes`` bytes per rank."""
+    def method_for(self, nbytes: int, symmetric_out: bool = False) -> str:
+        """The method ``"auto"`` picks for ``nbytes`` bytes per rank; ``symmetric_out``: every
+        rank's ``out`` is symmetric (see :meth:`run`)."""
         if nbytes <= min(AUTO_LL_MAX_BYTES, self.ll_max_bytes):
             return "ll"
-        return "sm_push" if nbytes <= AUTO_SM_MAX_BYTES else "ce_push"
+        if nbytes <= AUTO_SM_MAX_BYTES:
+            return "sm_push"
+        if symmetric_out and AUTO_ZERO_COPY:
+            return "ce_zero_copy"
+        return "ce_chunked" if AUTO_CE_CHUNKED else "ce_push"
+
+    def chunk_numel(self, n: int) -> int:
+        """``"ce_chunked"``'s chunk (elements, a multiple of ``BLOCK``) for ``n`` elements per rank."""
+        chunks = max(1, min(CE_MAX_CHUNKS, n * self.dtype.itemsize // self.ce_chunk_bytes))
+        return triton.cdiv(triton.cdiv(n, chunks), self.BLOCK) * self.BLOCK
 
     # ---------------------------------------------------------------- calls
 
@@ -410,10 +697,18 @@ class AllGatherContext(CollectiveContext):
             return
         nbytes = n * self.dtype.itemsize
         if method == "auto":
-            method = self.method_for(nbytes)
+            method = self.method_for(nbytes, nbytes > AUTO_SM_MAX_BYTES and _symmetric_span(out))
         if method == "ll" and nbytes > self.ll_max_bytes:
             raise ValueError(f"triton_dist all_gather: method 'll' takes at most {self.ll_max_bytes} bytes per rank, "
                              f"got {nbytes}; use 'sm_push', 'ce_push' or 'auto'")
+        if method in self.ZERO_COPY_METHODS:
+            if not _symmetric_span(out):
+                raise ValueError(f"triton_dist all_gather: method {method!r} needs a symmetric out (allocated with "
+                                 f"triton_dist.symm_empty, the same layout on every rank); use 'ce_chunked', "
+                                 f"'ce_push' or 'auto' for other tensors")
+            if method == "sm_zero_copy" and out.data_ptr() % 16:
+                raise ValueError("triton_dist all_gather: method 'sm_zero_copy' needs a 16-byte aligned out; use "
+                                 "'ce_zero_copy'")
         x = x.reshape(-1)
         if self.world == 1:
             out.view(-1)[:n].copy_(x)
@@ -421,10 +716,21 @@ class AllGatherContext(CollectiveContext):
         if method == "ce_push":
             self._run_ce(x, out.view(-1), n)
             return
+        if method == "ce_chunked":
+            self._run_ce_chunked(x, out.view(-1), n)
+            return
+        if method == "ce_zero_copy":
+            self._run_ce_zero_copy(x, out.view(-1), n)
+            return
         # The preloaded variants assume 16-byte aligned pointers: a misaligned tensor would
         # compile and load another variant here, possibly while a peer spins.
         if x.data_ptr() % 16:
             x = x.clone()
+        if method == "sm_zero_copy":
+            grid = self.grid(triton.cdiv(n, self.BLOCK))
+            all_gather_zero_copy_kernel[grid](x, out, self.pad_ext.signals, n, self._next_zero_copy(),
+                                              **self._zero_copy_meta(n % ALIGN_ELEMENTS == 0))
+            return
         target = out if out.data_ptr() % 16 == 0 else out.new_empty(out.shape)
         epoch_ptr = self.next_call()
         if method == "sm_push":
@@ -459,3 +765,87 @@ class AllGatherContext(CollectiveContext):
             out[r * n:(r + 1) * n].copy_(self.ce[r * slot:r * slot + n])
         all_gather_ce_signal_kernel[(1, )](self.pad.signals, self.ce_calls, **self._ce_meta(2))
         stream.wait_stream(self._side)
+
+    # ---------------------------------------------------------------- added after the first GPU run
+
+    def _next_zero_copy(self):
+        """Bump the zero-copy call counter on the current stream; returns it (the kernels' ``k``)."""
+        self.zc_calls.add_(1)
+        return self.zc_calls
+
+    def _run_ce_zero_copy(self, x, out, n: int) -> None:
+        """The ``ce_zero_copy`` method (``out`` symmetric; see the module notes)."""
+        import torch
+
+        me = self.rank
+        stream = torch.cuda.current_stream()
+        k_ptr = self._next_zero_copy()
+        # Own slot on the side stream: this rank's out is ours from the call's start (stream order).
+        self._side.wait_stream(stream)
+        with torch.cuda.stream(self._side):
+            out[me * n:(me + 1) * n].copy_(x)
+        # "ready": every peer has entered this call, so its out is ours to write.
+        all_gather_ce_signal_kernel[(1, )](self.pad_ext.signals, k_ptr, **self._zc_meta("ready"))
+        for k in range(1, self.world):
+            r = (me + k) % self.world
+            peer_tensor(out, r)[me * n:(me + 1) * n].copy_(x)
+        # "done": my copies have landed in every peer's out; every peer's have landed in mine.
+        all_gather_ce_signal_kernel[(1, )](self.pad_ext.signals, k_ptr, **self._zc_meta("done"))
+        stream.wait_stream(self._side)
+
+    def _run_ce_chunked(self, x, out, n: int) -> None:
+        """The ``ce_chunked`` method (see the module notes for the protocol and its ordering)."""
+        import torch
+
+        me, slot = self.rank, self.slot_numel
+        stream = torch.cuda.current_stream()
+        # The copy-out kernel's variants assume a 16-byte aligned out (like run()'s SM methods).
+        target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
+        chunk = self.chunk_numel(n)
+        chunks = triton.cdiv(n, chunk)
+        self.ce_calls.add_(1)
+        self._side.wait_stream(stream)
+        with torch.cuda.stream(self._side):
+            target[me * n:(me + 1) * n].copy_(x)
+        # Every peer has copied this rank's data of the previous ce call out of its ce buffer.
+        all_gather_ce_signal_kernel[(1, )](self.pad.signals, self.ce_calls, **self._ce_meta(0))
+        self._send.wait_stream(stream)
+        # The copy-out, launched before the sends so that it is waiting when chunk 0 lands.
+        grid = (max(1, min(CE_COPY_PROGRAMS, self.max_programs, chunk // self.BLOCK)), )
+        all_gather_ce_copy_out_kernel[grid](target, self.ce, self.pad_ext.signals, n, chunk, self.ce_calls,
+                                            **self._copy_out_meta(n % ALIGN_ELEMENTS == 0))
+        for c in range(chunks):
+            lo, hi = c * chunk, min(n, (c + 1) * chunk)
+            event = self._chunk_events[c]
+            with torch.cuda.stream(self._send):
+                for k in range(1, self.world):
+                    r = (me + k) % self.world
+                    self._ce_peers[r][me * slot + lo:me * slot + hi].copy_(x[lo:hi])
+                event.record(self._send)
+            self._notify.wait_event(event)
+            with torch.cuda.stream(self._notify):
+                all_gather_ce_chunk_signal_kernel[(1, )](self.pad_ext.signals, self.ce_calls, c,
+                                                         **self._chunk_signal_meta())
+        # The copy-out has read every peer's data: acknowledge (the peers' next ce call may write).
+        all_gather_ce_signal_kernel[(1, )](self.pad.signals, self.ce_calls, **self._ce_meta(2))
+        stream.wait_stream(self._side)
+        stream.wait_stream(self._send)
+        stream.wait_stream(self._notify)
+        if target is not out:
+            out.copy_(target)
+
+
+def _symmetric_span(tensor) -> bool:
+    """Whether ``tensor``'s own elements (``data_ptr()`` onwards, not its whole storage, unlike
+    :func:`triton_dist.is_symmetric` - a view at an offset counts) lie in one live symmetric
+    allocation."""
+    import torch
+
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda or not _runtime.is_initialized():
+        return False
+    try:
+        _runtime._core().check_symmetric(tensor.data_ptr(), max(tensor.numel() * tensor.element_size(), 1),
+                                         "all_gather")
+        return True
+    except RuntimeError:
+        return False
