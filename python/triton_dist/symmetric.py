@@ -49,8 +49,9 @@ def is_symmetric(tensor) -> bool:
 
     if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda or not is_initialized():
         return False
+    storage = tensor.untyped_storage()  # the whole storage, as check_symmetric: views at an offset count
     try:
-        _core().check_symmetric(tensor.data_ptr(), max(tensor.untyped_storage().nbytes(), 1), "is_symmetric")
+        _core().check_symmetric(storage.data_ptr(), max(storage.nbytes(), 1), "is_symmetric")
         return True
     except RuntimeError:
         return False

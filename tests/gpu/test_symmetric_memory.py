@@ -13,6 +13,7 @@ def test_world_matches_torch():
     assert tdist.world_size() == dist.get_world_size()
     assert 0 <= tdist.local_rank() < tdist.local_world_size()
     assert tdist.is_symmetric(tdist.symm_empty(4))
+    assert tdist.is_symmetric(tdist.symm_empty(64)[10:20])  # a view at an offset
     assert not tdist.is_symmetric(torch.empty(4, device="cuda"))
 
 
