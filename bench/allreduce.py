@@ -26,7 +26,6 @@ Writes bench/results/<gpu>-x<world>/allreduce.json.
 from __future__ import annotations
 
 import faulthandler
-import os
 import sys
 from pathlib import Path
 

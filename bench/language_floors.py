@@ -23,7 +23,6 @@ fixed counts, median per rank, MAX over ranks). Writes bench/results/<gpu>-x<wor
 from __future__ import annotations
 
 import faulthandler
-import os
 import sys
 from pathlib import Path
 

@@ -237,6 +237,38 @@ def _ag_gemm_context(a_shard, context):
     return ctx
 
 
+def _matmul_operands(op: str, a_name: str, a, b, result: str) -> tuple[int, int, int]:
+    """Check ``a [M, K]`` and ``b [N, K]`` of a GEMM op (bf16/fp16, the same dtype, 2-D, on the
+    current device, contiguous; ``K`` and ``N`` multiples of 8, as TMA needs 16-byte aligned rows);
+    returns ``(M, K, N)``. ``result``: what the op computes, for the messages."""
+    import torch
+
+    for name, t in ((a_name, a), ("b", b)):
+        _check_input(f"{op} ({name})", t)
+        if t.dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError(f"triton_dist {op}: {name} is {t.dtype}; only torch.bfloat16 and torch.float16 are "
+                            f"supported")
+        if t.dim() != 2:
+            raise ValueError(f"triton_dist {op}: {name} must be 2-D, got shape {tuple(t.shape)}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"triton_dist {op}: {a_name} is {a.dtype} but b is {b.dtype}")
+    m, k = a.shape
+    n = b.shape[0]
+    if b.shape[1] != k:
+        raise ValueError(f"triton_dist {op}: {a_name} is [M, K] = {list(a.shape)} and b is [N, K] = {list(b.shape)}: "
+                         f"K differs (the result is {result})")
+    if k == 0 or k % 8 or n % 8:
+        raise ValueError(f"triton_dist {op}: K ({k}) must be a positive multiple of 8 and N ({n}) a multiple of 8 "
+                         f"(TMA needs 16-byte aligned rows)")
+    return m, k, n
+
+
+def _check_aligned(op: str, name: str, t) -> None:
+    if t.data_ptr() % 16:
+        raise ValueError(f"triton_dist {op}: {name} must start 16-byte aligned (TMA); pass a fresh tensor "
+                         f"({name}.clone() for an input)")
+
+
 def ag_gemm(a_shard, b, *, out=None, context=None):
     """AllGather+GEMM: ``allgather(a_shard) @ b.T``, every rank's ``a_shard`` concatenated along dim
     0 in rank order, times ``b`` transposed; returns ``out`` (``[world * m, N]``; a new tensor when
@@ -250,32 +282,12 @@ def ag_gemm(a_shard, b, *, out=None, context=None):
     capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes.
     """
     _require_initialized("ag_gemm")
-    import torch
-
-    for name, t in (("a_shard", a_shard), ("b", b)):
-        _check_input(f"ag_gemm ({name})", t)
-        if t.dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError(f"triton_dist ag_gemm: {name} is {t.dtype}; only torch.bfloat16 and torch.float16 are "
-                            f"supported")
-        if t.dim() != 2:
-            raise ValueError(f"triton_dist ag_gemm: {name} must be 2-D, got shape {tuple(t.shape)}")
-    if a_shard.dtype != b.dtype:
-        raise TypeError(f"triton_dist ag_gemm: a_shard is {a_shard.dtype} but b is {b.dtype}")
-    m, k = a_shard.shape
-    n = b.shape[0]
-    if b.shape[1] != k:
-        raise ValueError(f"triton_dist ag_gemm: a_shard is [m, K] = {list(a_shard.shape)} and b is [N, K] = "
-                         f"{list(b.shape)}: K differs (the result is allgather(a_shard) @ b.T)")
-    if k == 0 or k % 8 or n % 8:
-        raise ValueError(f"triton_dist ag_gemm: K ({k}) must be a positive multiple of 8 and N ({n}) a multiple of 8 "
-                         f"(TMA needs 16-byte aligned rows)")
+    m, k, n = _matmul_operands("ag_gemm", "a_shard", a_shard, b, "allgather(a_shard) @ b.T")
     from .runtime import world_size
 
     out = _output("ag_gemm", a_shard, out, (world_size() * m, n))
-    if b.data_ptr() % 16:
-        raise ValueError("triton_dist ag_gemm: b must start 16-byte aligned (TMA); pass b.clone()")
-    if out.data_ptr() % 16:
-        raise ValueError("triton_dist ag_gemm: out must start 16-byte aligned (TMA)")
+    _check_aligned("ag_gemm", "b", b)
+    _check_aligned("ag_gemm", "out", out)
     context = _ag_gemm_context(a_shard, context)
     if m == 0 or n == 0:
         return out
@@ -327,40 +339,21 @@ def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
     rank, same calls, same shapes, same variant.
     """
     _require_initialized("gemm_rs")
-    import torch
-
     from .kernels.gemm_reduce_scatter import VARIANTS
     from .runtime import world_size
 
     _check_method("gemm_rs", variant, VARIANTS)
-    for name, t in (("a", a), ("b", b)):
-        _check_input(f"gemm_rs ({name})", t)
-        if t.dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError(f"triton_dist gemm_rs: {name} is {t.dtype}; only torch.bfloat16 and torch.float16 are "
-                            f"supported")
-        if t.dim() != 2:
-            raise ValueError(f"triton_dist gemm_rs: {name} must be 2-D, got shape {tuple(t.shape)}")
-        if t.data_ptr() % 16:
-            raise ValueError(f"triton_dist gemm_rs: {name} must start 16-byte aligned (TMA); pass {name}.clone()")
-    if a.dtype != b.dtype:
-        raise TypeError(f"triton_dist gemm_rs: a is {a.dtype} but b is {b.dtype}")
-    big_m, k = a.shape
-    n = b.shape[0]
-    if b.shape[1] != k:
-        raise ValueError(f"triton_dist gemm_rs: a is [M, K] = {list(a.shape)} and b is [N, K] = {list(b.shape)}: K "
-                         f"differs (the result is reduce_scatter(a @ b.T))")
-    if k == 0 or k % 8 or n == 0 or n % 8:
-        raise ValueError(f"triton_dist gemm_rs: K ({k}) and N ({n}) must be positive multiples of 8 (TMA needs "
-                         f"16-byte aligned rows)")
+    big_m, k, n = _matmul_operands("gemm_rs", "a", a, b, "reduce_scatter(a @ b.T)")
+    _check_aligned("gemm_rs", "a", a)
+    _check_aligned("gemm_rs", "b", b)
     world = world_size()
     if big_m % world:
         raise ValueError(f"triton_dist gemm_rs: M = a.shape[0] = {big_m} must be divisible by the world size {world}; "
                          f"pad the rows")
     out = _output("gemm_rs", a, out, (big_m // world, n))
-    if out.data_ptr() % 16:
-        raise ValueError("triton_dist gemm_rs: out must start 16-byte aligned")
-    context = _gemm_rs_context(a, n, context)
-    if big_m == 0:
+    _check_aligned("gemm_rs", "out", out)
+    if big_m == 0 or n == 0:
         return out
+    context = _gemm_rs_context(a, n, context)
     context.run(a, b, out, variant)
     return out

@@ -120,7 +120,7 @@ def test_gemm_rs_bad_inputs():
     raises_everywhere(lambda: ops.gemm_rs(a.float(), b.float()), TypeError, "bfloat16")
     raises_everywhere(lambda: ops.gemm_rs(a, b.half()), TypeError, "b is torch.float16")
     raises_everywhere(lambda: ops.gemm_rs(a, b[:, :64].contiguous()), ValueError, "K differs")
-    raises_everywhere(lambda: ops.gemm_rs(a, b[:60]), ValueError, "multiples of 8")
+    raises_everywhere(lambda: ops.gemm_rs(a, b[:60]), ValueError, "multiple of 8")
     raises_everywhere(lambda: ops.gemm_rs(a[:, :120], b[:, :120]), ValueError, "contiguous")
     raises_everywhere(lambda: ops.gemm_rs(a.cpu(), b), ValueError, "cuda|CUDA")
     raises_everywhere(lambda: ops.gemm_rs(a.view(-1), b), ValueError, "2-D")
