@@ -125,3 +125,21 @@ def test_ag_gemm_cuda_graph_replay():
         torch.cuda.synchronize()
         errors.append(_rel_error(out, _reference(a, b)))
     all_ranks_agree(all(e < _REL_TOL for e in errors), f"ag_gemm graph replays: rel errors {errors}")
+
+
+def test_ag_gemm_protocol_on_one_rank():
+    """The gather-and-signal protocol at any world size, including one rank (where ag_gemm is
+    otherwise the plain GEMM): preload, the signal kernels and the waiting GEMM run on one GPU."""
+    world, dtype = dist.get_world_size(), torch.bfloat16
+    ctx = AllGatherGemmContext(1024, 256, dtype, protocol_on_one_rank=True)
+    b = _randn((512, 256), dtype, 41)
+    bad = []
+    for i in range(20):
+        a = _randn((1000, 256), dtype, 400 + i)
+        out = torch.full((world * 1000, 512), float("nan"), device="cuda", dtype=dtype)
+        ops.ag_gemm(a, b, out=out, context=ctx)
+        torch.cuda.synchronize()
+        err = _rel_error(out, _reference(a, b))
+        if not err < _REL_TOL:
+            bad.append((i, err))
+    all_ranks_agree(not bad, f"ag_gemm with the protocol forced on: wrong calls (call, rel error) {bad}")

@@ -170,3 +170,22 @@ def test_gemm_rs_cuda_graph_replay(variant):
         torch.cuda.synchronize()
         errors.append(_rel_error(out, _reference(a, b)))
     all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_rs {variant} graph replays: rel errors {errors}")
+
+
+@pytest.mark.parametrize("variant", _VARIANTS)
+def test_gemm_rs_protocol_on_one_rank(variant):
+    """The signalling GEMM and the reduce kernel at any world size, including one rank (where
+    gemm_rs is otherwise the plain GEMM)."""
+    world, dtype, n, k = dist.get_world_size(), torch.bfloat16, 512, 256
+    context = GemmReduceScatterContext(world * 1024, n, dtype, protocol_on_one_rank=True)
+    b = _randn((n, k), dtype, 500)
+    bad = []
+    for i in range(20):
+        a = _randn((world * 1000, k), dtype, 5000 + i)
+        out = torch.full((1000, n), float("nan"), device="cuda", dtype=dtype)
+        ops.gemm_rs(a, b, out=out, variant=variant, context=context)
+        torch.cuda.synchronize()
+        err = _rel_error(out, _reference(a, b))
+        if not err < _REL_TOL:
+            bad.append((i, err))
+    all_ranks_agree(not bad, f"gemm_rs {variant} with the protocol forced on: wrong calls (call, rel error) {bad}")

@@ -106,9 +106,13 @@ class AllGatherGemmContext:
     elements plus ``2 * world`` signals. Call with :meth:`run` (or
     :func:`triton_dist.ops.ag_gemm`); every rank makes the same calls in the same order with the
     same ``m`` and ``N``. Calls may be captured in a CUDA graph and replayed.
+
+    ``protocol_on_one_rank``: with a single rank, still run the gather-and-signal protocol (the
+    side stream, the signal kernels, the waiting GEMM) instead of the plain GEMM, so that one GPU
+    can test it.
     """
 
-    def __init__(self, max_m_per_rank: int, k: int, dtype):
+    def __init__(self, max_m_per_rank: int, k: int, dtype, *, protocol_on_one_rank: bool = False):
         _runtime._require_initialized("AllGatherGemmContext")
         import torch
 
@@ -139,7 +143,8 @@ class AllGatherGemmContext:
         """The device-side call counter (this call's ``k`` once bumped)."""
         self._peers = [peer_tensor(self.gathered, r) if r != self.rank else self.gathered for r in range(self.world)]
         self._side = torch.cuda.Stream(device=self.device)
-        if self.world > 1:
+        self._protocol = self.world > 1 or bool(protocol_on_one_rank)
+        if self._protocol:
             self.preload()
         torch.cuda.synchronize()
         _runtime.barrier()  # every rank's pad is zeroed before any rank can signal it
@@ -166,7 +171,7 @@ class AllGatherGemmContext:
         m, n = a_shard.shape[0], b.shape[0]
         if m == 0 or n == 0:
             return
-        if self.world == 1:
+        if not self._protocol:
             _gemm.gemm(a_shard, b, out=out)
             return
         world, me, k = self.world, self.rank, self.k

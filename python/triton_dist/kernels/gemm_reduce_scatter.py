@@ -159,9 +159,13 @@ class GemmReduceScatterContext:
     left to the reduce kernel (default :data:`REDUCE_SMS`). Call with :meth:`run` (or
     :func:`triton_dist.ops.gemm_rs`); every rank makes the same calls in the same order with the
     same ``M``, ``K`` and variant. Calls may be captured in a CUDA graph and replayed.
+
+    ``protocol_on_one_rank``: with a single rank, still run the signalling GEMM and the reduce
+    kernel instead of the plain GEMM, so that one GPU can test them.
     """
 
-    def __init__(self, max_m: int, n: int, dtype, *, reduce_sms: int | None = None):
+    def __init__(self, max_m: int, n: int, dtype, *, reduce_sms: int | None = None,
+                 protocol_on_one_rank: bool = False):
         _runtime._require_initialized("GemmReduceScatterContext")
         import torch
 
@@ -197,7 +201,8 @@ class GemmReduceScatterContext:
         self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
         """The device-side call counter (this call's epoch once bumped)."""
         self._side = torch.cuda.Stream(device=self.device)
-        if self.world > 1:
+        self._protocol = self.world > 1 or bool(protocol_on_one_rank)
+        if self._protocol:
             self.preload()
         torch.cuda.synchronize()
         _runtime.barrier()  # every rank's pad is zeroed before any rank can signal it
@@ -245,7 +250,7 @@ class GemmReduceScatterContext:
                              f"the context takes M <= {self.max_m}, a multiple of {self.world}, and N = {self.n}")
         if big_m == 0:
             return
-        if self.world == 1:
+        if not self._protocol:
             _gemm.gemm(a, b, out=out)
             return
         peer = variant in ("auto", "push")
