@@ -779,6 +779,9 @@ class AllGatherContext(CollectiveContext):
 
         me = self.rank
         stream = torch.cuda.current_stream()
+        # Every host-side check before any stream work: a rank that raised after its "ready" had
+        # gone out would leave its peers waiting for its "done".
+        peers = {r: peer_tensor(out, r) for r in range(self.world) if r != me}
         k_ptr = self._next_zero_copy()
         # Own slot on the side stream: this rank's out is ours from the call's start (stream order).
         self._side.wait_stream(stream)
@@ -788,7 +791,7 @@ class AllGatherContext(CollectiveContext):
         all_gather_ce_signal_kernel[(1, )](self.pad_ext.signals, k_ptr, **self._zc_meta("ready"))
         for k in range(1, self.world):
             r = (me + k) % self.world
-            peer_tensor(out, r)[me * n:(me + 1) * n].copy_(x)
+            peers[r][me * n:(me + 1) * n].copy_(x)
         # "done": my copies have landed in every peer's out; every peer's have landed in mine.
         all_gather_ce_signal_kernel[(1, )](self.pad_ext.signals, k_ptr, **self._zc_meta("done"))
         stream.wait_stream(self._side)
@@ -810,10 +813,6 @@ class AllGatherContext(CollectiveContext):
         # Every peer has copied this rank's data of the previous ce call out of its ce buffer.
         all_gather_ce_signal_kernel[(1, )](self.pad.signals, self.ce_calls, **self._ce_meta(0))
         self._send.wait_stream(stream)
-        # The copy-out, launched before the sends so that it is waiting when chunk 0 lands.
-        grid = (max(1, min(CE_COPY_PROGRAMS, self.max_programs, chunk // self.BLOCK)), )
-        all_gather_ce_copy_out_kernel[grid](target, self.ce, self.pad_ext.signals, n, chunk, self.ce_calls,
-                                            **self._copy_out_meta(n % ALIGN_ELEMENTS == 0))
         for c in range(chunks):
             lo, hi = c * chunk, min(n, (c + 1) * chunk)
             event = self._chunk_events[c]
@@ -826,6 +825,12 @@ class AllGatherContext(CollectiveContext):
             with torch.cuda.stream(self._notify):
                 all_gather_ce_chunk_signal_kernel[(1, )](self.pad_ext.signals, self.ce_calls, c,
                                                          **self._chunk_signal_meta())
+        # The copy-out spins on the peers' chunk signals. It is enqueued after this rank's sends and
+        # signals: were launches synchronous (CUDA_LAUNCH_BLOCKING, a sanitizer), a copy-out
+        # enqueued first would block every rank's host before any rank had sent anything.
+        grid = (max(1, min(CE_COPY_PROGRAMS, self.max_programs, chunk // self.BLOCK)), )
+        all_gather_ce_copy_out_kernel[grid](target, self.ce, self.pad_ext.signals, n, chunk, self.ce_calls,
+                                            **self._copy_out_meta(n % ALIGN_ELEMENTS == 0))
         # The copy-out has read every peer's data: acknowledge (the peers' next ce call may write).
         all_gather_ce_signal_kernel[(1, )](self.pad.signals, self.ce_calls, **self._ce_meta(2))
         stream.wait_stream(self._side)
