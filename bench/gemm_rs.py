@@ -47,30 +47,16 @@ log = bench.script.logger("gemm_rs")
 all_ok = bench.script.all_ranks_ok
 REL_TOL = 1e-2
 
-
-def _rel_error(got, ref) -> float:
-    import torch
-
-    got = got.float()
-    if not torch.isfinite(got).all():
-        return float("inf")
-    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+_rel_error = bench.script.relative_error
 
 
 def _symm_mem_op(a, b):
     """``fused_matmul_reduce_scatter`` as a no-argument call, or ``(None, why)``."""
     import torch
-    import torch.distributed as dist
 
     try:
         fused = torch.ops.symm_mem.fused_matmul_reduce_scatter
-        group_name = dist.group.WORLD.group_name
-        try:
-            from torch.distributed._symmetric_memory import enable_symm_mem_for_group
-
-            enable_symm_mem_for_group(group_name)
-        except Exception:  # noqa: BLE001  newer torch needs (or has) no such call
-            pass
+        group_name = bench.script.symm_mem_world_group()
         bt = b.t()
 
         def run():

@@ -10,6 +10,7 @@ import torch.distributed as dist
 import triton_dist as tdist
 from conftest import all_ranks_agree, raises_everywhere, rank_generator
 from triton_dist import ops
+from triton_dist.bench.script import relative_error as _rel_error
 from triton_dist.kernels import AllGatherGemmContext
 from triton_dist.kernels.gemm import gemm
 
@@ -20,13 +21,6 @@ def _randn(shape, dtype, seed, rank=None):
     g = rank_generator(seed, dist.get_rank() if rank is None else rank)
     return torch.randn(shape, device="cuda", dtype=torch.float32, generator=g).to(dtype)
 
-
-def _rel_error(got, ref):
-    """max |got - ref| / max |ref| (inf when got has a NaN)."""
-    got = got.float()
-    if not torch.isfinite(got).all():
-        return float("inf")
-    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
 
 
 def _reference(a_shard, b):

@@ -11,6 +11,7 @@ import torch.distributed as dist
 import triton_dist as tdist
 from conftest import all_ranks_agree, raises_everywhere, rank_generator
 from triton_dist import ops
+from triton_dist.bench.script import relative_error as _rel_error
 from triton_dist.kernels import GemmReduceScatterContext
 
 _REL_TOL = 1e-2  # bf16/fp16 output rounding is 2**-8 relative; a missing or stale partial is O(1)
@@ -21,12 +22,6 @@ def _randn(shape, dtype, seed):
     g = rank_generator(seed, dist.get_rank())
     return torch.randn(shape, device="cuda", dtype=torch.float32, generator=g).to(dtype)
 
-
-def _rel_error(got, ref):
-    got = got.float()
-    if not torch.isfinite(got).all():
-        return float("inf")
-    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
 
 
 def _reference(a, b):

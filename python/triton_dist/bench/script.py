@@ -56,3 +56,28 @@ def all_ranks_ok(ok: bool) -> bool:
     from .timing import all_gather_floats
 
     return min(all_gather_floats(1.0 if ok else 0.0)) == 1.0
+
+
+def relative_error(got, ref) -> float:
+    """``max |got - ref| / max |ref|`` in fp32; infinite when ``got`` holds a NaN or an Inf."""
+    import torch
+
+    got = got.float()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+
+
+def symm_mem_world_group() -> str:
+    """The default group's name, with torch symmetric memory enabled on it (older torch needs the
+    call; newer torch has no such call or needs none): what torch's fused ops take."""
+    import torch.distributed as dist
+
+    group_name = dist.group.WORLD.group_name
+    try:
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+        enable_symm_mem_for_group(group_name)
+    except Exception:  # noqa: BLE001
+        pass
+    return group_name

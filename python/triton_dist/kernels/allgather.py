@@ -451,6 +451,14 @@ def _ll_own_copy(x, out, w, n, ELEMS: tl.constexpr):
 
 
 @triton.jit
+def _ll_flag(epoch):
+    """This call's LL flag: never 0 (LL buffers start zeroed), and different for epochs ``e`` and
+    ``e - 2`` (the previous user of the half). Returns ``(flag, flag << 32)``."""
+    flag = (epoch % 0xFFFFFFFF) + 1
+    return flag, flag << 32
+
+
+@triton.jit
 def _ll_receive(ptrs, valid, flag, lanes, TIMEOUT_NS: tl.constexpr):
     """Spin on the LL words at ``ptrs`` until every valid one carries ``flag`` in its high half;
     returns the words. On timeout, reports (word index in the tile, its address, expected flag,
@@ -487,10 +495,7 @@ def all_gather_ll_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, L
     of ``4 / ELEMS`` bytes, 4 payload bytes a word); ``epoch_ptr``: the context's call counter."""
     TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
     epoch = tl.load(epoch_ptr)
-    # The flag: never 0 (the buffer starts zeroed), and different for epochs e and e - 2 (the
-    # previous user of this half).
-    flag = (epoch % 0xFFFFFFFF) + 1
-    high = flag << 32
+    flag, high = _ll_flag(epoch)
     me = dl.rank()
     pid = tl.program_id(0)
     grid = tl.num_programs(0)

@@ -75,7 +75,7 @@ from ..distributed_jit import jit
 from ..language.signals import _settings
 from ..symmetric import symm_empty
 # The LL word packing and the timed spin are allgather's "ll" helpers (read-only here).
-from .allgather import _ll_receive, _ll_words
+from .allgather import _ll_flag, _ll_receive, _ll_words
 from .context import CollectiveContext
 from .tiles import copy_tile, load_tile, store_tile
 
@@ -238,9 +238,7 @@ def all_reduce_ll_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, L
     is a whole number of ``BLOCK_W``-word tiles."""
     TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
     epoch = tl.load(epoch_ptr)
-    # The flag: never 0 (the buffer starts zeroed), different for epochs e and e - 2.
-    flag = (epoch % 0xFFFFFFFF) + 1
-    high = flag << 32
+    flag, high = _ll_flag(epoch)
     me = dl.rank()
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
