@@ -201,6 +201,7 @@ class GemmReduceScatterContext:
         self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
         """The device-side call counter (this call's epoch once bumped)."""
         self._side = torch.cuda.Stream(device=self.device)
+        self._bumped = torch.cuda.Event()  # re-recorded each call: a wait takes the latest record
         self._protocol = self.world > 1 or bool(protocol_on_one_rank)
         if self._protocol:
             self.preload()
@@ -265,8 +266,7 @@ class GemmReduceScatterContext:
         # here, possibly while a peer spins.
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
         self.calls.add_(1)
-        bumped = torch.cuda.Event()
-        bumped.record(stream)
+        self._bumped.record(stream)
         # The GEMM is launched before the reduce that waits for it: were kernels serialised
         # (CUDA_LAUNCH_BLOCKING, a sanitizer), a reduce launched first would wait for a GEMM that
         # cannot start. The side stream waits only for the bump, not for the GEMM.
@@ -276,7 +276,7 @@ class GemmReduceScatterContext:
                                       signal_region=self.tiles_per_rank,
                                       **_gemm.kernel_meta(config, False, signal_rows=True, world=self.world,
                                                           peer_epilogue=peer))
-        self._side.wait_event(bumped)
+        self._side.wait_event(self._bumped)
         with torch.cuda.stream(self._side):
             gemm_rs_reduce_kernel[(min(tiles, self.reduce_sms), )](self.partials, target, self.pad.signals,
                                                                    self.calls, m, n, self.half, self.tiles_per_rank,
