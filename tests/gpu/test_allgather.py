@@ -13,7 +13,8 @@ import triton_dist as tdist
 from conftest import all_ranks_agree, raises_everywhere
 from triton_dist import ops
 from triton_dist.kernels import AllGatherContext
-from triton_dist.kernels.allgather import AUTO_SM_MAX_BYTES, CE_MAX_CHUNKS, LL_MAX_BYTES
+from triton_dist.kernels.allgather import (AUTO_CE_CHUNKED, AUTO_SM_MAX_BYTES, AUTO_ZERO_COPY, CE_MAX_CHUNKS,
+                                          LL_MAX_BYTES)
 
 _SIZES = [1, 7, 4099 * 3, 1000003]
 _METHODS = ["sm_push", "ce_push", "ll", "auto"]
@@ -236,7 +237,8 @@ def test_ce_chunked_default_chunks_large():
     world = dist.get_world_size()
     assert n * 4 > AUTO_SM_MAX_BYTES
     ctx = AllGatherContext(n * 4, dtype)
-    assert ctx.method_for(n * 4) in ("ce_chunked", "ce_push") and ctx.method_for(n * 4, True) == "ce_zero_copy"
+    assert ctx.method_for(n * 4) == ("ce_chunked" if AUTO_CE_CHUNKED else "ce_push")
+    assert ctx.method_for(n * 4, True) == ("ce_zero_copy" if AUTO_ZERO_COPY else ctx.method_for(n * 4))
     x = _fresh(n, dtype, seed=77)
     ref = _reference(x)
     plain = torch.full((world * n, ), float("nan"), device="cuda", dtype=dtype)
