@@ -5,8 +5,9 @@
     torchrun --nproc-per-node=2 bench/ag_gemm.py [--quick]
 
 Shapes (``M`` rows gathered in total, ``m = M / world`` per rank, weight shard ``[N, K]`` per
-rank, ``C = allgather(A) @ B^T`` of ``[M, N]``): ``M=8192, K=8192, N=28672/world`` (DESIGN §7's
-bar) and the smaller ``M=4096, K=4096, N=8192/world`` (``--quick``: the smaller only).
+rank, ``C = allgather(A) @ B^T`` of ``[M, N]``): :func:`triton_dist.bench.script.overlap_shapes`
+(each model's ``(N, K)`` at ``M = 8192``, and an M sweep for llama3.1-70b), ``N`` split across
+ranks.
 
 - ``ours_us``: ``ops.ag_gemm`` with one context per shape;
 - ``torch_nccl_us``: ``dist.all_gather_into_tensor`` + ``torch.matmul(A, B.T)``;
@@ -53,8 +54,8 @@ def _symm_mem_op(a_shard, b):
     import torch
 
     try:
+        group_name = bench.script.symm_mem_world_group()  # first: it registers the op
         fused = torch.ops.symm_mem.fused_all_gather_matmul
-        group_name = bench.script.symm_mem_world_group()
         bt = b.t()
 
         def run():
@@ -78,14 +79,14 @@ def main() -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     gpu = bench.gpu_slug()
     dtype = torch.bfloat16
-    shapes = [(4096, 4096, 8192 // world)] + ([] if args.quick else [(8192, 8192, 28672 // world)])
+    shapes = bench.script.overlap_shapes(args.quick)
     log(f"gpu {gpu} x{world}, commit {bench.commit()}, versions {bench.versions()}, "
         f"{'quick' if args.quick else 'full'} run")
     iters = 10 if args.quick else 30
 
     records = []
-    for big_m, k, n in shapes:
-        m = big_m // world
+    for label, big_m, n_full, k in shapes:
+        n, m = n_full // world, big_m // world
         ctx = AllGatherGemmContext(m, k, dtype)  # collective; preloads every kernel
         g = torch.Generator(device=device)
         g.manual_seed(3000 + rank)
@@ -143,12 +144,12 @@ def main() -> int:
         transfer = min(times["ag_ours"], times["ag_nccl"])
         bound = max(times["gemm"], transfer)
         flop = 2.0 * big_m * n * k
-        log(f"M={big_m} K={k} N={n}: ours {times['ours']:.1f} us, NCCL+cuBLAS {times['torch_nccl']:.1f} us, "
+        log(f"{label} M={big_m} K={k} N={n}: ours {times['ours']:.1f} us, NCCL+cuBLAS {times['torch_nccl']:.1f} us, "
             f"symm_mem {times.get('torch_symm_mem', float('nan')):.1f} us, gemm alone {times['gemm']:.1f} us "
             f"(cuBLAS {times['cublas']:.1f} us), transfer {transfer:.1f} us, bound {bound:.1f} us, "
             f"errors {errors}, checks {checks}")
         records.append(
-            bench.record("ag_gemm", shape=[big_m, n, k], dtype="bfloat16", world_size=world, gpu=gpu,
+            bench.record("ag_gemm", shape=[big_m, n, k], dtype="bfloat16", world_size=world, gpu=gpu, model=label,
                          ours_us=times["ours"],
                          baselines={"torch_nccl_us": times["torch_nccl"],
                                     "torch_symm_mem_us": times.get("torch_symm_mem")},
@@ -167,7 +168,7 @@ def main() -> int:
     bench.sync_and_barrier()
     if rank == 0:
         print()
-        bench.print_table(records, extra=("gemm_us", "cublas_us", "transfer_us", "of_bound"))
+        bench.print_table(records, extra=("model", "gemm_us", "cublas_us", "transfer_us", "of_bound"))
         path = bench.write_results(records, "ag_gemm", root=args.out, rank=0)
         print(f"\n[ag_gemm] wrote {path}", flush=True)
     bench.sync_and_barrier()

@@ -1,4 +1,4 @@
-"""GEMM+ReduceScatter (bf16): ours (:func:`triton_dist.ops.gemm_rs`, both variants) vs torch
+"""GEMM+ReduceScatter (bf16): ours (:func:`triton_dist.ops.gemm_rs`, every variant) vs torch
 (``matmul`` then NCCL ``reduce_scatter_tensor``) vs ``torch.ops.symm_mem.fused_matmul_reduce_scatter``
 (when this torch has it and it runs), plus our GEMM alone vs ``torch.matmul`` (cuBLAS).
 
@@ -6,11 +6,11 @@
 
 Shapes (``A [M, K]`` and weight shard ``B [N, K]`` per rank, ``K`` the rank's shard of the
 contraction; result ``[M / world, N]``: this rank's rows of the sum over ranks of ``A @ B^T``):
-``M=8192, N=8192, K=28672/world`` (DESIGN §7's bar) and the smaller ``M=4096, N=4096,
-K=8192/world`` (``--quick``: the smaller only).
+:func:`triton_dist.bench.script.overlap_shapes` (each model's ``(N, K)`` at ``M = 8192``, and an
+M sweep for llama3.1-70b), ``K`` split across ranks.
 
-- ``ours_us``: ``ops.gemm_rs(variant="auto")`` (the push variant: the GEMM epilogue stores into
-  the destination's buffer); ``pull_us``: ``variant="pull"`` (the reduce reads peers' partials);
+- ``ours_us``: ``ops.gemm_rs(variant="auto")``; ``fused_us``, ``push_us``, ``pull_us``: each
+  variant (:mod:`triton_dist.kernels.gemm_reduce_scatter`);
 - ``torch_nccl_us``: ``torch.matmul(A, B.T)`` + ``dist.reduce_scatter_tensor``;
 - ``torch_symm_mem_us``: ``torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B.T, "sum", 0,
   group)`` (omitted when unavailable or failing; timed without a CUDA graph);
@@ -42,10 +42,12 @@ from triton_dist import bench  # noqa: E402
 from triton_dist import ops  # noqa: E402
 from triton_dist.kernels import GemmReduceScatterContext  # noqa: E402
 from triton_dist.kernels.gemm import gemm  # noqa: E402
+from triton_dist.kernels.gemm_reduce_scatter import AUTO_VARIANT, VARIANTS  # noqa: E402
 
 log = bench.script.logger("gemm_rs")
 all_ok = bench.script.all_ranks_ok
 REL_TOL = 1e-2
+_VARIANTS = [v for v in VARIANTS if v != "auto"]
 
 _rel_error = bench.script.relative_error
 
@@ -55,8 +57,8 @@ def _symm_mem_op(a, b):
     import torch
 
     try:
+        group_name = bench.script.symm_mem_world_group()  # first: it registers the op
         fused = torch.ops.symm_mem.fused_matmul_reduce_scatter
-        group_name = bench.script.symm_mem_world_group()
         bt = b.t()
 
         def run():
@@ -82,14 +84,14 @@ def main() -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     gpu = bench.gpu_slug()
     dtype = torch.bfloat16
-    shapes = [(4096, 4096, 8192 // world)] + ([] if args.quick else [(8192, 8192, 28672 // world)])
+    shapes = bench.script.overlap_shapes(args.quick)
     log(f"gpu {gpu} x{world}, commit {bench.commit()}, versions {bench.versions()}, "
         f"{'quick' if args.quick else 'full'} run, reduce_sms {args.reduce_sms}")
     iters = 10 if args.quick else 30
 
     records = []
-    for big_m, n, k in shapes:
-        m = big_m // world
+    for label, big_m, n, k_full in shapes:
+        k, m = k_full // world, big_m // world
         ctx = GemmReduceScatterContext(big_m, n, dtype, reduce_sms=args.reduce_sms)  # collective; preloads
         g = torch.Generator(device=device)
         g.manual_seed(4000 + rank)
@@ -100,7 +102,7 @@ def main() -> int:
         ref = full[rank * m:(rank + 1) * m].clone()
         del full
         out = torch.empty((m, n), device=device, dtype=dtype)
-        pull_out = torch.empty_like(out)
+        variant_outs = {v: torch.empty_like(out) for v in _VARIANTS}
         nccl_out = torch.empty_like(out)
         partial = torch.empty((big_m, n), device=device, dtype=dtype)
         gemm_out = torch.empty_like(partial)
@@ -110,14 +112,17 @@ def main() -> int:
             torch.matmul(a, b.t(), out=partial)
             dist.reduce_scatter_tensor(nccl_out, partial)
 
+        def variant(v):
+            return lambda: ops.gemm_rs(a, b, out=variant_outs[v], variant=v, context=ctx)
+
         fns = {"ours": lambda: ops.gemm_rs(a, b, out=out, variant="auto", context=ctx),
-               "pull": lambda: ops.gemm_rs(a, b, out=pull_out, variant="pull", context=ctx),
+               **{v: variant(v) for v in _VARIANTS},
                "torch_nccl": torch_nccl,
                "gemm": lambda: gemm(a, b, out=gemm_out),
                "cublas": lambda: torch.matmul(a, b.t(), out=gemm_out),
                "rs_ours": lambda: ops.reduce_scatter(partial, out=rs_out),
                "rs_nccl": lambda: dist.reduce_scatter_tensor(rs_out, partial)}
-        outputs = {"ours": out, "pull": pull_out, "torch_nccl": nccl_out}
+        outputs = {"ours": out, **variant_outs, "torch_nccl": nccl_out}
 
         symm, why = _symm_mem_op(a, b)
         checks, errors = {}, {}
@@ -132,7 +137,7 @@ def main() -> int:
             symm = None
         if symm is None:
             log(f"torch symm_mem fused_matmul_reduce_scatter skipped: {why}")
-        for name in ("ours", "pull", "torch_nccl"):
+        for name in outputs:
             outputs[name].fill_(float("nan"))
             fns[name]()
             torch.cuda.synchronize()
@@ -151,21 +156,23 @@ def main() -> int:
         transfer = min(times["rs_ours"], times["rs_nccl"])
         bound = max(times["gemm"], transfer)
         flop = 2.0 * big_m * n * k
-        log(f"M={big_m} N={n} K={k}: ours (push) {times['ours']:.1f} us, pull {times['pull']:.1f} us, "
+        per_variant = ", ".join(f"{v} {times[v]:.1f} us" for v in _VARIANTS)
+        log(f"{label} M={big_m} N={n} K={k}: ours ({AUTO_VARIANT}) {times['ours']:.1f} us, {per_variant}, "
             f"matmul+NCCL {times['torch_nccl']:.1f} us, symm_mem {times.get('torch_symm_mem', float('nan')):.1f} us, "
             f"gemm alone {times['gemm']:.1f} us (cuBLAS {times['cublas']:.1f} us), transfer {transfer:.1f} us, "
             f"bound {bound:.1f} us, errors {errors}, checks {checks}")
         records.append(
-            bench.record("gemm_rs", shape=[big_m, n, k], dtype="bfloat16", world_size=world, gpu=gpu,
+            bench.record("gemm_rs", shape=[big_m, n, k], dtype="bfloat16", world_size=world, gpu=gpu, model=label,
                          ours_us=times["ours"],
                          baselines={"torch_nccl_us": times["torch_nccl"],
                                     "torch_symm_mem_us": times.get("torch_symm_mem")},
-                         bound_us=bound, m_per_rank=m, variant="push", pull_us=times["pull"],
+                         bound_us=bound, m_per_rank=m, variant=AUTO_VARIANT,
+                         **{f"{v}_us": times[v] for v in _VARIANTS},
                          reduce_sms=ctx.reduce_sms, gemm_us=times["gemm"], cublas_us=times["cublas"],
                          gemm_vs_cublas=times["cublas"] / times["gemm"], transfer_us=transfer,
                          reduce_scatter_ours_us=times["rs_ours"], reduce_scatter_nccl_us=times["rs_nccl"],
                          ours_tflops=flop / (times["ours"] * 1e6), of_bound=bound / times["ours"],
-                         verified=checks["ours"] and checks["pull"] and checks["gemm"], checks=checks,
+                         verified=all(checks[v] for v in ("ours", "gemm", *_VARIANTS)), checks=checks,
                          rel_errors={name: (e if e < 1e30 else None) for name, e in errors.items()},
                          timing={"iters": iters, "cuda_graph": True, "torch_symm_mem_cuda_graph": False},
                          bound_method="max(our gemm alone, min(ops.reduce_scatter, NCCL reduce_scatter_tensor))",
@@ -176,7 +183,7 @@ def main() -> int:
     bench.sync_and_barrier()
     if rank == 0:
         print()
-        bench.print_table(records, extra=("pull_us", "gemm_us", "cublas_us", "transfer_us", "of_bound"))
+        bench.print_table(records, extra=("model", *(f"{v}_us" for v in _VARIANTS), "gemm_us", "cublas_us", "transfer_us", "of_bound"))
         path = bench.write_results(records, "gemm_rs", root=args.out, rank=0)
         print(f"\n[gemm_rs] wrote {path}", flush=True)
     bench.sync_and_barrier()

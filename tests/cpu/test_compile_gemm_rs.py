@@ -17,14 +17,15 @@ _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.e
 _SMEM_LIMIT = 232448
 
 
-def _producer(config, peer, dtype="bf16", world=2):
+def _producer(config, peer, dtype="bf16", world=2, reduce_own=False):
     c = gemm_module.CONFIGS[config]
-    meta = gemm_module.kernel_meta(config, False, signal_rows=True, world=world, peer_epilogue=peer)
+    meta = gemm_module.kernel_meta(config, False, signal_rows=True, world=world, peer_epilogue=peer,
+                                   reduce_own=reduce_own)
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
     signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
                  "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>", "c_desc": f"*{dtype}", "M": "i32",
                  "N": "i32", "K": "i32", "signals": "*u64", "calls": "*i64", "rank": "i32", "m_per_rank": "i32",
-                 "half_elems": "i32", "signal_region": "i32"}
+                 "half_elems": "i32", "signal_region": "i32", "out": f"*{dtype}"}
     return compile_for_hopper(grs.gemm_rs_producer_kernel, signature, meta, **options)
 
 
@@ -107,4 +108,28 @@ def test_meta_and_blocks():
     assert "SIGNAL_ROWS" not in gemm_module.kernel_meta("large", False)  # the plain GEMM's launch is unchanged
     bm, bn = grs._config_blocks()
     assert bm == 128 and bn == min(c["BN"] for c in gemm_module.CONFIGS.values())
-    assert grs.VARIANTS == ("auto", "push", "pull")
+    assert grs.VARIANTS == ("auto", "fused", "push", "pull") and grs.AUTO_VARIANT in grs.VARIANTS[1:]
+    fused = gemm_module.kernel_meta("large", False, signal_rows=True, world=2, reduce_own=True)
+    assert fused["REDUCE_OWN"] and fused["PEER_EPILOGUE"]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
+def test_fused_producer_sums_own_tiles_after_waiting(config, world):
+    """The fused variant: peers' tiles pushed and released as in push; its own tiles wait for every
+    peer's signal (one acquire spin each) before loading that peer's partial, add in fp32, and the
+    GEMM loop is the same wgmma/TMA loop."""
+    compiled = _producer(config, True, world=world, reduce_own=True)
+    ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert compiled.metadata.shared <= _SMEM_LIMIT
+    assert re.search(_RELEASE, ptx)
+    spins = results(ops_matching(ttgir, re.escape(_SPIN)))
+    assert len(spins) == world - 1
+    loads = [op for op in ops_matching(ttgir, r"tt\.load ") if "tensor<" in op.split(":")[-1]]
+    assert len(loads) == world - 1  # one partial tile per peer
+    for load in loads:
+        assert depends_on(ttgir, load, spins), f"a partial-tile load does not depend on the waits: {load}"
+    stores = re.findall(r"st\.global[a-z0-9.]*", ptx)
+    assert stores and all(".v4." in s for s in stores), stores
+    assert "trap;" in ptx

@@ -15,7 +15,7 @@ from triton_dist.bench.script import relative_error as _rel_error
 from triton_dist.kernels import GemmReduceScatterContext
 
 _REL_TOL = 1e-2  # bf16/fp16 output rounding is 2**-8 relative; a missing or stale partial is O(1)
-_VARIANTS = ["push", "pull"]
+_VARIANTS = ["fused", "push", "pull"]
 
 
 def _randn(shape, dtype, seed):
@@ -92,7 +92,7 @@ def test_gemm_rs_alternating_variants_and_fp16():
     inputs = [_randn((world * m, k), dtype, 50 + i) for i in range(8)]
     outs = [torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for _ in inputs]
     for i, x in enumerate(inputs):
-        ops.gemm_rs(x, b, out=outs[i], variant=_VARIANTS[i % 2])
+        ops.gemm_rs(x, b, out=outs[i], variant=_VARIANTS[i % len(_VARIANTS)])
     torch.cuda.synchronize()
     errors = [_rel_error(o, _reference(x, b)) for o, x in zip(outs, inputs)]
     all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_rs alternating variants fp16: rel errors {errors}")

@@ -72,6 +72,7 @@ def symm_mem_world_group() -> str:
     """The default group's name, with torch symmetric memory enabled on it (older torch needs the
     call; newer torch has no such call or needs none): what torch's fused ops take."""
     import torch.distributed as dist
+    import torch.distributed._symmetric_memory  # noqa: F401  registers torch.ops.symm_mem's fused ops
 
     group_name = dist.group.WORLD.group_name
     try:
@@ -81,3 +82,26 @@ def symm_mem_world_group() -> str:
     except Exception:  # noqa: BLE001
         pass
     return group_name
+
+
+MODEL_SHAPES = {
+    "llama3.1-8b": (14336, 4096),
+    "llama3.1-70b": (28672, 8192),
+    "llama3.1-405b": (53248, 16384),
+    "qwen2-72b": (29568, 8192),
+    "gpt3-175b": (49152, 12288),
+}
+"""(N, K) of each model's MLP GEMM, the overlapped GEMMs' benchmark shapes (with M = 8192)."""
+
+M_SWEEP = (1024, 2048, 4096, 16384)
+"""The extra M values benchmarked for llama3.1-70b."""
+
+
+def overlap_shapes(quick: bool) -> list[tuple[str, int, int, int]]:
+    """``(label, M, N, K)`` for the overlapped-GEMM benchmarks: every model at M = 8192, then the M
+    sweep for llama3.1-70b (``quick``: llama3.1-8b at M = 4096 only). The caller splits N or K
+    across ranks."""
+    if quick:
+        return [("llama3.1-8b", 4096, *MODEL_SHAPES["llama3.1-8b"])]
+    return ([(name, 8192, n, k) for name, (n, k) in MODEL_SHAPES.items()] +
+            [("llama3.1-70b", m, *MODEL_SHAPES["llama3.1-70b"]) for m in M_SWEEP])

@@ -12,16 +12,18 @@ of ``2 * world`` uint64 signals: ``ready[r]`` (index ``r``) and ``ack[r]`` (inde
 Call ``k`` (``k``: the context's device-side call counter ``calls``, bumped on the caller's
 stream ``S`` first, so a CUDA graph replays with fresh values) on rank ``me``:
 
-``S``: ``calls += 1``; the side stream ``P`` waits for ``S`` (so everything ``S`` did before,
-including this rank's GEMM of call ``k - 1``, is finished before ``P`` continues).
+``S``: ``calls += 1``; copy ``A_shard`` into slot ``me`` of the local ``gathered`` (here, not on
+``P``: a same-device copy issued on ``P`` next to the GEMM ran at the speed of the one SM the
+GEMM leaves free, and the GEMM's first tiles wait for it); the side stream ``P`` waits for ``S`` (so
+everything ``S`` did before, including this rank's GEMM of call ``k - 1``, is finished before
+``P`` continues).
 
 ``P``:
-  1. copy ``A_shard`` into slot ``me`` of the local ``gathered``;
-  2. signal kernel, phase 0: ``ready[me] = k`` locally (release; publishes step 1); ``ack[me] =
+  1. signal kernel, phase 0: ``ready[me] = k`` locally (release; the local copy is already done); ``ack[me] =
      k - 1`` on every peer (release, system scope: "my GEMM of call ``k - 1`` has finished
      reading your slot of my buffer" - true because ``P`` waited for ``S``); then acquire-wait
      ``ack[r] >= k - 1`` from every peer (peer ``r`` no longer reads slot ``me`` of its buffer);
-  3. for every peer ``r`` (ring order from ``me + 1``): copy ``A_shard`` into slot ``me`` of ``r``'s
+  2. for every peer ``r`` (ring order from ``me + 1``): copy ``A_shard`` into slot ``me`` of ``r``'s
      ``gathered`` (``peer_tensor``, a copy-engine copy over NVLink); signal kernel, phase 1:
      ``ready[me] = k`` on ``r`` (release, system scope).
 
@@ -41,8 +43,8 @@ and call ``k + 1`` cannot set it before this rank acknowledged call ``k``, see n
 
 Why no write lands in a slot a GEMM still reads: rank ``r`` writes slot ``r`` of my buffer in call
 ``k + 1`` only after ``ack[me] >= k`` from me, which I send in my call ``k + 1`` after my GEMM of
-call ``k`` finished (stream order ``S`` -> ``P``). My own slot is rewritten only by my ``P`` after
-it waited for ``S``. A single region therefore suffices (no parity halves, which the host could
+call ``k`` finished (stream order ``S`` -> ``P``). My own slot is rewritten only by my ``S``,
+after my GEMM of call ``k``. A single region therefore suffices (no parity halves, which the host could
 not follow inside a replayed CUDA graph since the copies' addresses are baked in). The acks of a
 call are sent by the next call: the last call's are never needed.
 
@@ -178,9 +180,9 @@ class AllGatherGemmContext:
         x = a_shard.reshape(-1)
         stream = torch.cuda.current_stream()
         self.calls.add_(1)
+        self.gathered[me * m * k:(me + 1) * m * k].copy_(x)
         self._side.wait_stream(stream)
         with torch.cuda.stream(self._side):
-            self.gathered[me * m * k:(me + 1) * m * k].copy_(x)
             ag_gemm_signal_kernel[(1, )](self.pad.signals, self.calls, 0, PHASE=0, WORLD=world, num_warps=1)
             for i in range(1, world):
                 # Rank r's GEMM walks its own rows, then rank r + 1's, r + 2's, ...: rank me's rows

@@ -56,15 +56,16 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> str:
 
 
 def kernel_meta(config: str, wait_for_rows: bool, *, signal_rows: bool = False, world: int = 1,
-                peer_epilogue: bool = False) -> dict:
+                peer_epilogue: bool = False, reduce_own: bool = False) -> dict:
     """Launch keyword arguments (constexprs and options) of :func:`gemm_kernel` for ``config``
     (``signal_rows``: the GEMM+ReduceScatter producer for ``world`` ranks, ``peer_epilogue`` its
-    variant that stores into the destination's buffer)."""
+    variant that stores into the destination's buffer, ``reduce_own`` the variant that also sums
+    this rank's own tiles in its epilogue)."""
     c = CONFIGS[config]
     meta = dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], NUM_STAGES=c["NUM_STAGES"],
                 WAIT_FOR_ROWS=wait_for_rows, num_warps=c["num_warps"], num_stages=c["NUM_STAGES"])
     if signal_rows:
-        meta.update(SIGNAL_ROWS=True, WORLD=world, PEER_EPILOGUE=peer_epilogue)
+        meta.update(SIGNAL_ROWS=True, WORLD=world, PEER_EPILOGUE=peer_epilogue or reduce_own, REDUCE_OWN=reduce_own)
     return meta
 
 
@@ -80,11 +81,20 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
+@triton.jit
+def _store_and_signal(ptrs, acc, mask, signal, dest, epoch):
+    """A GEMM+ReduceScatter partial tile out, then its signal on ``dest`` (``dl.notify``: a CTA
+    barrier orders every thread's stores before the one release atomic)."""
+    tl.store(ptrs, acc.to(ptrs.dtype.element_ty), mask=mask)
+    dl.notify(signal, dest, epoch, "set", "intra_node")
+
+
 @triton.jit(do_not_specialize=["M", "N", "K", "rank", "m_per_rank", "half_elems", "signal_region"])
 def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_rank, BM: tl.constexpr,
                 BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
                 WAIT_FOR_ROWS: tl.constexpr, half_elems=0, SIGNAL_ROWS: tl.constexpr = False,
-                WORLD: tl.constexpr = 1, PEER_EPILOGUE: tl.constexpr = False, signal_region=0):
+                WORLD: tl.constexpr = 1, PEER_EPILOGUE: tl.constexpr = False, signal_region=0,
+                REDUCE_OWN: tl.constexpr = False, out=None):
     """``C = A @ B^T`` over a persistent grid. ``a_desc``: ``[M, K]`` block ``[BM, BK]``;
     ``b_desc``: ``[N, K]`` block ``[BN, BK]``; ``c_desc``: ``[M, N]`` block ``[BM, BN]``.
 
@@ -108,7 +118,15 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     scope (``dl.notify``: a CTA barrier, then one release atomic). The producer never waits.
     ``signal_region``: signals per source rank, fixed for the context (not ``T``, which depends on
     the call's M: a region that moved with M would let a peer already on the next call set the
-    signals of tiles this rank's reduce still waits for in this one)."""
+    signals of tiles this rank's reduce still waits for in this one).
+
+    ``REDUCE_OWN`` (with ``SIGNAL_ROWS``, the ``"fused"`` GEMM+ReduceScatter): the peers' tiles come
+    first (``(WORLD - 1) * T`` of them, destinations interleaved from ``rank + 1``), stored into the
+    destination's buffer as with ``PEER_EPILOGUE``; this rank's own ``T`` tiles come last, and
+    their epilogue waits (acquire, system scope) for signal ``r * signal_region + t >= *calls`` of
+    every peer ``r``, adds the peers' partials (local rows ``[r * m_per_rank, ...)`` of the half)
+    to the fp32 accumulator in rank order from ``rank + 1``, and stores the sum into ``out``
+    (``[m_per_rank, N]``, 16-byte aligned). No separate reduce kernel runs."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     num_m = tl.cdiv(M, BM)
@@ -127,11 +145,24 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
         num_tiles = WORLD * per_dest
     for tile in range(pid, num_tiles, grid):
         if SIGNAL_ROWS:
-            # Destinations interleaved tile by tile: tile t of every destination is done about t/T
-            # into the GEMM everywhere, so every rank's reduce can start early (had each rank
-            # walked whole destinations, one producer would reach any destination last).
-            dest = (rank + 1 + tile % WORLD) % WORLD
-            local_tile = tile // WORLD
+            if REDUCE_OWN:
+                # Peers' tiles first, so that every peer's partial of this rank's tile t is
+                # produced long before this rank sums tile t at the end of its GEMM.
+                dest = rank
+                local_tile = tile
+                if WORLD > 1:
+                    peer_tiles = (WORLD - 1) * per_dest
+                    if tile < peer_tiles:
+                        dest = (rank + 1 + tile % (WORLD - 1)) % WORLD
+                        local_tile = tile // (WORLD - 1)
+                    else:
+                        local_tile = tile - peer_tiles
+            else:
+                # Destinations interleaved tile by tile: tile t of every destination is done about
+                # t/T into the GEMM everywhere, so every rank's reduce can start early (had each
+                # rank walked whole destinations, one producer would reach any destination last).
+                dest = (rank + 1 + tile % WORLD) % WORLD
+                local_tile = tile // WORLD
             pid_m, pid_n = _tile_coords(local_tile, local_m, num_n, GROUP_M)
             off_m = dest * m_per_rank + pid_m * BM
         else:
@@ -164,8 +195,19 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 base = c_desc + half
                 first = dest * m_per_rank
             ptrs = base + (first + rows).to(tl.int64)[:, None] * stride + cols[None, :]
-            tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
-            dl.notify(signals + rank * signal_region + local_tile, dest, epoch, "set", "intra_node")
+            if REDUCE_OWN:
+                if dest == rank:
+                    offs = rows.to(tl.int64)[:, None] * stride + cols[None, :]
+                    for i in tl.static_range(1, WORLD):
+                        r = (rank + i) % WORLD
+                        token = dl.wait(signals + r * signal_region + local_tile, 1, "sys", "acquire", epoch)
+                        src = c_desc + half + (r * m_per_rank).to(tl.int64) * stride + offs
+                        acc += tl.load(dl.consume_token(src, token), mask=mask).to(tl.float32)
+                    tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+                else:
+                    _store_and_signal(ptrs, acc, mask, signals + rank * signal_region + local_tile, dest, epoch)
+            else:
+                _store_and_signal(ptrs, acc, mask, signals + rank * signal_region + local_tile, dest, epoch)
         else:
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 

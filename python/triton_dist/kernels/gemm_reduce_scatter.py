@@ -92,7 +92,9 @@ REDUCE_TILE_ELEMS = 4096
 """Elements of a partial tile the consumer loads per rank at once (rows of ``REDUCE_TILE_ELEMS //
 BN``): 16 per thread at 8 warps, two 16-byte vectors."""
 
-VARIANTS = ("auto", "push", "pull")
+VARIANTS = ("auto", "fused", "push", "pull")
+AUTO_VARIANT = "fused"
+"""What ``variant="auto"`` runs."""
 
 gemm_rs_producer_kernel = DistributedKernel(_gemm.gemm_kernel)
 """:func:`triton_dist.kernels.gemm.gemm_kernel` launched with ``SIGNAL_ROWS=True`` and the
@@ -227,9 +229,12 @@ class GemmReduceScatterContext:
             for peer in (False, True):
                 meta = _gemm.kernel_meta(config, False, signal_rows=True, world=self.world, peer_epilogue=peer)
                 gemm_rs_producer_kernel.preload(a_desc, b_desc, p, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
-                                                half_elems=2, signal_region=2, grid=(1, ), **meta)
+                                                half_elems=2, signal_region=2, out=p, grid=(1, ), **meta)
                 gemm_rs_reduce_kernel.preload(p, p, self.pad.signals, self.calls, 2, self.n, 2, 2, grid=(1, ),
                                               **self._reduce_meta(config, peer))
+            meta = _gemm.kernel_meta(config, False, signal_rows=True, world=self.world, reduce_own=True)
+            gemm_rs_producer_kernel.preload(a_desc, b_desc, p, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
+                                            half_elems=2, signal_region=2, out=p, grid=(1, ), **meta)
 
     def run(self, a, b, out, variant: str = "auto") -> None:
         """``out`` = this rank's rows of the sum over ranks of ``a @ b.T`` on the current stream.
@@ -254,9 +259,12 @@ class GemmReduceScatterContext:
         if not self._protocol:
             _gemm.gemm(a, b, out=out)
             return
-        peer = variant in ("auto", "push")
+        variant = AUTO_VARIANT if variant == "auto" else variant
+        fused = variant == "fused"
+        peer = variant == "push"
         m = big_m // self.world
-        config = _gemm.pick_config(big_m, n, k, self.max_programs)
+        max_programs = self.num_sms if fused else self.max_programs
+        config = _gemm.pick_config(big_m, n, k, max_programs)
         c = _gemm.CONFIGS[config]
         a_desc = TensorDescriptor.from_tensor(a, [c["BM"], c["BK"]])
         b_desc = TensorDescriptor.from_tensor(b, [c["BN"], c["BK"]])
@@ -266,16 +274,20 @@ class GemmReduceScatterContext:
         # here, possibly while a peer spins.
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
         self.calls.add_(1)
-        self._bumped.record(stream)
         # The GEMM is launched before the reduce that waits for it: were kernels serialised
         # (CUDA_LAUNCH_BLOCKING, a sanitizer), a reduce launched first would wait for a GEMM that
         # cannot start. The side stream waits only for the bump, not for the GEMM.
-        grid = (max(1, min(self.world * tiles, self.max_programs)), )
+        self._bumped.record(stream)
+        grid = (max(1, min(self.world * tiles, max_programs)), )
         gemm_rs_producer_kernel[grid](a_desc, b_desc, self.partials, big_m, n, k, self.pad.signals, self.calls,
                                       self.rank, m, half_elems=self.half,  # after the constexprs: by name
-                                      signal_region=self.tiles_per_rank,
+                                      signal_region=self.tiles_per_rank, out=target,
                                       **_gemm.kernel_meta(config, False, signal_rows=True, world=self.world,
-                                                          peer_epilogue=peer))
+                                                          peer_epilogue=peer, reduce_own=fused))
+        if fused:
+            if target is not out:
+                out.copy_(target)
+            return
         self._side.wait_event(self._bumped)
         with torch.cuda.stream(self._side):
             gemm_rs_reduce_kernel[(min(tiles, self.reduce_sms), )](self.partials, target, self.pad.signals,
