@@ -73,6 +73,7 @@ def main() -> int:
     parser = bench.script.argument_parser(__doc__, HERE / "results")
     parser.add_argument("--reduce-sms", type=int, default=None,
                         help="SMs left to the reduce kernel (default: gemm_reduce_scatter.REDUCE_SMS)")
+    parser.set_defaults(heap_size="16G")  # the largest shapes' buffers, and the transfer's own contexts
     args = parser.parse_args()
     bench.script.guard(args)
 
@@ -87,7 +88,7 @@ def main() -> int:
     shapes = bench.script.overlap_shapes(args.quick)
     log(f"gpu {gpu} x{world}, commit {bench.commit()}, versions {bench.versions()}, "
         f"{'quick' if args.quick else 'full'} run, reduce_sms {args.reduce_sms}")
-    iters = 10 if args.quick else 30
+    iters = 10 if args.quick else 20  # GEMMs of 0.2-20 ms: 20 samples give a stable median
 
     records = []
     for label, big_m, n, k_full in shapes:
@@ -179,6 +180,7 @@ def main() -> int:
                          shape_meaning="[M rows in total, N, K per rank]"))
         bench.sync_and_barrier()
         del ctx
+        ops.clear_contexts()  # the transfer's cached contexts: the next shape's need the heap
 
     bench.sync_and_barrier()
     if rank == 0:
