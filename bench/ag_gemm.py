@@ -15,7 +15,10 @@ ranks.
   (omitted when unavailable or failing; timed without a CUDA graph, see ``timing``);
 - ``gemm_us`` / ``cublas_us``: our GEMM alone / ``torch.matmul`` on the gathered ``[M, K]``;
 - ``transfer_us``: the gather alone, the faster of ``ops.all_gather`` (auto) and NCCL;
-- ``bound_us`` = max(``gemm_us``, ``transfer_us``) (DESIGN §7, an overlapped op).
+- ``bound_us`` = max(``gemm_us``, ``transfer_us``) (DESIGN §7, an overlapped op);
+- diagnostics of the gap between ``ours_us`` and the bound: ``consumer_only_us``, the waiting GEMM
+  alone after a call (every ready signal already set, nothing in flight); ``gemm_symm_us``, the
+  plain GEMM reading A from the context's symmetric buffer.
 
 Every contender's result is checked against the fp32 reference of the gathered inputs first
 (max |error| / max |ref| < 1e-2). Timing: :mod:`triton_dist.bench.timing`, CUDA graphs
@@ -40,6 +43,8 @@ import triton_dist as tdist  # noqa: E402
 from triton_dist import bench  # noqa: E402
 from triton_dist import ops  # noqa: E402
 from triton_dist.kernels import AllGatherGemmContext  # noqa: E402
+from triton_dist.kernels import allgather_gemm  # noqa: E402
+from triton_dist.kernels import gemm as gemm_module  # noqa: E402
 from triton_dist.kernels.gemm import gemm  # noqa: E402
 
 log = bench.script.logger("ag_gemm")
@@ -64,6 +69,16 @@ def _symm_mem_op(a_shard, b):
         return run, None
     except Exception as e:  # noqa: BLE001
         return None, f"{type(e).__name__}: {e}"
+
+
+def _consumer_only(ctx, m, b, out):
+    """The context's waiting GEMM as :meth:`AllGatherGemmContext.run` launches it, without the
+    gather: after a call every ready signal already holds this call's value, so it never waits."""
+    rows, n, k = ctx.world * m, b.shape[0], ctx.k
+    config = gemm_module.pick_config(rows, n, k, ctx.max_programs)
+    descs = gemm_module.descriptors(ctx.gathered[:rows * k].view(rows, k), b, out, config)
+    allgather_gemm.ag_gemm_consumer_kernel[gemm_module.grid_for(rows, n, config, ctx.max_programs)](
+        *descs, rows, n, k, ctx.pad.signals, ctx.calls, ctx.rank, m, **gemm_module.kernel_meta(config, True))
 
 
 def main() -> int:
@@ -113,7 +128,9 @@ def main() -> int:
                "gemm": lambda: gemm(a_full, b, out=gemm_out),
                "cublas": lambda: torch.matmul(a_full, b.t(), out=gemm_out),
                "ag_ours": lambda: ops.all_gather(a_shard, out=ag_out),
-               "ag_nccl": lambda: dist.all_gather_into_tensor(ag_out, a_shard)}
+               "ag_nccl": lambda: dist.all_gather_into_tensor(ag_out, a_shard),
+               "consumer_only": lambda: _consumer_only(ctx, m, b, gemm_out),
+               "gemm_symm": lambda: gemm(ctx.gathered[:big_m * k].view(big_m, k), b, out=gemm_out)}
         outputs = {"ours": out, "torch_nccl": nccl_out, "gemm": gemm_out, "cublas": gemm_out}
 
         symm, why = _symm_mem_op(a_shard, b)
@@ -157,6 +174,7 @@ def main() -> int:
                          bound_us=bound, m_per_rank=m, gemm_us=times["gemm"], cublas_us=times["cublas"],
                          gemm_vs_cublas=times["cublas"] / times["gemm"], transfer_us=transfer,
                          all_gather_ours_us=times["ag_ours"], all_gather_nccl_us=times["ag_nccl"],
+                         consumer_only_us=times["consumer_only"], gemm_symm_us=times["gemm_symm"],
                          ours_tflops=flop / (times["ours"] * 1e6), of_bound=bound / times["ours"],
                          verified=checks["ours"] and checks["gemm"], checks=checks,
                          rel_errors={name: (e if e < 1e30 else None) for name, e in errors.items()},
@@ -170,7 +188,7 @@ def main() -> int:
     bench.sync_and_barrier()
     if rank == 0:
         print()
-        bench.print_table(records, extra=("model", "gemm_us", "cublas_us", "transfer_us", "of_bound"))
+        bench.print_table(records, extra=("model", "consumer_only_us", "gemm_symm_us", "gemm_us", "cublas_us", "transfer_us", "of_bound"))
         path = bench.write_results(records, "ag_gemm", root=args.out, rank=0)
         print(f"\n[ag_gemm] wrote {path}", flush=True)
     bench.sync_and_barrier()

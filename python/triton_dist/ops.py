@@ -51,9 +51,13 @@ def _cached_context(op: str, dtype, nbytes: int):
     fitting = [ctx for (o, dt, size), ctx in _CONTEXTS.items() if o == op and dt == dtype and size >= nbytes]
     if fitting:
         return min(fitting, key=lambda c: c.max_bytes)
+    from .kernels.context import MAX_NUMEL
+
     size = MIN_CONTEXT_BYTES
     while size < nbytes:
         size *= 2
+    if size // dtype.itemsize >= MAX_NUMEL:  # rounded past the largest context: take the size asked
+        size = nbytes
     ctx = _context_class(op)(size, dtype)
     _CONTEXTS[(op, dtype, size)] = ctx
     return ctx

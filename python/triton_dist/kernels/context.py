@@ -22,7 +22,7 @@ from ..signals import SignalPad
 from ..symmetric import symm_empty
 
 DTYPES = ("float32", "bfloat16", "float16")
-_MAX_NUMEL = 2**31 // 4  # element counts reach the kernels as 32-bit ints
+MAX_NUMEL = 2**31 // 4  # element counts reach the kernels as 32-bit ints
 
 
 class CollectiveContext:
@@ -50,8 +50,8 @@ class CollectiveContext:
         if isinstance(max_numel, bool) or not isinstance(max_numel, int) or max_numel <= 0:
             raise ValueError(f"triton_dist {op}: the maximum size must be a positive number of elements, got "
                              f"{max_numel!r}")
-        if max_numel >= _MAX_NUMEL:
-            raise ValueError(f"triton_dist {op}: {max_numel} elements is too large (at most {_MAX_NUMEL - 1}; "
+        if max_numel >= MAX_NUMEL:
+            raise ValueError(f"triton_dist {op}: {max_numel} elements is too large (at most {MAX_NUMEL - 1}; "
                              f"element counts are 32-bit kernel arguments): split the tensor")
         if max_programs is None:
             max_programs = self.DEFAULT_MAX_PROGRAMS

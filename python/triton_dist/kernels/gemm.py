@@ -82,11 +82,12 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _store_and_signal(ptrs, acc, mask, signal, dest, epoch):
-    """A GEMM+ReduceScatter partial tile out, then its signal on ``dest`` (``dl.notify``: a CTA
-    barrier orders every thread's stores before the one release atomic)."""
-    tl.store(ptrs, acc.to(ptrs.dtype.element_ty), mask=mask)
-    dl.notify(signal, dest, epoch, "set", "intra_node")
+def _signal_pending(signals, pending_tile, pending_dest, epoch):
+    """The signal of this program's previous GEMM+ReduceScatter tile (``pending_tile`` < 0: none)
+    on ``pending_dest`` (``dl.notify``: a CTA barrier orders every thread's stores of that tile
+    before the one release atomic)."""
+    if pending_tile >= 0:
+        dl.notify(signals + pending_tile, pending_dest, epoch, "set", "intra_node")
 
 
 @triton.jit(do_not_specialize=["M", "N", "K", "rank", "m_per_rank", "half_elems", "signal_region"])
@@ -115,7 +116,12 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     here (``PEER_EPILOGUE=False``), or to rows ``rank * m_per_rank + i`` of rank ``d``'s buffer
     (``PEER_EPILOGUE=True``, ``dl.symm_at``), and then signal ``rank * T + t`` (``t``: the tile's
     index among ``d``'s) on rank ``d`` is set to ``*calls`` with release semantics at system
-    scope (``dl.notify``: a CTA barrier, then one release atomic). The producer never waits.
+    scope (``dl.notify``: a CTA barrier, then one release atomic). The signal goes out one tile
+    late, after the program's next K loop (or after its last tile), when the stores have drained:
+    a release waits for the program's earlier stores, so sent at once it would hold the program
+    for its tile's trip over NVLink. The
+    producer never waits (except ``REDUCE_OWN``'s own tiles, below, after sending its pending
+    signal).
     ``signal_region``: signals per source rank, fixed for the context (not ``T``, which depends on
     the call's M: a region that moved with M would let a peer already on the next call set the
     signals of tiles this rank's reduce still waits for in this one).
@@ -143,6 +149,11 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
         local_m = tl.cdiv(m_per_rank, BM)  # m-tiles per destination
         per_dest = local_m * num_n
         num_tiles = WORLD * per_dest
+        # A tile's signal is sent one tile late, after the next tile's K loop: by then its stores
+        # (over NVLink for the peer epilogue) have drained, and the release does not stall the
+        # program on them.
+        pending_tile = pid * 0 - 1  # signal index (region offset included); < 0: none
+        pending_dest = pid * 0
     for tile in range(pid, num_tiles, grid):
         if SIGNAL_ROWS:
             if REDUCE_OWN:
@@ -195,6 +206,9 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 base = c_desc + half
                 first = dest * m_per_rank
             ptrs = base + (first + rows).to(tl.int64)[:, None] * stride + cols[None, :]
+            # Before any wait below: a program never waits while holding back a signal.
+            _signal_pending(signals, pending_tile, pending_dest, epoch)
+            signal = rank * signal_region + local_tile
             if REDUCE_OWN:
                 if dest == rank:
                     offs = rows.to(tl.int64)[:, None] * stride + cols[None, :]
@@ -205,11 +219,16 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                         acc += tl.load(dl.consume_token(src, token), mask=mask).to(tl.float32)
                     tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
                 else:
-                    _store_and_signal(ptrs, acc, mask, signals + rank * signal_region + local_tile, dest, epoch)
+                    tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
+                pending_tile = tl.where(dest == rank, -1, signal)
             else:
-                _store_and_signal(ptrs, acc, mask, signals + rank * signal_region + local_tile, dest, epoch)
+                tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
+                pending_tile = signal
+            pending_dest = dest
         else:
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+    if SIGNAL_ROWS:
+        _signal_pending(signals, pending_tile, pending_dest, epoch)
 
 
 def num_sms(device=None) -> int:
