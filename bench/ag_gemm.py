@@ -165,6 +165,8 @@ def main() -> int:
         log(f"{label} M={big_m} K={k} N={n}: ours {times['ours']:.1f} us, NCCL+cuBLAS {times['torch_nccl']:.1f} us, "
             f"symm_mem {times.get('torch_symm_mem', float('nan')):.1f} us, gemm alone {times['gemm']:.1f} us "
             f"(cuBLAS {times['cublas']:.1f} us), transfer {transfer:.1f} us, bound {bound:.1f} us, "
+            f"waiting GEMM alone {times['consumer_only']:.1f} us, GEMM on the symmetric buffer "
+            f"{times['gemm_symm']:.1f} us, "
             f"errors {errors}, checks {checks}")
         records.append(
             bench.record("ag_gemm", shape=[big_m, n, k], dtype="bfloat16", world_size=world, gpu=gpu, model=label,

@@ -27,10 +27,11 @@ at 512 KiB, two-shot from 128 MiB). Measured on two GPUs, where both move the sa
 moves ``w / 2`` times the bytes of two-shot on ``w`` GPUs, so the threshold is scaled by ``2 / w``
 (not yet measured beyond two GPUs)."""
 
-AUTO_LL_MAX_BYTES = 0
+AUTO_LL_MAX_BYTES = 32 << 10
 """``all_reduce(method="auto")`` uses ``"ll"`` up to this many bytes (capped by
-``AllReduceContext.LL_MAX_BYTES``). 0 until the ll method has run on GPUs and been measured against
-one-shot; ``method="ll"`` selects it explicitly."""
+``AllReduceContext.LL_MAX_BYTES``): bench/results/h200-x2/allreduce.json (CUDA-graph timing, bf16)
+has ll ahead of one-shot at 8 KiB (8.1 against 9.2 us) and 32 KiB (6.3 against 7.5 us); sizes
+between 32 and 64 KiB were not measured."""
 
 MIN_CONTEXT_BYTES = 1 << 20
 """Contexts created on first use hold at least this many bytes (then powers of two)."""
