@@ -51,21 +51,8 @@ all_ok = bench.script.all_ranks_ok
 
 def make_symm_mem_baseline(n_max: int, dtype, device):
     """``(buffer, fn(n))`` for torch's one-shot symmetric-memory AllReduce, or None."""
-    import torch
-    import torch.distributed as dist
-
     try:
-        import torch.distributed._symmetric_memory as symm_mem
-
-        group_name = dist.group.WORLD.group_name
-        buf = symm_mem.empty(n_max, dtype=dtype, device=device)
-        symm_mem.rendezvous(buf, group_name)
-        op = torch.ops.symm_mem.one_shot_all_reduce
-
-        def fn(n):
-            return lambda: op(buf[:n], "sum", group_name)
-
-        return buf, fn
+        return bench.script.symm_mem_one_shot_all_reduce(n_max, dtype, device)
     except Exception as e:  # noqa: BLE001 - the baseline is optional
         log(f"torch symm_mem one_shot_all_reduce unavailable ({type(e).__name__}: {e}); baseline omitted")
         return None

@@ -8,6 +8,9 @@ launch the kernels of :mod:`triton_dist.kernels`. torch is imported inside the f
     ops.all_reduce(x, out=x)                 # in place
     g = ops.all_gather(x)                    # (world * x.shape[0], ...) : every rank's x, in rank order
     s = ops.reduce_scatter(x)                # (x.shape[0] // world, ...): this rank's shard of the sum
+    c = ops.ag_gemm(a_shard, w)              # allgather(a_shard) @ w.T, the gather overlapped
+    y = ops.gemm_rs(a, w)                    # this rank's rows of sum over ranks of a @ w.T
+    y = ops.gemm_ar(a, w)                    # sum over ranks of a @ w.T, on every rank (small M)
 
 Every op is collective: every rank makes the same calls, in the same order, with the same shapes,
 dtypes and methods. Contexts (symmetric buffers, signals, loaded kernels) are cached per (op,
@@ -300,30 +303,29 @@ def ag_gemm(a_shard, b, *, out=None, context=None):
     return out
 
 
-def _gemm_rs_context(a, n, context):
-    """A cached :class:`~triton_dist.kernels.GemmReduceScatterContext` that fits ``a`` and ``n``,
-    else a new one (collective; ``max_m`` rounded up to a power of two, at least 256)."""
-    from .kernels import GemmReduceScatterContext
-
+def _n_keyed_gemm_context(op: str, context_class, a, n, context, min_m: int):
+    """A cached ``context_class(max_m, n, dtype)`` (GEMM+RS or GEMM+AR) that fits ``a``'s rows and
+    ``n``, else a new one (collective; ``max_m`` rounded up to a power of two, at least ``min_m``);
+    ``context``, when given, checked instead."""
+    name = context_class.__name__
     big_m = a.shape[0]
     if context is not None:
-        if not isinstance(context, GemmReduceScatterContext):
-            raise TypeError(f"triton_dist gemm_rs: context must be a GemmReduceScatterContext, got "
-                            f"{type(context).__name__}")
+        if not isinstance(context, context_class):
+            raise TypeError(f"triton_dist {op}: context must be a {name}, got {type(context).__name__}")
         if context.dtype != a.dtype or context.n != n or big_m > context.max_m:
-            raise ValueError(f"triton_dist gemm_rs: the context is for up to {context.max_m} rows and N={context.n} "
+            raise ValueError(f"triton_dist {op}: the context is for up to {context.max_m} rows and N={context.n} "
                              f"{context.dtype}; a is {list(a.shape)} {a.dtype} with N={n}: create a "
-                             f"GemmReduceScatterContext(max_m>={big_m}, n={n}, dtype={a.dtype}) or pass context=None")
+                             f"{name}(max_m>={big_m}, n={n}, dtype={a.dtype}) or pass context=None")
         return context
-    fitting = [ctx for (o, dt, key), ctx in _CONTEXTS.items() if o == "gemm_rs" and dt == a.dtype and key[0] == n and
+    fitting = [ctx for (o, dt, key), ctx in _CONTEXTS.items() if o == op and dt == a.dtype and key[0] == n and
                key[1] >= big_m]
     if fitting:
         return min(fitting, key=lambda c: c.max_m)
-    max_m = 256
+    max_m = min_m
     while max_m < big_m:
         max_m *= 2
-    ctx = GemmReduceScatterContext(max_m, n, a.dtype)
-    _CONTEXTS[("gemm_rs", a.dtype, (n, max_m))] = ctx
+    ctx = context_class(max_m, n, a.dtype)
+    _CONTEXTS[(op, a.dtype, (n, max_m))] = ctx
     return ctx
 
 
@@ -359,6 +361,37 @@ def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
     _check_aligned("gemm_rs", "out", out)
     if big_m == 0 or n == 0:
         return out
-    context = _gemm_rs_context(a, n, context)
+    from .kernels import GemmReduceScatterContext
+
+    context = _n_keyed_gemm_context("gemm_rs", GemmReduceScatterContext, a, n, context, min_m=256)
     context.run(a, b, out, variant)
+    return out
+
+
+def gemm_ar(a, b, *, out=None, context=None):
+    """GEMM+AllReduce: the sum over ranks of ``a @ b.T`` on every rank, bit-identical across ranks;
+    returns ``out`` (``[M, N]``; a new tensor when None). One kernel: each tile's fp32 partial goes
+    to every peer as soon as it is computed, and every rank sums the partials in rank order; see
+    :mod:`triton_dist.kernels.gemm_all_reduce`. Meant for small ``M`` (decoding): its symmetric
+    buffer holds ``2 * world * M * N`` fp32 elements.
+
+    ``a``: ``[M, K]`` (this rank's K-shard of the activations, the same ``M`` on every rank);
+    ``b``: ``[N, K]`` (this rank's K-shard of a row-parallel linear layer's weight: ``y = x @
+    W.T``); both contiguous, bfloat16 or float16 (the same), on the current CUDA device, 16-byte
+    aligned; ``K`` and ``N`` multiples of 8. ``context``: a
+    :class:`~triton_dist.kernels.GemmAllReduceContext` to use instead of a cached one (needed to
+    capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes.
+    """
+    _require_initialized("gemm_ar")
+    m, k, n = _matmul_operands("gemm_ar", "a", a, b, "all_reduce(a @ b.T)")
+    _check_aligned("gemm_ar", "a", a)
+    _check_aligned("gemm_ar", "b", b)
+    out = _output("gemm_ar", a, out, (m, n))
+    _check_aligned("gemm_ar", "out", out)
+    if m == 0 or n == 0:
+        return out
+    from .kernels import GemmAllReduceContext
+
+    context = _n_keyed_gemm_context("gemm_ar", GemmAllReduceContext, a, n, context, min_m=128)
+    context.run(a, b, out)
     return out

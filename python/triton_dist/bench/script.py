@@ -84,6 +84,25 @@ def symm_mem_world_group() -> str:
     return group_name
 
 
+def symm_mem_one_shot_all_reduce(n_max: int, dtype, device):
+    """``(buffer, fn(n))``: torch's one-shot symmetric-memory AllReduce of ``buffer[:n]`` (a
+    ``n_max``-element symmetric buffer, rendezvoused on the default group) as ``fn(n)()``, which
+    returns the result. Raises where this torch lacks it."""
+    import torch
+
+    import torch.distributed._symmetric_memory as symm_mem
+
+    group_name = symm_mem_world_group()
+    buf = symm_mem.empty(n_max, dtype=dtype, device=device)
+    symm_mem.rendezvous(buf, group_name)
+    op = torch.ops.symm_mem.one_shot_all_reduce
+
+    def fn(n):
+        return lambda: op(buf[:n], "sum", group_name)
+
+    return buf, fn
+
+
 MODEL_SHAPES = {
     "llama3.1-8b": (14336, 4096),
     "llama3.1-70b": (28672, 8192),

@@ -16,3 +16,6 @@ __all__ = ["AllGatherContext", "AllGatherGemmContext", "ag_gemm_consumer_kernel"
 from .gemm_reduce_scatter import GemmReduceScatterContext, gemm_rs_producer_kernel, gemm_rs_reduce_kernel  # noqa: E402
 
 __all__ += ["GemmReduceScatterContext", "gemm_rs_producer_kernel", "gemm_rs_reduce_kernel"]
+from .gemm_all_reduce import GemmAllReduceContext, gemm_ar_kernel  # noqa: E402
+
+__all__ += ["GemmAllReduceContext", "gemm_ar_kernel"]

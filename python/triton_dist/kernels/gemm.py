@@ -1,9 +1,14 @@
 """A persistent Hopper GEMM, ``C[M, N] = A[M, K] @ B[N, K]^T`` (B row-major ``[N, K]``, the weight
 layout of a tensor-parallel linear layer), bf16/fp16 in, fp32 accumulation, the input dtype out.
 
-One tile loop (:func:`gemm_kernel`) serves two kernels:
+One tile loop (:func:`gemm_kernel`) serves every GEMM of the library; constexprs pick the
+epilogue and the waits:
 
-- the plain GEMM (``WAIT_FOR_ROWS=False``, launched as a ``triton.jit`` kernel by :func:`gemm`);
+- the plain GEMM (launched as a ``triton.jit`` kernel by :func:`gemm`);
+- the GEMM+ReduceScatter producer (``SIGNAL_ROWS``, with ``PEER_EPILOGUE`` or ``REDUCE_OWN``, see
+  :mod:`triton_dist.kernels.gemm_reduce_scatter`) and GEMM+AllReduce (``ALL_REDUCE``, see
+  :mod:`triton_dist.kernels.gemm_all_reduce`): tiles stored with ``tl.store`` into symmetric
+  buffers, signalled, and (own tiles, all-reduce) summed after waiting for the peers';
 - the consumer of AllGather+GEMM (``WAIT_FOR_ROWS=True``, launched through ``triton_dist.jit``
   by :mod:`triton_dist.kernels.allgather_gemm`): A is the gathered ``[world * m, K]`` buffer, rank
   ``r``'s shard in rows ``[r * m, (r + 1) * m)``; before the K loop of a tile it acquire-waits
@@ -56,16 +61,18 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> str:
 
 
 def kernel_meta(config: str, wait_for_rows: bool, *, signal_rows: bool = False, world: int = 1,
-                peer_epilogue: bool = False, reduce_own: bool = False) -> dict:
+                peer_epilogue: bool = False, reduce_own: bool = False, all_reduce: bool = False) -> dict:
     """Launch keyword arguments (constexprs and options) of :func:`gemm_kernel` for ``config``
     (``signal_rows``: the GEMM+ReduceScatter producer for ``world`` ranks, ``peer_epilogue`` its
     variant that stores into the destination's buffer, ``reduce_own`` the variant that also sums
-    this rank's own tiles in its epilogue)."""
+    this rank's own tiles in its epilogue; ``all_reduce``: GEMM+AllReduce for ``world`` ranks)."""
     c = CONFIGS[config]
     meta = dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], NUM_STAGES=c["NUM_STAGES"],
                 WAIT_FOR_ROWS=wait_for_rows, num_warps=c["num_warps"], num_stages=c["NUM_STAGES"])
     if signal_rows:
         meta.update(SIGNAL_ROWS=True, WORLD=world, PEER_EPILOGUE=peer_epilogue or reduce_own, REDUCE_OWN=reduce_own)
+    if all_reduce:
+        meta.update(ALL_REDUCE=True, WORLD=world)
     return meta
 
 
@@ -90,12 +97,52 @@ def _signal_pending(signals, pending_tile, pending_dest, epoch):
         dl.notify(signals + pending_tile, pending_dest, epoch, "set", "intra_node")
 
 
+@triton.jit
+def _sum_own_tile(acc, partials, out, signals, rows, cols, mask, stride, m_per_rank, rank, tile, signal_region, epoch,
+                  WORLD: tl.constexpr):
+    """The fused GEMM+ReduceScatter's own tile: wait for each peer's partial of it, add them to
+    ``acc`` (rank order from ``rank + 1``), store the sum into ``out``."""
+    offs = rows.to(tl.int64)[:, None] * stride + cols[None, :]
+    for i in tl.static_range(1, WORLD):
+        r = (rank + i) % WORLD
+        token = dl.wait(signals + r * signal_region + tile, 1, "sys", "acquire", epoch)
+        src = partials + (r * m_per_rank).to(tl.int64) * stride + offs
+        acc += tl.load(dl.consume_token(src, token), mask=mask).to(tl.float32)
+    tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _all_reduce_tile(acc, partials, partials_base, half, out, signals, off_m, off_n, M, stride, rank, tile,
+                     signal_region, epoch, WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """GEMM+AllReduce's epilogue of one tile: ``acc`` (fp32) to slot ``rank`` of every peer's half
+    (``partials``: this rank's half; ``partials_base + half``: the same through ``dl.symm_at``),
+    signalled; then the sum of every rank's partial in rank order into ``out``."""
+    rows = off_m + tl.arange(0, BM)
+    cols = off_n + tl.arange(0, BN)
+    mask = (rows < M)[:, None] & (cols < stride)[None, :]
+    offs = rows.to(tl.int64)[:, None] * stride + cols[None, :]
+    slot = M.to(tl.int64) * stride
+    for i in tl.static_range(1, WORLD):
+        peer = tl.multiple_of(dl.symm_at(partials_base, (rank + i) % WORLD), 16) + half  # symm_at loses alignment
+        tl.store(peer + rank * slot + offs, acc, mask=mask)
+    # Every rank's signal, this rank's own included, so that the waits below are uniform; they are
+    # ordinary (not predicated, hence not pure) waits, which the compiler keeps after the notifies.
+    for i in tl.static_range(WORLD):
+        dl.notify(signals + rank * signal_region + tile, (rank + i) % WORLD, epoch, "set", "intra_node")
+    total = tl.zeros((BM, BN), tl.float32)
+    for r in tl.static_range(WORLD):
+        token = dl.wait(signals + r * signal_region + tile, 1, "sys", "acquire", epoch)
+        theirs = tl.load(dl.consume_token(partials + r * slot + offs, token), mask=mask & (r != rank))
+        total += tl.where(r == rank, acc, theirs)
+    tl.store(out + offs, total.to(out.dtype.element_ty), mask=mask)
+
+
 @triton.jit(do_not_specialize=["M", "N", "K", "rank", "m_per_rank", "half_elems", "signal_region"])
 def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_rank, BM: tl.constexpr,
                 BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
                 WAIT_FOR_ROWS: tl.constexpr, half_elems=0, SIGNAL_ROWS: tl.constexpr = False,
                 WORLD: tl.constexpr = 1, PEER_EPILOGUE: tl.constexpr = False, signal_region=0,
-                REDUCE_OWN: tl.constexpr = False, out=None):
+                REDUCE_OWN: tl.constexpr = False, out=None, ALL_REDUCE: tl.constexpr = False):
     """``C = A @ B^T`` over a persistent grid. ``a_desc``: ``[M, K]`` block ``[BM, BK]``;
     ``b_desc``: ``[N, K]`` block ``[BN, BK]``; ``c_desc``: ``[M, N]`` block ``[BM, BN]``.
 
@@ -132,7 +179,18 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     their epilogue waits (acquire, system scope) for signal ``r * signal_region + t >= *calls`` of
     every peer ``r``, adds the peers' partials (local rows ``[r * m_per_rank, ...)`` of the half)
     to the fp32 accumulator in rank order from ``rank + 1``, and stores the sum into ``out``
-    (``[m_per_rank, N]``, 16-byte aligned). No separate reduce kernel runs."""
+    (``[m_per_rank, N]``, 16-byte aligned). No separate reduce kernel runs.
+
+    ``ALL_REDUCE`` (GEMM+AllReduce, :mod:`~triton_dist.kernels.gemm_all_reduce`): ``c_desc`` is a
+    pointer to a symmetric fp32 buffer of two halves of ``half_elems`` elements (the half is
+    ``*calls % 2``), each ``WORLD`` slots of ``[M, N]``; ``out`` is ``[M, N]``, ``N`` a multiple of
+    8, 16-byte aligned. Each tile (plain order) goes to slot ``rank`` of every peer's half, is
+    signalled on every rank (signal ``rank * signal_region + tile``, set to ``*calls``, release at
+    system scope), then the program waits for the same tile from every peer and sums the
+    ``WORLD`` fp32 partials in rank order ``0, 1, ...`` (its own from registers), so every rank
+    rounds the same sum: the results are bit-identical across ranks. A program signals its tile
+    before it waits, and tile ``t`` is program ``t % grid``'s on every rank (same grid
+    everywhere), so no program waits for one that waits for it."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     num_m = tl.cdiv(M, BM)
@@ -142,6 +200,10 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     if WAIT_FOR_ROWS:
         epoch = tl.load(calls)
         shift = (rank * m_per_rank) // BM  # the m-tile holding this rank's first row
+    if ALL_REDUCE:
+        epoch = tl.load(calls)
+        half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
+        stride = (N // 8) * 8  # == N (a multiple of 8), with the divisibility fact for 16-byte stores
     if SIGNAL_ROWS:
         epoch = tl.load(calls)
         half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
@@ -211,13 +273,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             signal = rank * signal_region + local_tile
             if REDUCE_OWN:
                 if dest == rank:
-                    offs = rows.to(tl.int64)[:, None] * stride + cols[None, :]
-                    for i in tl.static_range(1, WORLD):
-                        r = (rank + i) % WORLD
-                        token = dl.wait(signals + r * signal_region + local_tile, 1, "sys", "acquire", epoch)
-                        src = c_desc + half + (r * m_per_rank).to(tl.int64) * stride + offs
-                        acc += tl.load(dl.consume_token(src, token), mask=mask).to(tl.float32)
-                    tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+                    _sum_own_tile(acc, c_desc + half, out, signals, rows, cols, mask, stride, m_per_rank, rank,
+                                  local_tile, signal_region, epoch, WORLD)
                 else:
                     tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
                 pending_tile = tl.where(dest == rank, -1, signal)
@@ -225,6 +282,9 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
                 pending_tile = signal
             pending_dest = dest
+        elif ALL_REDUCE:
+            _all_reduce_tile(acc, c_desc + half, c_desc, half, out, signals, off_m, off_n, M, stride, rank, tile,
+                             signal_region, epoch, WORLD, BM, BN)
         else:
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
     if SIGNAL_ROWS:

@@ -1,0 +1,179 @@
+"""GEMM+AllReduce (bf16, decode sizes): ours (:func:`triton_dist.ops.gemm_ar`, one kernel) vs torch
+(``matmul`` then NCCL ``all_reduce``) vs ``matmul`` into a torch symmetric buffer then
+``torch.ops.symm_mem.one_shot_all_reduce`` vs ours unfused (our GEMM then ``ops.all_reduce``).
+
+    torchrun --nproc-per-node=2 bench/gemm_ar.py [--quick]
+
+Shapes: a row-parallel linear layer (each model's MLP down projection, ``N`` = the model's hidden
+size, ``K`` = its intermediate size split across ranks) at ``M`` = 1, 16, 64 and 128 rows
+(``--quick``: llama3.1-8b at 16 and 128). ``A [M, K / world]``, ``B [N, K / world]``, result the
+``[M, N]`` sum on every rank.
+
+- ``ours_us``: ``ops.gemm_ar``; ``unfused_us``: ``gemm`` + ``ops.all_reduce`` (auto);
+- ``torch_nccl_us``: ``torch.matmul`` + ``dist.all_reduce``;
+- ``torch_symm_mem_us``: ``torch.matmul`` into a symmetric buffer + ``one_shot_all_reduce``
+  (omitted when unavailable);
+- ``gemm_us`` / ``cublas_us``: our GEMM / ``torch.matmul`` alone; ``transfer_us``: the faster of
+  ``ops.all_reduce`` and NCCL alone on the ``[M, N]`` result; ``bound_us`` = max(``gemm_us``,
+  ``transfer_us``) (DESIGN §7).
+
+Every contender's result is checked against the fp32 reference first (max |error| / max |ref| <
+1e-2), and ours for bit-identical results on every rank. Timing: :mod:`triton_dist.bench.timing`,
+CUDA graphs, fixed counts on every rank, median per rank, MAX over ranks. Writes
+bench/results/<gpu>-x<world>/gemm_ar.json.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+try:
+    import triton_dist._C  # noqa: F401  an installed build
+except ImportError:
+    sys.path.insert(0, str(HERE.parent / "python"))
+
+import triton_dist as tdist  # noqa: E402
+from triton_dist import bench  # noqa: E402
+from triton_dist import ops  # noqa: E402
+from triton_dist.kernels import GemmAllReduceContext  # noqa: E402
+from triton_dist.kernels.gemm import gemm  # noqa: E402
+
+log = bench.script.logger("gemm_ar")
+all_ok = bench.script.all_ranks_ok
+REL_TOL = 1e-2
+ROWS = (1, 16, 64, 128)
+
+
+def _shapes(quick: bool) -> list[tuple[str, int, int, int]]:
+    """``(model, M, N, K)``: the MLP down projection, ``N`` = hidden, ``K`` = intermediate."""
+    models = bench.script.MODEL_SHAPES
+    if quick:
+        n_up, hidden = models["llama3.1-8b"]
+        return [("llama3.1-8b", m, hidden, n_up) for m in (16, 128)]
+    return [(name, m, hidden, n_up) for name, (n_up, hidden) in models.items() if name.startswith("llama")
+            for m in ROWS]
+
+
+def _matmul_then_one_shot(a, b, symm_out, one_shot):
+    """torch's symmetric-memory path: ``matmul`` into the symmetric buffer, then its one-shot
+    all-reduce (which returns the result)."""
+    import torch
+
+    def run():
+        torch.matmul(a, b.t(), out=symm_out)
+        return one_shot()
+
+    return run
+
+
+def main() -> int:
+    parser = bench.script.argument_parser(__doc__, HERE / "results")
+    args = parser.parse_args()
+    bench.script.guard(args)
+
+    import torch
+    import torch.distributed as dist
+
+    tdist.init(heap_size=args.heap_size)
+    world, rank = tdist.world_size(), tdist.rank()
+    device = torch.device("cuda", torch.cuda.current_device())
+    gpu = bench.gpu_slug()
+    dtype = torch.bfloat16
+    shapes = _shapes(args.quick)
+    log(f"gpu {gpu} x{world}, commit {bench.commit()}, versions {bench.versions()}, "
+        f"{'quick' if args.quick else 'full'} run")
+    iters = 20 if args.quick else 50
+
+    records = []
+    for label, m, n, k_full in shapes:
+        k = k_full // world
+        ctx = GemmAllReduceContext(max(ROWS), n, dtype)  # collective; preloads
+        g = torch.Generator(device=device)
+        g.manual_seed(5000 + rank)
+        a = torch.randn((m, k), device=device, generator=g).to(dtype)
+        b = torch.randn((n, k), device=device, generator=g).to(dtype)
+        ref = a.float() @ b.float().T
+        dist.all_reduce(ref)
+        outs = {name: torch.empty((m, n), device=device, dtype=dtype) for name in ("ours", "unfused", "torch_nccl")}
+        partial = torch.empty((m, n), device=device, dtype=dtype)
+
+        def unfused():
+            gemm(a, b, out=partial)
+            ops.all_reduce(partial, out=outs["unfused"])
+
+        def torch_nccl():
+            torch.matmul(a, b.t(), out=outs["torch_nccl"])
+            dist.all_reduce(outs["torch_nccl"])
+
+        fns = {"ours": lambda: ops.gemm_ar(a, b, out=outs["ours"], context=ctx), "unfused": unfused,
+               "torch_nccl": torch_nccl, "gemm": lambda: gemm(a, b, out=partial),
+               "cublas": lambda: torch.matmul(a, b.t(), out=partial),
+               "ar_ours": lambda: ops.all_reduce(partial, out=outs["unfused"]),
+               "ar_nccl": lambda: dist.all_reduce(partial)}
+        symm = None
+        try:
+            buf, one_shot = bench.script.symm_mem_one_shot_all_reduce(m * n, dtype, device)
+            symm = _matmul_then_one_shot(a, b, buf[:m * n].view(m, n), one_shot(m * n))
+        except Exception as e:  # noqa: BLE001 - the baseline is optional
+            log(f"torch symm_mem one_shot_all_reduce unavailable ({type(e).__name__}: {e}); baseline omitted")
+        if not all_ok(symm is not None):  # collective: every rank runs it or none
+            symm = None
+
+        errors = {}
+        for name in ("ours", "unfused", "torch_nccl"):
+            outs[name].fill_(float("nan"))
+            fns[name]()
+            torch.cuda.synchronize()
+            errors[name] = bench.script.relative_error(outs[name], ref)
+        if symm is not None:
+            got = symm()
+            torch.cuda.synchronize()
+            errors["torch_symm_mem"] = bench.script.relative_error(got.view(m, n), ref)
+            fns["torch_symm_mem"] = symm
+        checks = {name: all_ok(err < REL_TOL) for name, err in errors.items()}
+        gathered = [torch.empty_like(outs["ours"]) for _ in range(world)]
+        dist.all_gather(gathered, outs["ours"])
+        checks["ours_identical_on_every_rank"] = all_ok(all(torch.equal(x, outs["ours"]) for x in gathered))
+        bench.sync_and_barrier()
+
+        times = {name: bench.median_us(fn, warmup=5, iters=iters, graph=True) for name, fn in fns.items()}
+        transfer = min(times["ar_ours"], times["ar_nccl"])
+        bound = max(times["gemm"], transfer)
+        log(f"{label} M={m} N={n} K={k}: ours {times['ours']:.1f} us, unfused {times['unfused']:.1f} us, "
+            f"matmul+NCCL {times['torch_nccl']:.1f} us, symm_mem {times.get('torch_symm_mem', float('nan')):.1f} us, "
+            f"gemm alone {times['gemm']:.1f} us (cuBLAS {times['cublas']:.1f} us), all_reduce {transfer:.1f} us, "
+            f"errors {errors}, checks {checks}")
+        records.append(
+            bench.record("gemm_ar", shape=[m, n, k], dtype="bfloat16", world_size=world, gpu=gpu, model=label,
+                         ours_us=times["ours"],
+                         baselines={"torch_nccl_us": times["torch_nccl"],
+                                    "torch_symm_mem_us": times.get("torch_symm_mem")},
+                         bound_us=bound, unfused_us=times["unfused"], gemm_us=times["gemm"],
+                         cublas_us=times["cublas"], transfer_us=transfer, all_reduce_ours_us=times["ar_ours"],
+                         all_reduce_nccl_us=times["ar_nccl"], of_bound=bound / times["ours"],
+                         verified=all(checks.values()), checks=checks, rel_errors=errors,
+                         timing={"iters": iters, "cuda_graph": True},
+                         bound_method="max(our gemm alone, min(ops.all_reduce, NCCL all_reduce))",
+                         shape_meaning="[M, N, K per rank]"))
+        bench.sync_and_barrier()
+        del ctx, symm
+        ops.clear_contexts()
+
+    bench.sync_and_barrier()
+    if rank == 0:
+        print()
+        bench.print_table(records, extra=("model", "unfused_us", "gemm_us", "cublas_us", "transfer_us", "of_bound"))
+        path = bench.write_results(records, "gemm_ar", root=args.out, rank=0)
+        print(f"\n[gemm_ar] wrote {path}", flush=True)
+    bench.sync_and_barrier()
+    ops.clear_contexts()
+    tdist.finalize()
+    faulthandler.cancel_dump_traceback_later()
+    return 0 if all(r["verified"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

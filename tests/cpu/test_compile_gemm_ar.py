@@ -1,0 +1,66 @@
+"""GEMM+AllReduce compiles for sm_90: the shared wgmma/TMA loop, fp32 tiles stored to the peers with
+16-byte vectors, one release per rank (the own rank included) each after a CTA barrier, then one
+acquire spin per rank with every partial-tile load depending on the spins, a sum in fp32 and one
+rounding on the way out. Host-side checks of the context need no GPU."""
+
+import re
+
+import pytest
+
+from triton_dist.kernels import gemm as gemm_module
+from triton_dist.kernels import gemm_all_reduce
+from triton_dist.tools.compile_check import compile_for_hopper, depends_on, ops_matching, results
+
+_SPIN = "ld.acquire.sys.global.u64"
+_RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
+_SMEM_LIMIT = 232448
+
+
+def _compile(config, world, dtype="bf16"):
+    c = gemm_module.CONFIGS[config]
+    meta = gemm_module.kernel_meta(config, False, world=world, all_reduce=True)
+    options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
+    signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
+                 "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>", "c_desc": "*fp32", "M": "i32", "N": "i32",
+                 "K": "i32", "signals": "*u64", "calls": "*i64", "rank": "i32", "m_per_rank": "i32",
+                 "half_elems": "i32", "signal_region": "i32", "out": f"*{dtype}"}
+    return compile_for_hopper(gemm_all_reduce.gemm_ar_kernel, signature, meta, **options)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])  # 1: protocol_on_one_rank
+@pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
+def test_pushes_signals_then_waits_and_sums(config, world):
+    compiled = _compile(config, world)
+    ptx, ttgir, ttir = compiled.asm["ptx"], compiled.asm["ttgir"], compiled.asm["ttir"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # the shared GEMM loop
+    assert compiled.metadata.shared <= _SMEM_LIMIT
+    # One release per rank, each right after a CTA barrier.
+    lines = ttir.splitlines()
+    releases = [i for i, line in enumerate(lines) if "tt.atomic_rmw" in line and "release" in line]
+    assert len(releases) == world
+    for i in releases:
+        earlier = [line for line in lines[:i] if re.search(r"gpu\.barrier|tt\.store|tt\.atomic|inline_asm", line)]
+        assert earlier and "gpu.barrier" in earlier[-1]
+    # The fp32 partial goes to world - 1 peers before the first release.
+    stores_before = [line for line in lines[:releases[0]] if "tt.store" in line]
+    assert len(stores_before) == world - 1 and all("f32" in line for line in stores_before)
+    if world > 1:
+        assert "nvshmemi_device_state_d" in ptx  # peers' buffers through symm_at
+    # One spin per rank, after the releases; every partial-tile load depends on a spin.
+    spins = results(ops_matching(ttgir, re.escape(_SPIN)))
+    assert len(spins) == world
+    loads = [op for op in ops_matching(ttgir, r"tt\.load ") if "tensor<" in op.split(":")[-1]]
+    assert len(loads) == world
+    for load in loads:
+        assert depends_on(ttgir, load, spins), f"a partial-tile load does not depend on the waits: {load}"
+    first_spin = min(i for i, line in enumerate(lines) if "inline_asm" in line and "ld.acquire" in line)
+    assert first_spin > releases[-1]  # signalled before waiting: the no-deadlock argument
+    assert all(".v4." in s for s in re.findall(r"st\.global[a-z0-9.]*", ptx))
+    assert re.search(r"cvt\.rn\.bf16x2\.f32|cvt\.rn\.bf16\.f32", ptx)  # rounded once, on the way out
+    assert "trap;" in ptx  # the waits time out like every dl.wait
+
+
+def test_meta():
+    meta = gemm_module.kernel_meta("small", False, world=4, all_reduce=True)
+    assert meta["ALL_REDUCE"] and meta["WORLD"] == 4 and "SIGNAL_ROWS" not in meta
+    assert "ALL_REDUCE" not in gemm_module.kernel_meta("small", False)

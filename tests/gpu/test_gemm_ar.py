@@ -1,0 +1,152 @@
+"""triton_dist.ops.gemm_ar (GEMM+AllReduce) against torch: the fp32 sum over ranks of ``a @ b.T``
+(``dist.all_reduce`` of each rank's fp32 product), and bit-identical results on every rank. Back-to-
+back calls with fresh inputs and NaN-poisoned outputs (a tile summed before a peer's partial
+landed, or from the previous call's half, shows up as a large error or a NaN), M and N not
+multiples of the tile, changing M on one context, CUDA graph replay, the protocol on one rank,
+bad inputs. Runs at any world size, 1 included."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import triton_dist as tdist
+from conftest import all_ranks_agree, raises_everywhere, rank_generator
+from triton_dist import ops
+from triton_dist.bench.script import relative_error as _rel_error
+from triton_dist.kernels import GemmAllReduceContext
+
+_REL_TOL = 1e-2  # bf16/fp16 output rounding is 2**-8 relative; a missing or stale partial is O(1)
+
+
+def _randn(shape, dtype, seed):
+    g = rank_generator(seed, dist.get_rank())
+    return torch.randn(shape, device="cuda", dtype=torch.float32, generator=g).to(dtype)
+
+
+def _reference(a, b):
+    full = a.float() @ b.float().T
+    dist.all_reduce(full)
+    return full
+
+
+def _identical_everywhere(t) -> bool:
+    """Whether every rank holds the same bits in ``t``."""
+    gathered = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, t.contiguous())
+    mine = t.contiguous().view(torch.int16)
+    return all(torch.equal(g.view(torch.int16), mine) for g in gathered)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 1024), (16, 1024, 2048), (100, 264, 136), (128, 8192, 512),
+                                   (1000, 512, 768)])
+def test_gemm_ar_matches_torch_and_agrees_across_ranks(m, n, k):
+    dtype = torch.bfloat16
+    a, b = _randn((m, k), dtype, 1), _randn((n, k), dtype, 2)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    got = ops.gemm_ar(a, b, out=out)
+    torch.cuda.synchronize()
+    err = _rel_error(got, _reference(a, b))
+    same = _identical_everywhere(got)
+    all_ranks_agree(got is out and err < _REL_TOL and same,
+                    f"gemm_ar M={m} N={n} K={k}: rel error {err}, identical on every rank {same}")
+
+
+def test_gemm_ar_back_to_back():
+    """200 unsynchronised calls with fresh inputs on one context; every tenth result checked."""
+    dtype, calls = torch.bfloat16, 200
+    m, n, k = 64, 2048, 512
+    b = _randn((n, k), dtype, 100)
+    inputs = [_randn((m, k), dtype, 1000 + i) for i in range(calls)]
+    checked = [i for i in range(calls) if i % 10 == 0 or i == calls - 1]
+    outs = {i: torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for i in checked}
+    scratch = torch.empty((m, n), device="cuda", dtype=dtype)
+    tdist.barrier()
+    for i in range(calls):
+        assert ops.gemm_ar(inputs[i], b, out=outs.get(i, scratch)) is outs.get(i, scratch)
+    torch.cuda.synchronize()
+    errors = {i: _rel_error(outs[i], _reference(inputs[i], b)) for i in checked}
+    bad = {i: e for i, e in errors.items() if not e < _REL_TOL}
+    same = all(_identical_everywhere(outs[i]) for i in checked)
+    all_ranks_agree(not bad and same, f"gemm_ar back to back: wrong calls (call: rel error) {bad}, identical {same}")
+
+
+def test_gemm_ar_changing_rows_and_fp16():
+    """One context, M shrinking and growing between unsynchronised calls (the slots move with M,
+    the signals do not), in fp16."""
+    dtype, n, k = torch.float16, 1024, 256
+    context = GemmAllReduceContext(256, n, dtype)
+    b = _randn((n, k), dtype, 300)
+    rows = [256, 1, 128, 17, 256, 64, 200, 8] * 4
+    inputs = [_randn((m, k), dtype, 3000 + i) for i, m in enumerate(rows)]
+    outs = [torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for m in rows]
+    tdist.barrier()
+    for x, out in zip(inputs, outs):
+        ops.gemm_ar(x, b, out=out, context=context)
+    torch.cuda.synchronize()
+    bad = {i: e for i, (x, out) in enumerate(zip(inputs, outs))
+           if not (e := _rel_error(out, _reference(x, b))) < _REL_TOL}
+    all_ranks_agree(not bad, f"gemm_ar with changing M: wrong calls (call: rel error) {bad}")
+
+
+def test_gemm_ar_cuda_graph_replay():
+    dtype, m, n, k = torch.bfloat16, 32, 4096, 1024
+    ctx = GemmAllReduceContext(m, n, dtype)
+    a = _randn((m, k), dtype, 12)
+    b = _randn((n, k), dtype, 11)
+    out = torch.empty((m, n), device="cuda", dtype=dtype)
+    ops.gemm_ar(a, b, out=out, context=ctx)  # one call outside the capture
+    torch.cuda.synchronize()
+    tdist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for _ in range(3):  # an odd count: replays alternate halves
+            ops.gemm_ar(a, b, out=out, context=ctx)
+    torch.cuda.synchronize()
+    tdist.barrier()
+    errors = []
+    for replay in range(6):
+        a.copy_(_randn((m, k), dtype, 20 + replay))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        errors.append(_rel_error(out, _reference(a, b)))
+    all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_ar graph replays: rel errors {errors}")
+
+
+def test_gemm_ar_protocol_on_one_rank():
+    """The signalling kernel at any world size, one rank included (where gemm_ar is otherwise the
+    plain GEMM)."""
+    dtype, n, k = torch.bfloat16, 512, 256
+    context = GemmAllReduceContext(128, n, dtype, protocol_on_one_rank=True)
+    b = _randn((n, k), dtype, 500)
+    bad = []
+    for i in range(20):
+        a = _randn((100, k), dtype, 5000 + i)
+        out = torch.full((100, n), float("nan"), device="cuda", dtype=dtype)
+        ops.gemm_ar(a, b, out=out, context=context)
+        torch.cuda.synchronize()
+        if not (err := _rel_error(out, _reference(a, b))) < _REL_TOL:
+            bad.append((i, err))
+    all_ranks_agree(not bad, f"gemm_ar with the protocol forced on: wrong calls (call, rel error) {bad}")
+
+
+def test_gemm_ar_bad_inputs():
+    a = _randn((64, 128), torch.bfloat16, 9)
+    b = _randn((64, 128), torch.bfloat16, 10)
+    raises_everywhere(lambda: ops.gemm_ar(a.float(), b.float()), TypeError, "bfloat16")
+    raises_everywhere(lambda: ops.gemm_ar(a, b.half()), TypeError, "b is torch.float16")
+    raises_everywhere(lambda: ops.gemm_ar(a, b[:, :64].contiguous()), ValueError, "K differs")
+    raises_everywhere(lambda: ops.gemm_ar(a, b[:60]), ValueError, "multiple of 8")
+    raises_everywhere(lambda: ops.gemm_ar(a[:, :120], b[:, :120]), ValueError, "contiguous")
+    raises_everywhere(lambda: ops.gemm_ar(a.cpu(), b), ValueError, "cuda|CUDA")
+    misaligned = torch.empty(a.numel() + 8, device="cuda", dtype=a.dtype)[1:a.numel() + 1].view(a.shape)
+    raises_everywhere(lambda: ops.gemm_ar(misaligned, b), ValueError, "16-byte")
+    raises_everywhere(lambda: ops.gemm_ar(a, b, out=torch.empty((65, 64), device="cuda", dtype=a.dtype)),
+                      ValueError, "out")
+    small = GemmAllReduceContext(32, 64, torch.bfloat16)
+    raises_everywhere(lambda: ops.gemm_ar(a, b, context=small), ValueError, "max_m>=64")
+    raises_everywhere(lambda: ops.gemm_ar(a, b, context=object()), TypeError, "GemmAllReduceContext")
+    got = ops.gemm_ar(a[:32], b, context=small)  # still works after the errors
+    torch.cuda.synchronize()
+    err = _rel_error(got, _reference(a[:32], b))
+    all_ranks_agree(tuple(got.shape) == (32, 64) and err < _REL_TOL, f"gemm_ar after errors: {err}")
