@@ -1,0 +1,146 @@
+"""Tutorial 05: the torch-facing ops - collectives and overlapped GEMMs - in a tensor-parallel MLP.
+
+    torchrun --nproc-per-node=2 tutorials/05_ops.py
+
+A tensor-parallel MLP block, ``y = relu(x @ W1.T) @ W2.T`` with ``W1`` split by rows (columns of
+the hidden activation) and ``W2`` by columns (its contraction), written three ways, each checked
+against the same computation in fp32 with torch.distributed:
+
+1. prefill, sequence-parallel input: ``ops.ag_gemm`` gathers every rank's rows of ``x`` while
+   multiplying by this rank's ``W1`` shard, and ``ops.gemm_rs`` multiplies by the ``W2`` shard
+   while reduce-scattering the result back to this rank's rows;
+2. decode (a few rows, replicated input): the first GEMM needs no communication, and
+   ``ops.gemm_ar`` multiplies by the ``W2`` shard and all-reduces in one kernel, with the same
+   bits on every rank;
+3. the same decode step captured in a CUDA graph and replayed (contexts are created by a first,
+   uncaptured call: creating one is collective and allocates symmetric memory).
+
+Then the plain collectives: ``ops.all_reduce``, ``ops.all_gather`` (also into a symmetric output,
+which the zero-copy methods write directly) and ``ops.reduce_scatter``.
+
+Every op is collective: each rank makes the same calls with the same shapes.
+"""
+
+import torch
+import torch.distributed as dist
+
+import triton_dist as tdist
+from triton_dist import ops
+
+
+def _randn(*shape, seed, dtype=torch.bfloat16, same_on_every_rank=False):
+    g = torch.Generator(device="cuda")
+    g.manual_seed(seed if same_on_every_rank else seed * 1009 + tdist.rank())
+    return (torch.randn(*shape, device="cuda", generator=g) / shape[-1] ** 0.25).to(dtype)
+
+
+def _close(got, want, what: str) -> bool:
+    err = ((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-6)).item()
+    ok = err < 2e-2  # bf16 rounding of the intermediate and the output
+    if tdist.rank() == 0 or not ok:
+        print(f"rank {tdist.rank()}: {what}: max relative error {err:.2e} {'ok' if ok else 'TOO LARGE'}")
+    return ok
+
+
+def mlp_prefill(x_rows, w1_shard, w2_shard) -> bool:
+    """Sequence-parallel prefill: ``x_rows`` is this rank's ``[m, d]`` rows of the sequence."""
+    h = torch.relu(ops.ag_gemm(x_rows, w1_shard))  # [world * m, f / world]: every row, this rank's columns
+    y = ops.gemm_rs(h, w2_shard)  # [m, d]: this rank's rows, summed over every rank's columns
+    torch.cuda.synchronize()
+    # The reference: gather the rows, both GEMMs in fp32, sum the partial products over ranks.
+    x_all = torch.empty((tdist.world_size() * x_rows.shape[0], x_rows.shape[1]), device="cuda", dtype=x_rows.dtype)
+    dist.all_gather_into_tensor(x_all, x_rows)
+    partial = torch.relu(x_all.float() @ w1_shard.float().T).to(x_rows.dtype).float() @ w2_shard.float().T
+    dist.all_reduce(partial)
+    m = x_rows.shape[0]
+    return _close(y, partial[tdist.rank() * m:(tdist.rank() + 1) * m], "prefill: ag_gemm + gemm_rs")
+
+
+def mlp_decode(x, w1_shard, w2_shard, out=None):
+    """Decode: ``x`` ``[m, d]``, the same on every rank; returns ``[m, d]`` on every rank."""
+    h = torch.relu(torch.matmul(x, w1_shard.T))  # no communication: this rank's hidden columns
+    return ops.gemm_ar(h, w2_shard, out=out)
+
+
+def decode_reference(x, w1_shard, w2_shard):
+    partial = torch.relu(x.float() @ w1_shard.float().T).to(x.dtype).float() @ w2_shard.float().T
+    dist.all_reduce(partial)
+    return partial
+
+
+def check_decode(x, w1_shard, w2_shard) -> bool:
+    y = mlp_decode(x, w1_shard, w2_shard)
+    torch.cuda.synchronize()
+    gathered = [torch.empty_like(y) for _ in range(tdist.world_size())]
+    dist.all_gather(gathered, y)
+    same = all(torch.equal(g, y) for g in gathered)
+    if not same:
+        print(f"rank {tdist.rank()}: decode results differ between ranks")
+    return _close(y, decode_reference(x, w1_shard, w2_shard), "decode: gemm_ar") and same
+
+
+def check_decode_graph(x, w1_shard, w2_shard) -> bool:
+    static_x = x.clone()
+    out = torch.empty_like(x)
+    mlp_decode(static_x, w1_shard, w2_shard, out=out)  # creates the context, uncaptured
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        mlp_decode(static_x, w1_shard, w2_shard, out=out)
+    ok = True
+    for step in range(5):
+        static_x.copy_(_randn(*x.shape, seed=900 + step, same_on_every_rank=True))
+        graph.replay()
+        torch.cuda.synchronize()
+        ok &= _close(out, decode_reference(static_x, w1_shard, w2_shard), f"decode in a CUDA graph, replay {step}")
+    return ok
+
+
+def check_collectives() -> bool:
+    world = tdist.world_size()
+    x = _randn(1_000_003, seed=7, dtype=torch.float32)
+    want = x.clone()
+    dist.all_reduce(want)
+    ok = _close(ops.all_reduce(x), want, "all_reduce")
+
+    rows = _randn(4099, 8, seed=8, dtype=torch.float32)
+    want = torch.empty((world * 4099, 8), device="cuda")
+    dist.all_gather_into_tensor(want, rows)
+    ok &= _close(ops.all_gather(rows), want, "all_gather")
+    symmetric_out = tdist.symm_empty((world * 4099, 8), torch.float32)  # on the heap: peers write it directly
+    ok &= _close(ops.all_gather(rows, out=symmetric_out, method="sm_zero_copy"), want, "all_gather, zero-copy")
+
+    full = _randn(world * 1000, 16, seed=9, dtype=torch.float32)
+    want = torch.empty((1000, 16), device="cuda")
+    dist.reduce_scatter_tensor(want, full)
+    ok &= _close(ops.reduce_scatter(full), want, "reduce_scatter")
+    return ok
+
+
+def run_all() -> bool:
+    """Every check of this tutorial (an initialised runtime needed); True when all passed."""
+    world = tdist.world_size()
+    d, f, m = 1024, 4096, 256  # model width, MLP width, rows per rank
+    w1_shard = _randn(f // world, d, seed=1)  # this rank's rows of W1 [f, d]
+    w2_shard = _randn(d, f // world, seed=2)  # this rank's columns of W2 [d, f]
+    ok = mlp_prefill(_randn(m, d, seed=3), w1_shard, w2_shard)
+    decode_x = _randn(8, d, seed=4, same_on_every_rank=True)
+    ok &= check_decode(decode_x, w1_shard, w2_shard)
+    ok &= check_decode_graph(decode_x, w1_shard, w2_shard)
+    ok &= check_collectives()
+    tdist.barrier()
+    ops.clear_contexts()
+    return ok
+
+
+def main():
+    tdist.init()
+    ok = run_all()
+    tdist.finalize()
+    print(f"rank {tdist.rank()}: tutorial 05 {'passed' if ok else 'FAILED'}")
+    if not ok:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
