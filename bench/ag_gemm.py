@@ -29,7 +29,6 @@ Writes bench/results/<gpu>-x<world>/ag_gemm.json.
 
 from __future__ import annotations
 
-import faulthandler
 import sys
 from pathlib import Path
 
@@ -39,7 +38,6 @@ try:
 except ImportError:
     sys.path.insert(0, str(HERE.parent / "python"))
 
-import triton_dist as tdist  # noqa: E402
 from triton_dist import bench  # noqa: E402
 from triton_dist import ops  # noqa: E402
 from triton_dist.kernels import AllGatherGemmContext  # noqa: E402
@@ -90,14 +88,9 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    tdist.init(heap_size=args.heap_size)
-    world, rank = tdist.world_size(), tdist.rank()
-    device = torch.device("cuda", torch.cuda.current_device())
-    gpu = bench.gpu_slug()
+    world, rank, device, gpu = bench.script.start(args, log)
     dtype = torch.bfloat16
     shapes = bench.script.overlap_shapes(args.quick)
-    log(f"gpu {gpu} x{world}, commit {bench.commit()}, versions {bench.versions()}, "
-        f"{'quick' if args.quick else 'full'} run")
     iters = 10 if args.quick else 20  # GEMMs of 0.2-20 ms: 20 samples give a stable median
 
     records = []
@@ -187,17 +180,8 @@ def main() -> int:
         del ctx
         ops.clear_contexts()  # the transfer's cached contexts: the next shape's need the heap
 
-    bench.sync_and_barrier()
-    if rank == 0:
-        print()
-        bench.print_table(records, extra=("model", "consumer_only_us", "gemm_symm_us", "gemm_us", "cublas_us", "transfer_us", "of_bound"))
-        path = bench.write_results(records, "ag_gemm", root=args.out, rank=0)
-        print(f"\n[ag_gemm] wrote {path}", flush=True)
-    bench.sync_and_barrier()
-    ops.clear_contexts()
-    tdist.finalize()
-    faulthandler.cancel_dump_traceback_later()
-    return 0 if all(r["verified"] for r in records) else 1
+    extra = ("model", "consumer_only_us", "gemm_symm_us", "gemm_us", "cublas_us", "transfer_us", "of_bound")
+    return bench.script.finish("ag_gemm", records, args, extra)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ Writes bench/results/<gpu>-x<world>/allgather.json.
 
 from __future__ import annotations
 
-import faulthandler
 import sys
 from pathlib import Path
 
@@ -72,18 +71,13 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    tdist.init(heap_size=args.heap_size)
-    world, rank = tdist.world_size(), tdist.rank()
-    device = torch.device("cuda", torch.cuda.current_device())
-    gpu = bench.gpu_slug()
+    world, rank, device, gpu = bench.script.start(args, log)
     dtype = torch.bfloat16
     sizes = ([8 * KIB, 256 * KIB, 16 * MIB, 256 * MIB] if args.quick else
              [8 * KIB * 4**k for k in range(8)] + [256 * MIB])  # 8 KiB .. 128 MiB in x4 steps, then 256 MiB
     seen = bench.all_gather_floats(float(sum(sizes) + len(sizes)))
     if len(set(seen)) != 1:
         raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
-    log(f"gpu {gpu} x{world}, commit {bench.commit()}, versions {bench.versions()}, "
-        f"{'quick' if args.quick else 'full'} run")
 
     n_max = max(sizes) // 2
     ctx = AllGatherContext(max(sizes), dtype)  # collective; preloads every kernel
@@ -157,20 +151,9 @@ def main() -> int:
                          timing={"iters": iters, "group": group, "gpu_delay_us": delay, "cuda_graph": True},
                          bound_method=f"max({ROUND_TRIP_US} us, (w-1)*bytes / {LINK_GBPS} GB/s)"))
 
-    bench.sync_and_barrier()
-    if rank == 0:
-        print()
-        bench.print_table(records, extra=("bytes", "method", "sm_push_us", "ce_push_us", "ce_chunked_us", "ll_us",
-                                          "busbw_gbps", "zero_copy_us", "zero_copy_method", "zero_copy_busbw_gbps",
-                                          "zero_copy_link_fraction", "torch_nccl_busbw_gbps"))
-        path = bench.write_results(records, "allgather", root=args.out, rank=0)
-        print(f"\n[allgather] wrote {path}", flush=True)
-    bench.sync_and_barrier()
-    ops.clear_contexts()
-    del ctx, symm_out_all, symm_out
-    tdist.finalize()
-    faulthandler.cancel_dump_traceback_later()
-    return 0 if all(r["verified"] for r in records) else 1
+    extra = ("bytes", "method", "sm_push_us", "ce_push_us", "ce_chunked_us", "ll_us", "busbw_gbps", "zero_copy_us",
+             "zero_copy_method", "zero_copy_busbw_gbps", "zero_copy_link_fraction", "torch_nccl_busbw_gbps")
+    return bench.script.finish("allgather", records, args, extra)
 
 
 if __name__ == "__main__":

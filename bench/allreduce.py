@@ -25,7 +25,6 @@ Writes bench/results/<gpu>-x<world>/allreduce.json.
 
 from __future__ import annotations
 
-import faulthandler
 import sys
 from pathlib import Path
 
@@ -35,7 +34,6 @@ try:
 except ImportError:
     sys.path.insert(0, str(HERE.parent / "python"))
 
-import triton_dist as tdist  # noqa: E402
 from triton_dist import bench  # noqa: E402
 from triton_dist import ops  # noqa: E402
 from triton_dist.kernels import AllReduceContext  # noqa: E402
@@ -66,18 +64,13 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    tdist.init(heap_size=args.heap_size)
-    world, rank = tdist.world_size(), tdist.rank()
-    device = torch.device("cuda", torch.cuda.current_device())
-    gpu = bench.gpu_slug()
+    world, rank, device, gpu = bench.script.start(args, log)
     dtype = torch.bfloat16
     sizes = ([8 * KIB, 64 * KIB, 256 * KIB, 4 * MIB, 64 * MIB] if args.quick else
              [8 * KIB * 4**k for k in range(8)] + [256 * MIB])  # 8 KiB .. 128 MiB in x4 steps, then 256 MiB
     seen = bench.all_gather_floats(float(sum(sizes) + len(sizes)))
     if len(set(seen)) != 1:
         raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
-    log(f"gpu {gpu} x{world}, commit {bench.commit()}, versions {bench.versions()}, "
-        f"{'quick' if args.quick else 'full'} run")
 
     n_max = max(sizes) // 2
     ctx = AllReduceContext(max(sizes), dtype)  # collective; preloads every kernel
@@ -159,20 +152,8 @@ def main() -> int:
                          timing={"iters": iters, "group": group, "gpu_delay_us": delay, "cuda_graph": True},
                          bound_method=f"2(w-1)/w*bytes / {LINK_GBPS} GB/s + {ROUND_TRIP_US} us"))
 
-    bench.sync_and_barrier()
-    if rank == 0:
-        print()
-        bench.print_table(records, extra=("bytes", "method", "ll_us", "one_shot_us", "two_shot_us", "busbw_gbps",
-                                          "torch_nccl_busbw_gbps"))
-        path = bench.write_results(records, "allreduce", root=args.out, rank=0)
-        print(f"\n[allreduce] wrote {path}", flush=True)
-    bench.sync_and_barrier()
-    del symm
-    ops.clear_contexts()
-    del ctx
-    tdist.finalize()
-    faulthandler.cancel_dump_traceback_later()
-    return 0 if all(r["verified"] for r in records) else 1
+    extra = ("bytes", "method", "ll_us", "one_shot_us", "two_shot_us", "busbw_gbps", "torch_nccl_busbw_gbps")
+    return bench.script.finish("allreduce", records, args, extra)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ bench/results/<gpu>-x<world>/gemm_ar.json.
 
 from __future__ import annotations
 
-import faulthandler
 import sys
 from pathlib import Path
 
@@ -35,7 +34,6 @@ try:
 except ImportError:
     sys.path.insert(0, str(HERE.parent / "python"))
 
-import triton_dist as tdist  # noqa: E402
 from triton_dist import bench  # noqa: E402
 from triton_dist import ops  # noqa: E402
 from triton_dist.kernels import GemmAllReduceContext  # noqa: E402
@@ -77,14 +75,9 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    tdist.init(heap_size=args.heap_size)
-    world, rank = tdist.world_size(), tdist.rank()
-    device = torch.device("cuda", torch.cuda.current_device())
-    gpu = bench.gpu_slug()
+    world, rank, device, gpu = bench.script.start(args, log)
     dtype = torch.bfloat16
     shapes = _shapes(args.quick)
-    log(f"gpu {gpu} x{world}, commit {bench.commit()}, versions {bench.versions()}, "
-        f"{'quick' if args.quick else 'full'} run")
     iters = 20 if args.quick else 50
 
     records = []
@@ -162,17 +155,8 @@ def main() -> int:
         del ctx, symm
         ops.clear_contexts()
 
-    bench.sync_and_barrier()
-    if rank == 0:
-        print()
-        bench.print_table(records, extra=("model", "unfused_us", "gemm_us", "cublas_us", "transfer_us", "of_bound"))
-        path = bench.write_results(records, "gemm_ar", root=args.out, rank=0)
-        print(f"\n[gemm_ar] wrote {path}", flush=True)
-    bench.sync_and_barrier()
-    ops.clear_contexts()
-    tdist.finalize()
-    faulthandler.cancel_dump_traceback_later()
-    return 0 if all(r["verified"] for r in records) else 1
+    extra = ("model", "unfused_us", "gemm_us", "cublas_us", "transfer_us", "of_bound")
+    return bench.script.finish("gemm_ar", records, args, extra)
 
 
 if __name__ == "__main__":

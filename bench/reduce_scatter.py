@@ -24,7 +24,6 @@ from its peers). Writes bench/results/<gpu>-x<world>/reduce_scatter.json.
 
 from __future__ import annotations
 
-import faulthandler
 import sys
 from pathlib import Path
 
@@ -34,7 +33,6 @@ try:
 except ImportError:
     sys.path.insert(0, str(HERE.parent / "python"))
 
-import triton_dist as tdist  # noqa: E402
 from triton_dist import bench  # noqa: E402
 from triton_dist import ops  # noqa: E402
 from triton_dist.kernels import ReduceScatterContext  # noqa: E402
@@ -57,18 +55,13 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    tdist.init(heap_size=args.heap_size)
-    world, rank = tdist.world_size(), tdist.rank()
-    device = torch.device("cuda", torch.cuda.current_device())
-    gpu = bench.gpu_slug()
+    world, rank, device, gpu = bench.script.start(args, log)
     dtype = torch.bfloat16
     sizes = ([256 * KIB, 4 * MIB, 64 * MIB] if args.quick else
              [8 * KIB, 256 * KIB] + [MIB * 4**k for k in range(5)])  # then 1 MiB .. 256 MiB in x4 steps
     seen = bench.all_gather_floats(float(sum(sizes) + len(sizes)))
     if len(set(seen)) != 1:
         raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
-    log(f"gpu {gpu} x{world}, commit {bench.commit()}, versions {bench.versions()}, "
-        f"{'quick' if args.quick else 'full'} run")
 
     n_max = max(sizes) // dtype.itemsize
     n_max -= n_max % world
@@ -127,19 +120,8 @@ def main() -> int:
                          timing={"iters": iters, "group": group, "gpu_delay_us": delay, "cuda_graph": True},
                          bound_method=f"max({ROUND_TRIP_US} us, (w-1)/w*bytes / {LINK_GBPS} GB/s)"))
 
-    bench.sync_and_barrier()
-    if rank == 0:
-        print()
-        bench.print_table(records, extra=("bytes", "method", "push_us", "ring_us", "busbw_gbps",
-                                          "torch_nccl_busbw_gbps"))
-        path = bench.write_results(records, "reduce_scatter", root=args.out, rank=0)
-        print(f"\n[reduce_scatter] wrote {path}", flush=True)
-    bench.sync_and_barrier()
-    ops.clear_contexts()
-    del ctx
-    tdist.finalize()
-    faulthandler.cancel_dump_traceback_later()
-    return 0 if all(r["verified"] for r in records) else 1
+    extra = ("bytes", "method", "push_us", "ring_us", "busbw_gbps", "torch_nccl_busbw_gbps")
+    return bench.script.finish("reduce_scatter", records, args, extra)
 
 
 if __name__ == "__main__":

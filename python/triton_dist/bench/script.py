@@ -23,6 +23,43 @@ def argument_parser(description: str, results_root: Path) -> argparse.ArgumentPa
     return parser
 
 
+def start(args: argparse.Namespace, log, note: str = ""):
+    """Initialise the runtime with ``args.heap_size`` and log the run's header (GPU, world, commit,
+    versions, quick or full, ``note``); returns ``(world, rank, device, gpu)``."""
+    import torch
+
+    from .. import runtime
+    from .results import commit, gpu_slug, versions
+
+    runtime.init(heap_size=args.heap_size)
+    world, rank = runtime.world_size(), runtime.rank()
+    device = torch.device("cuda", torch.cuda.current_device())
+    gpu = gpu_slug()
+    log(f"gpu {gpu} x{world}, commit {commit()}, versions {versions()}, {'quick' if args.quick else 'full'} run{note}")
+    return world, rank, device, gpu
+
+
+def finish(name: str, records: list[dict], args: argparse.Namespace, extra: tuple[str, ...]) -> int:
+    """The end of a benchmark: on rank 0 the table (``extra`` columns) and the JSON
+    (``<args.out>/<gpu>-x<world>/<name>.json``); then every cached context released, the runtime
+    finalised and the watchdog disarmed. Returns the exit code: 0 when every record verified."""
+    from .. import ops, runtime
+    from .results import print_table, write_results
+    from .timing import sync_and_barrier
+
+    sync_and_barrier()
+    if runtime.rank() == 0:
+        print()
+        print_table(records, extra=extra)
+        path = write_results(records, name, root=args.out, rank=0)
+        print(f"\n[{name}] wrote {path}", flush=True)
+    sync_and_barrier()
+    ops.clear_contexts()
+    runtime.finalize()
+    faulthandler.cancel_dump_traceback_later()
+    return 0 if all(r["verified"] for r in records) else 1
+
+
 def guard(args: argparse.Namespace) -> None:
     """Multicast off (unless the caller set these variables) and the watchdog armed."""
     for name, value in _MULTICAST_OFF:

@@ -158,17 +158,17 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     straddle two destinations: destination ``d``'s rows are cut into ``cdiv(m_per_rank, BM)``
     m-tiles of their own (the last one masked), ``T = cdiv(m_per_rank, BM) * cdiv(N, BN)`` tiles per
     destination, walked with the destinations interleaved (tile ``i`` goes to destination
-    ``(rank + 1 + i % WORLD) % WORLD``, its tile ``i // WORLD``). Each tile is stored with ``tl.store`` (generic-proxy stores: see the module notes
-    of gemm_reduce_scatter for why not TMA) to the half's ``[M, N]`` rows ``d * m_per_rank + i``
+    ``(rank + 1 + i % WORLD) % WORLD``, its tile ``i // WORLD``). Each tile is stored with
+    ``tl.store`` (generic-proxy stores: see the module notes of gemm_reduce_scatter for why not
+    TMA) to the half's ``[M, N]`` rows ``d * m_per_rank + i``
     here (``PEER_EPILOGUE=False``), or to rows ``rank * m_per_rank + i`` of rank ``d``'s buffer
     (``PEER_EPILOGUE=True``, ``dl.symm_at``), and then signal ``rank * T + t`` (``t``: the tile's
     index among ``d``'s) on rank ``d`` is set to ``*calls`` with release semantics at system
     scope (``dl.notify``: a CTA barrier, then one release atomic). The signal goes out one tile
     late, after the program's next K loop (or after its last tile), when the stores have drained:
     a release waits for the program's earlier stores, so sent at once it would hold the program
-    for its tile's trip over NVLink. The
-    producer never waits (except ``REDUCE_OWN``'s own tiles, below, after sending its pending
-    signal).
+    for its tile's trip over NVLink. The producer never waits (except ``REDUCE_OWN``'s own tiles,
+    below, after sending its pending signal).
     ``signal_region``: signals per source rank, fixed for the context (not ``T``, which depends on
     the call's M: a region that moved with M would let a peer already on the next call set the
     signals of tiles this rank's reduce still waits for in this one).
