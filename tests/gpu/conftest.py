@@ -50,3 +50,10 @@ def rank_generator(seed: int, rank: int) -> torch.Generator:
     g = torch.Generator(device="cuda")
     g.manual_seed(seed * 1009 + rank)
     return g
+
+
+def rank_randn(shape, dtype, seed: int, rank: int | None = None) -> torch.Tensor:
+    """Normal samples of ``dtype`` (drawn in fp32), different on every rank; any rank can redraw
+    another's by passing its ``rank``."""
+    g = rank_generator(seed, dist.get_rank() if rank is None else rank)
+    return torch.randn(shape, device="cuda", dtype=torch.float32, generator=g).to(dtype)

@@ -8,19 +8,13 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as tdist
-from conftest import all_ranks_agree, raises_everywhere, rank_generator
+from conftest import all_ranks_agree, raises_everywhere, rank_randn
 from triton_dist import ops
 from triton_dist.bench.script import relative_error as _rel_error
 from triton_dist.kernels import AllGatherGemmContext
 from triton_dist.kernels.gemm import gemm
 
 _REL_TOL = 1e-2  # bf16/fp16 output rounding is 2**-8 relative; a wrong or stale tile is O(1)
-
-
-def _randn(shape, dtype, seed, rank=None):
-    g = rank_generator(seed, dist.get_rank() if rank is None else rank)
-    return torch.randn(shape, device="cuda", dtype=torch.float32, generator=g).to(dtype)
-
 
 
 def _reference(a_shard, b):
@@ -34,7 +28,7 @@ def _reference(a_shard, b):
                          ids=["bf16", "bf16-large", "fp16"])
 def test_gemm_matches_torch(dtype, config):
     m, n, k = 1000, 512, 768
-    a, b = _randn((m, k), dtype, 1), _randn((n, k), dtype, 2)
+    a, b = rank_randn((m, k), dtype, 1), rank_randn((n, k), dtype, 2)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
     got = gemm(a, b, out=out, config=config)
     torch.cuda.synchronize()
@@ -45,8 +39,8 @@ def test_gemm_matches_torch(dtype, config):
 @pytest.mark.parametrize("m,n,calls", [(1000, 1024, 50), (1024, 1024, 50), (2048, 4096, 10)])
 def test_ag_gemm_back_to_back(m, n, calls):
     k, dtype = 1024, torch.bfloat16
-    b = _randn((n, k), dtype, 100 + m)  # a different weight shard on every rank, as in tensor parallelism
-    inputs = [_randn((m, k), dtype, 1000 * m + i) for i in range(calls)]
+    b = rank_randn((n, k), dtype, 100 + m)  # a different weight shard on every rank, as in tensor parallelism
+    inputs = [rank_randn((m, k), dtype, 1000 * m + i) for i in range(calls)]
     checked = [i for i in range(calls) if i % 10 == 0 or i == calls - 1]
     outs = {i: torch.full((dist.get_world_size() * m, n), float("nan"), device="cuda", dtype=dtype) for i in checked}
     scratch = torch.empty((dist.get_world_size() * m, n), device="cuda", dtype=dtype)
@@ -64,7 +58,7 @@ def test_ag_gemm_new_tensor():
     # m = 40 < BM: one tile holds rows of every rank (a wait on several signals). bf16 only: an
     # fp16 context would compile two more consumer variants (the plain GEMM covers fp16).
     m, n, k = 40, 256, 512
-    a, b = _randn((m, k), torch.bfloat16, 7), _randn((n, k), torch.bfloat16, 8)
+    a, b = rank_randn((m, k), torch.bfloat16, 7), rank_randn((n, k), torch.bfloat16, 8)
     got = ops.ag_gemm(a, b)
     torch.cuda.synchronize()
     ok = tuple(got.shape) == (dist.get_world_size() * m, n) and got.dtype == torch.bfloat16
@@ -74,8 +68,8 @@ def test_ag_gemm_new_tensor():
 
 def test_ag_gemm_bad_inputs():
     world = dist.get_world_size()
-    a = _randn((64, 128), torch.bfloat16, 9)
-    b = _randn((64, 128), torch.bfloat16, 10)
+    a = rank_randn((64, 128), torch.bfloat16, 9)
+    b = rank_randn((64, 128), torch.bfloat16, 10)
     raises_everywhere(lambda: ops.ag_gemm(a.float(), b.float()), TypeError, "bfloat16")
     raises_everywhere(lambda: ops.ag_gemm(a, b.half()), TypeError, "b is torch.float16")
     raises_everywhere(lambda: ops.ag_gemm(a, b[:, :64].contiguous()), ValueError, "K differs")
@@ -99,9 +93,9 @@ def test_ag_gemm_cuda_graph_replay():
     m, n, k, dtype = 512, 1024, 1024, torch.bfloat16
     ctx = AllGatherGemmContext(m, k, dtype)
     a = torch.empty((m, k), device="cuda", dtype=dtype)
-    b = _randn((n, k), dtype, 11)
+    b = rank_randn((n, k), dtype, 11)
     out = torch.empty((dist.get_world_size() * m, n), device="cuda", dtype=dtype)
-    a.copy_(_randn((m, k), dtype, 12))
+    a.copy_(rank_randn((m, k), dtype, 12))
     ops.ag_gemm(a, b, out=out, context=ctx)  # one call outside the capture
     torch.cuda.synchronize()
     tdist.barrier()
@@ -113,7 +107,7 @@ def test_ag_gemm_cuda_graph_replay():
     tdist.barrier()
     errors = []
     for replay in range(3):
-        a.copy_(_randn((m, k), dtype, 20 + replay))
+        a.copy_(rank_randn((m, k), dtype, 20 + replay))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
@@ -126,10 +120,10 @@ def test_ag_gemm_protocol_on_one_rank():
     otherwise the plain GEMM): preload, the signal kernels and the waiting GEMM run on one GPU."""
     world, dtype = dist.get_world_size(), torch.bfloat16
     ctx = AllGatherGemmContext(1024, 256, dtype, protocol_on_one_rank=True)
-    b = _randn((512, 256), dtype, 41)
+    b = rank_randn((512, 256), dtype, 41)
     bad = []
     for i in range(20):
-        a = _randn((1000, 256), dtype, 400 + i)
+        a = rank_randn((1000, 256), dtype, 400 + i)
         out = torch.full((world * 1000, 512), float("nan"), device="cuda", dtype=dtype)
         ops.ag_gemm(a, b, out=out, context=ctx)
         torch.cuda.synchronize()

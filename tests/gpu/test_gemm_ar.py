@@ -10,17 +10,12 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as tdist
-from conftest import all_ranks_agree, raises_everywhere, rank_generator
+from conftest import all_ranks_agree, raises_everywhere, rank_randn
 from triton_dist import ops
 from triton_dist.bench.script import relative_error as _rel_error
 from triton_dist.kernels import GemmAllReduceContext
 
 _REL_TOL = 1e-2  # bf16/fp16 output rounding is 2**-8 relative; a missing or stale partial is O(1)
-
-
-def _randn(shape, dtype, seed):
-    g = rank_generator(seed, dist.get_rank())
-    return torch.randn(shape, device="cuda", dtype=torch.float32, generator=g).to(dtype)
 
 
 def _reference(a, b):
@@ -41,7 +36,7 @@ def _identical_everywhere(t) -> bool:
                                    (1000, 512, 768)])
 def test_gemm_ar_matches_torch_and_agrees_across_ranks(m, n, k):
     dtype = torch.bfloat16
-    a, b = _randn((m, k), dtype, 1), _randn((n, k), dtype, 2)
+    a, b = rank_randn((m, k), dtype, 1), rank_randn((n, k), dtype, 2)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
     got = ops.gemm_ar(a, b, out=out)
     torch.cuda.synchronize()
@@ -55,8 +50,8 @@ def test_gemm_ar_back_to_back():
     """200 unsynchronised calls with fresh inputs on one context; every tenth result checked."""
     dtype, calls = torch.bfloat16, 200
     m, n, k = 64, 2048, 512
-    b = _randn((n, k), dtype, 100)
-    inputs = [_randn((m, k), dtype, 1000 + i) for i in range(calls)]
+    b = rank_randn((n, k), dtype, 100)
+    inputs = [rank_randn((m, k), dtype, 1000 + i) for i in range(calls)]
     checked = [i for i in range(calls) if i % 10 == 0 or i == calls - 1]
     outs = {i: torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for i in checked}
     scratch = torch.empty((m, n), device="cuda", dtype=dtype)
@@ -75,9 +70,9 @@ def test_gemm_ar_changing_rows_and_fp16():
     the signals do not), in fp16."""
     dtype, n, k = torch.float16, 1024, 256
     context = GemmAllReduceContext(256, n, dtype)
-    b = _randn((n, k), dtype, 300)
+    b = rank_randn((n, k), dtype, 300)
     rows = [256, 1, 128, 17, 256, 64, 200, 8] * 4
-    inputs = [_randn((m, k), dtype, 3000 + i) for i, m in enumerate(rows)]
+    inputs = [rank_randn((m, k), dtype, 3000 + i) for i, m in enumerate(rows)]
     outs = [torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for m in rows]
     tdist.barrier()
     for x, out in zip(inputs, outs):
@@ -91,8 +86,8 @@ def test_gemm_ar_changing_rows_and_fp16():
 def test_gemm_ar_cuda_graph_replay():
     dtype, m, n, k = torch.bfloat16, 32, 4096, 1024
     ctx = GemmAllReduceContext(m, n, dtype)
-    a = _randn((m, k), dtype, 12)
-    b = _randn((n, k), dtype, 11)
+    a = rank_randn((m, k), dtype, 12)
+    b = rank_randn((n, k), dtype, 11)
     out = torch.empty((m, n), device="cuda", dtype=dtype)
     ops.gemm_ar(a, b, out=out, context=ctx)  # one call outside the capture
     torch.cuda.synchronize()
@@ -105,7 +100,7 @@ def test_gemm_ar_cuda_graph_replay():
     tdist.barrier()
     errors = []
     for replay in range(6):
-        a.copy_(_randn((m, k), dtype, 20 + replay))
+        a.copy_(rank_randn((m, k), dtype, 20 + replay))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
@@ -118,10 +113,10 @@ def test_gemm_ar_protocol_on_one_rank():
     plain GEMM)."""
     dtype, n, k = torch.bfloat16, 512, 256
     context = GemmAllReduceContext(128, n, dtype, protocol_on_one_rank=True)
-    b = _randn((n, k), dtype, 500)
+    b = rank_randn((n, k), dtype, 500)
     bad = []
     for i in range(20):
-        a = _randn((100, k), dtype, 5000 + i)
+        a = rank_randn((100, k), dtype, 5000 + i)
         out = torch.full((100, n), float("nan"), device="cuda", dtype=dtype)
         ops.gemm_ar(a, b, out=out, context=context)
         torch.cuda.synchronize()
@@ -131,8 +126,8 @@ def test_gemm_ar_protocol_on_one_rank():
 
 
 def test_gemm_ar_bad_inputs():
-    a = _randn((64, 128), torch.bfloat16, 9)
-    b = _randn((64, 128), torch.bfloat16, 10)
+    a = rank_randn((64, 128), torch.bfloat16, 9)
+    b = rank_randn((64, 128), torch.bfloat16, 10)
     raises_everywhere(lambda: ops.gemm_ar(a.float(), b.float()), TypeError, "bfloat16")
     raises_everywhere(lambda: ops.gemm_ar(a, b.half()), TypeError, "b is torch.float16")
     raises_everywhere(lambda: ops.gemm_ar(a, b[:, :64].contiguous()), ValueError, "K differs")

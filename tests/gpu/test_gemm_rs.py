@@ -9,19 +9,13 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as tdist
-from conftest import all_ranks_agree, raises_everywhere, rank_generator
+from conftest import all_ranks_agree, raises_everywhere, rank_randn
 from triton_dist import ops
 from triton_dist.bench.script import relative_error as _rel_error
 from triton_dist.kernels import GemmReduceScatterContext
 
 _REL_TOL = 1e-2  # bf16/fp16 output rounding is 2**-8 relative; a missing or stale partial is O(1)
 _VARIANTS = ["fused", "push", "pull"]
-
-
-def _randn(shape, dtype, seed):
-    g = rank_generator(seed, dist.get_rank())
-    return torch.randn(shape, device="cuda", dtype=torch.float32, generator=g).to(dtype)
-
 
 
 def _reference(a, b):
@@ -38,7 +32,7 @@ def test_gemm_rs_matches_torch(variant, m, n, k):
     # m = 1000: not a multiple of the 128-row tile (each destination's last m-tile is masked);
     # m = 40 with N = 264: one partial m-tile per rank, N not a multiple of the 128-column tile.
     world, dtype = dist.get_world_size(), torch.bfloat16
-    a, b = _randn((world * m, k), dtype, 1), _randn((n, k), dtype, 2)
+    a, b = rank_randn((world * m, k), dtype, 1), rank_randn((n, k), dtype, 2)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
     got = ops.gemm_rs(a, b, out=out, variant=variant)
     torch.cuda.synchronize()
@@ -50,8 +44,8 @@ def test_gemm_rs_matches_torch(variant, m, n, k):
 def test_gemm_rs_back_to_back(variant):
     world, dtype, calls = dist.get_world_size(), torch.bfloat16, 50
     m, n, k = 1000, 1024, 512
-    b = _randn((n, k), dtype, 100)
-    inputs = [_randn((world * m, k), dtype, 1000 + i) for i in range(calls)]
+    b = rank_randn((n, k), dtype, 100)
+    inputs = [rank_randn((world * m, k), dtype, 1000 + i) for i in range(calls)]
     checked = [i for i in range(calls) if i % 10 == 0 or i == calls - 1]
     outs = {i: torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for i in checked}
     scratch = torch.empty((m, n), device="cuda", dtype=dtype)
@@ -72,9 +66,9 @@ def test_gemm_rs_back_to_back_with_changing_rows(variant):
     of each source rank is fixed by the context, not by the call's M)."""
     world, dtype, n, k = dist.get_world_size(), torch.bfloat16, 1024, 256
     context = GemmReduceScatterContext(world * 2048, n, dtype)
-    b = _randn((n, k), dtype, 300)
+    b = rank_randn((n, k), dtype, 300)
     rows = [2048, 1024, 256, 2048, 40, 1000, 2048, 128] * 3
-    inputs = [_randn((world * m, k), dtype, 3000 + i) for i, m in enumerate(rows)]
+    inputs = [rank_randn((world * m, k), dtype, 3000 + i) for i, m in enumerate(rows)]
     outs = [torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for m in rows]
     tdist.barrier()
     for x, out in zip(inputs, outs):
@@ -88,8 +82,8 @@ def test_gemm_rs_back_to_back_with_changing_rows(variant):
 def test_gemm_rs_alternating_variants_and_fp16():
     world, dtype = dist.get_world_size(), torch.float16
     m, n, k = 256, 512, 256
-    b = _randn((n, k), dtype, 5)
-    inputs = [_randn((world * m, k), dtype, 50 + i) for i in range(8)]
+    b = rank_randn((n, k), dtype, 5)
+    inputs = [rank_randn((world * m, k), dtype, 50 + i) for i in range(8)]
     outs = [torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for _ in inputs]
     for i, x in enumerate(inputs):
         ops.gemm_rs(x, b, out=outs[i], variant=_VARIANTS[i % len(_VARIANTS)])
@@ -100,7 +94,7 @@ def test_gemm_rs_alternating_variants_and_fp16():
 
 def test_gemm_rs_new_tensor():
     world = dist.get_world_size()
-    a, b = _randn((world * 64, 128), torch.bfloat16, 7), _randn((256, 128), torch.bfloat16, 8)
+    a, b = rank_randn((world * 64, 128), torch.bfloat16, 7), rank_randn((256, 128), torch.bfloat16, 8)
     got = ops.gemm_rs(a, b)
     torch.cuda.synchronize()
     ok = tuple(got.shape) == (64, 256) and got.dtype == torch.bfloat16
@@ -110,8 +104,8 @@ def test_gemm_rs_new_tensor():
 
 def test_gemm_rs_bad_inputs():
     world = dist.get_world_size()
-    a = _randn((world * 64, 128), torch.bfloat16, 9)
-    b = _randn((64, 128), torch.bfloat16, 10)
+    a = rank_randn((world * 64, 128), torch.bfloat16, 9)
+    b = rank_randn((64, 128), torch.bfloat16, 10)
     raises_everywhere(lambda: ops.gemm_rs(a.float(), b.float()), TypeError, "bfloat16")
     raises_everywhere(lambda: ops.gemm_rs(a, b.half()), TypeError, "b is torch.float16")
     raises_everywhere(lambda: ops.gemm_rs(a, b[:, :64].contiguous()), ValueError, "K differs")
@@ -144,9 +138,9 @@ def test_gemm_rs_cuda_graph_replay(variant):
     m, n, k = 512, 1024, 1024
     ctx = GemmReduceScatterContext(world * m, n, dtype)
     a = torch.empty((world * m, k), device="cuda", dtype=dtype)
-    b = _randn((n, k), dtype, 11)
+    b = rank_randn((n, k), dtype, 11)
     out = torch.empty((m, n), device="cuda", dtype=dtype)
-    a.copy_(_randn((world * m, k), dtype, 12))
+    a.copy_(rank_randn((world * m, k), dtype, 12))
     ops.gemm_rs(a, b, out=out, variant=variant, context=ctx)  # one call outside the capture
     torch.cuda.synchronize()
     tdist.barrier()
@@ -159,7 +153,7 @@ def test_gemm_rs_cuda_graph_replay(variant):
     tdist.barrier()
     errors = []
     for replay in range(4):
-        a.copy_(_randn((world * m, k), dtype, 20 + replay))
+        a.copy_(rank_randn((world * m, k), dtype, 20 + replay))
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
@@ -173,10 +167,10 @@ def test_gemm_rs_protocol_on_one_rank(variant):
     gemm_rs is otherwise the plain GEMM)."""
     world, dtype, n, k = dist.get_world_size(), torch.bfloat16, 512, 256
     context = GemmReduceScatterContext(world * 1024, n, dtype, protocol_on_one_rank=True)
-    b = _randn((n, k), dtype, 500)
+    b = rank_randn((n, k), dtype, 500)
     bad = []
     for i in range(20):
-        a = _randn((world * 1000, k), dtype, 5000 + i)
+        a = rank_randn((world * 1000, k), dtype, 5000 + i)
         out = torch.full((1000, n), float("nan"), device="cuda", dtype=dtype)
         ops.gemm_rs(a, b, out=out, variant=variant, context=context)
         torch.cuda.synchronize()

@@ -118,15 +118,7 @@ class AllGatherGemmContext:
         _runtime._require_initialized("AllGatherGemmContext")
         import torch
 
-        for name, v in (("max_m_per_rank", max_m_per_rank), ("k", k)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"triton_dist AllGatherGemmContext: {name} must be a positive int, got {v!r}")
-        if dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError(f"triton_dist AllGatherGemmContext: dtype must be torch.bfloat16 or torch.float16, got "
-                            f"{dtype!r}")
-        if k % 8:
-            raise ValueError(f"triton_dist AllGatherGemmContext: k ({k}) must be a multiple of 8 (TMA needs 16-byte "
-                             f"aligned rows)")
+        _gemm.check_context_args("AllGatherGemmContext", dtype, aligned="k", max_m_per_rank=max_m_per_rank, k=k)
         self.world = _runtime.world_size()
         self.rank = _runtime.rank()
         if self.world * max_m_per_rank * k >= 2**31:

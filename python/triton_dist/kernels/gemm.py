@@ -291,6 +291,22 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
         _signal_pending(signals, pending_tile, pending_dest, epoch)
 
 
+def check_context_args(op: str, dtype, *, aligned: str, **sizes) -> None:
+    """The constructor checks every overlapped-GEMM context shares: each of ``sizes`` a positive
+    int, ``dtype`` bfloat16 or float16, and ``sizes[aligned]`` a multiple of 8 (the row length in
+    elements of a buffer TMA or 16-byte vectors read: 16-byte aligned rows)."""
+    import torch
+
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"triton_dist {op}: {name} must be a positive int, got {v!r}")
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"triton_dist {op}: dtype must be torch.bfloat16 or torch.float16, got {dtype!r}")
+    if sizes[aligned] % 8:
+        raise ValueError(f"triton_dist {op}: {aligned} ({sizes[aligned]}) must be a multiple of 8 (16-byte aligned "
+                         f"rows)")
+
+
 def num_sms(device=None) -> int:
     import torch
 

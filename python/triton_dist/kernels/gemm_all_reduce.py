@@ -66,13 +66,7 @@ class GemmAllReduceContext:
         import torch
 
         op = "triton_dist GemmAllReduceContext"
-        for name, v in (("max_m", max_m), ("n", n)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{op}: {name} must be a positive int, got {v!r}")
-        if dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError(f"{op}: dtype must be torch.bfloat16 or torch.float16, got {dtype!r}")
-        if n % 8:
-            raise ValueError(f"{op}: n ({n}) must be a multiple of 8 (16-byte aligned rows)")
+        _gemm.check_context_args("GemmAllReduceContext", dtype, aligned="n", max_m=max_m, n=n)
         self.world = _runtime.world_size()
         self.rank = _runtime.rank()
         if 2 * self.world * max_m * n >= 2**31:

@@ -172,13 +172,7 @@ class GemmReduceScatterContext:
         import torch
 
         op = "triton_dist GemmReduceScatterContext"
-        for name, v in (("max_m", max_m), ("n", n)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{op}: {name} must be a positive int, got {v!r}")
-        if dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError(f"{op}: dtype must be torch.bfloat16 or torch.float16, got {dtype!r}")
-        if n % 8:
-            raise ValueError(f"{op}: n ({n}) must be a multiple of 8 (16-byte aligned rows)")
+        _gemm.check_context_args("GemmReduceScatterContext", dtype, aligned="n", max_m=max_m, n=n)
         if 2 * max_m * n >= 2**31:
             raise ValueError(f"{op}: 2 * max_m * n = {2 * max_m * n} elements is too large (< 2**31)")
         self.world = _runtime.world_size()
