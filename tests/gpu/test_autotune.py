@@ -53,6 +53,26 @@ def test_tuned_gemm_agrees_and_is_correct(tmp_path, m, n, k):
     all_ranks_agree(tuned_gemm_config(m, n, k, "bfloat16", autotuner=fresh) == name, "memory cache")
 
 
+def test_gemm_config_auto_uses_the_tuned_config(monkeypatch, tmp_path):
+    """``gemm(config="auto")``: every rank runs the autotuner's choice, and the result is right."""
+    from triton_dist.kernels import gemm_autotune
+
+    tuner = _tuner(tmp_path)
+    monkeypatch.setattr(gemm_autotune, "_shared", tuner)
+    m, n, k = 512, 1024, 256
+    g = rank_generator(6, dist.get_rank())
+    a = torch.randn((m, k), device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn((n, k), device="cuda", generator=g).to(torch.bfloat16)
+    out = gemm_mod.gemm(a, b, config="auto")
+    torch.cuda.synchronize()
+    ref = a.float() @ b.float().T
+    err = float((out.float() - ref).abs().max() / ref.abs().max())
+    chosen = _same_everywhere(tuned_gemm_config(m, n, k, torch.bfloat16, autotuner=tuner), "config='auto' choice")
+    all_ranks_agree(err < _REL_TOL and chosen in gemm_mod.CONFIGS,
+                    f"gemm(config='auto') chose {chosen}: rel error {err}")
+    raises_everywhere(lambda: gemm_mod.gemm(a, b, config="fastest"), ValueError, "auto")
+
+
 def test_a_config_failing_on_one_rank_is_skipped_everywhere(tmp_path):
     m, n, k = 1024, 2048, 512
     last = dist.get_world_size() - 1

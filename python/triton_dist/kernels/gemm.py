@@ -372,8 +372,11 @@ def _aligned(t):
 
 def gemm(a, b, *, out=None, config: str | None = None):
     """``a @ b.T`` (``a [M, K]``, ``b [N, K]``, bf16 or fp16) on the current stream; returns ``out``
-    (a new ``[M, N]`` tensor when None). ``config``: a key of :data:`CONFIGS` (default:
-    :func:`pick_config`). Needs no triton_dist runtime."""
+    (a new ``[M, N]`` tensor when None). ``config``: a key of :data:`CONFIGS`; None (the default):
+    :func:`pick_config`'s fixed rule, which needs no triton_dist runtime; ``"auto"``: the
+    distributed autotuner's choice for this shape (:mod:`~triton_dist.kernels.gemm_autotune`),
+    collective on the first call per shape and dtype (every rank, same shape, at the same time),
+    and not inside a CUDA graph capture (it times candidates)."""
     import torch
 
     _check_operands(a, b, out)
@@ -386,9 +389,14 @@ def gemm(a, b, *, out=None, config: str | None = None):
     if k == 0:
         return out.zero_()
     sms = num_sms(a.device)
+    if config == "auto":
+        from .gemm_autotune import tuned_gemm_config
+
+        config = tuned_gemm_config(m, n, k, a.dtype)
     config = config or pick_config(m, n, k, sms)
     if config not in CONFIGS:
-        raise ValueError(f"triton_dist gemm: config must be one of {sorted(CONFIGS)}, got {config!r}")
+        raise ValueError(f"triton_dist gemm: config must be None, \"auto\" or one of {sorted(CONFIGS)}, got "
+                         f"{config!r}")
     target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
     a_desc, b_desc, c_desc = descriptors(_aligned(a), _aligned(b), target, config)
     gemm_kernel[grid_for(m, n, config, sms)](a_desc, b_desc, c_desc, m, n, k, None, None, 0, 1,

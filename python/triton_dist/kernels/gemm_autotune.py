@@ -16,17 +16,9 @@ at the same time (as in tensor parallelism, where every rank's GEMM has the same
 that runs a GEMM of its own shape must not use it (or must pass an autotuner with a
 :class:`triton_dist.autotune.LocalCommunicator`).
 
-Wiring it into :func:`gemm.gemm` (for the lead; gemm.py is not changed here): accept
-``config="auto"`` and resolve it before the ``CONFIGS`` check,
-
-    if config == "auto":
-        from .gemm_autotune import tuned_gemm_config
-        config = tuned_gemm_config(m, n, k, a.dtype)
-
-keeping ``None`` -> :func:`pick_config` as the default, because ``gemm`` is also called by one
-rank alone (its tests, the AG-GEMM consumer's set-up), where an implicit collective would hang.
-AllGather+GEMM's context can pick its consumer config the same way at creation (a collective
-point already), keyed by its local ``m``, ``n``, ``k``.
+:func:`gemm.gemm` takes ``config="auto"`` for this; ``None`` stays :func:`pick_config`'s rule,
+because ``gemm`` is also called by one rank alone (tests, set-up), where an implicit collective
+would hang.
 """
 
 from __future__ import annotations
