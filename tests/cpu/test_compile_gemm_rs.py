@@ -17,10 +17,10 @@ _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.e
 _SMEM_LIMIT = 232448
 
 
-def _producer(config, peer, dtype="bf16", world=2, reduce_own=False):
+def _producer(config, peer, dtype="bf16", world=2, reduce_own=False, peer_tma=False):
     c = gemm_module.CONFIGS[config]
     meta = gemm_module.kernel_meta(config, False, signal_rows=True, world=world, peer_epilogue=peer,
-                                   reduce_own=reduce_own)
+                                   reduce_own=reduce_own, peer_tma=peer_tma)
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
     signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
                  "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>", "c_desc": f"*{dtype}", "M": "i32",
@@ -105,7 +105,8 @@ def test_meta_and_blocks():
     assert "SIGNAL_ROWS" not in gemm_module.kernel_meta("large", False)  # the plain GEMM's launch is unchanged
     bm, bn = grs._config_blocks()
     assert bm == 128 and bn == min(c["BN"] for c in gemm_module.CONFIGS.values())
-    assert grs.VARIANTS == ("auto", "fused", "push", "pull") and grs.AUTO_VARIANT in grs.VARIANTS[1:]
+    assert grs.VARIANTS == ("auto", "fused", "fused_tma", "push", "pull") and grs.AUTO_VARIANT in grs.VARIANTS[1:]
+    assert not gemm_module.kernel_meta("large", False, signal_rows=True, world=2, peer_tma=True)["PEER_TMA"]
     fused = gemm_module.kernel_meta("large", False, signal_rows=True, world=2, reduce_own=True)
     assert fused["REDUCE_OWN"] and fused["PEER_EPILOGUE"]
 
@@ -130,3 +131,26 @@ def test_fused_producer_sums_own_tiles_after_waiting(config, world):
     stores = re.findall(r"st\.global[a-z0-9.]*", ptx)
     assert stores and all(".v4." in s for s in stores), stores
     assert "trap;" in ptx
+
+
+@pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
+def test_fused_tma_producer_waits_for_its_tma_stores_before_each_release(config):
+    """fused_tma: the peers' tiles leave by TMA store through a descriptor built on the device
+    (global scratch), and before each release (one tile late, and after the loop) every thread
+    waits for its bulk stores to complete and fences the async proxy, then a CTA barrier."""
+    compiled = _producer(config, True, reduce_own=True, peer_tma=True)
+    ptx, ttir = compiled.asm["ptx"], compiled.asm["ttir"]
+    assert compiled.metadata.global_scratch_size > 0  # the device-built descriptor
+    assert compiled.metadata.shared <= _SMEM_LIMIT
+    assert "cp.async.bulk.tensor.2d.global.shared" in ptx and "tensormap.replace" in ptx
+    lines = ttir.splitlines()
+    releases = [i for i, line in enumerate(lines) if "tt.atomic_rmw" in line and "release" in line]
+    assert len(releases) == 2
+    for i in releases:
+        earlier = [line for line in lines[:i] if re.search(r"gpu\.barrier|tt\.store|tt\.atomic|inline_asm|"
+                                                           r"tt\.descriptor_store", line)]
+        assert "gpu.barrier" in earlier[-1], earlier[-3:]
+        waited = max(j for j, line in enumerate(earlier) if "cp.async.bulk.wait_group 0" in line)
+        assert not any("descriptor_store" in line for line in earlier[waited:]), earlier[waited:]
+    spins = results(ops_matching(compiled.asm["ttgir"], re.escape(_SPIN)))
+    assert len(spins) == 1  # the own tiles' wait for the one peer

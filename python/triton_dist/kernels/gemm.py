@@ -61,16 +61,19 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> str:
 
 
 def kernel_meta(config: str, wait_for_rows: bool, *, signal_rows: bool = False, world: int = 1,
-                peer_epilogue: bool = False, reduce_own: bool = False, all_reduce: bool = False) -> dict:
+                peer_epilogue: bool = False, reduce_own: bool = False, peer_tma: bool = False,
+                all_reduce: bool = False) -> dict:
     """Launch keyword arguments (constexprs and options) of :func:`gemm_kernel` for ``config``
     (``signal_rows``: the GEMM+ReduceScatter producer for ``world`` ranks, ``peer_epilogue`` its
     variant that stores into the destination's buffer, ``reduce_own`` the variant that also sums
-    this rank's own tiles in its epilogue; ``all_reduce``: GEMM+AllReduce for ``world`` ranks)."""
+    this rank's own tiles in its epilogue, ``peer_tma`` with the peers' tiles sent by TMA stores;
+    ``all_reduce``: GEMM+AllReduce for ``world`` ranks)."""
     c = CONFIGS[config]
     meta = dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], NUM_STAGES=c["NUM_STAGES"],
                 WAIT_FOR_ROWS=wait_for_rows, num_warps=c["num_warps"], num_stages=c["NUM_STAGES"])
     if signal_rows:
-        meta.update(SIGNAL_ROWS=True, WORLD=world, PEER_EPILOGUE=peer_epilogue or reduce_own, REDUCE_OWN=reduce_own)
+        meta.update(SIGNAL_ROWS=True, WORLD=world, PEER_EPILOGUE=peer_epilogue or reduce_own, REDUCE_OWN=reduce_own,
+                    PEER_TMA=peer_tma and reduce_own)
     if all_reduce:
         meta.update(ALL_REDUCE=True, WORLD=world)
     return meta
@@ -142,7 +145,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
                 WAIT_FOR_ROWS: tl.constexpr, half_elems=0, SIGNAL_ROWS: tl.constexpr = False,
                 WORLD: tl.constexpr = 1, PEER_EPILOGUE: tl.constexpr = False, signal_region=0,
-                REDUCE_OWN: tl.constexpr = False, out=None, ALL_REDUCE: tl.constexpr = False):
+                REDUCE_OWN: tl.constexpr = False, out=None, ALL_REDUCE: tl.constexpr = False,
+                PEER_TMA: tl.constexpr = False):
     """``C = A @ B^T`` over a persistent grid. ``a_desc``: ``[M, K]`` block ``[BM, BK]``;
     ``b_desc``: ``[N, K]`` block ``[BN, BK]``; ``c_desc``: ``[M, N]`` block ``[BM, BN]``.
 
@@ -179,7 +183,14 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     their epilogue waits (acquire, system scope) for signal ``r * signal_region + t >= *calls`` of
     every peer ``r``, adds the peers' partials (local rows ``[r * m_per_rank, ...)`` of the half)
     to the fp32 accumulator in rank order from ``rank + 1``, and stores the sum into ``out``
-    (``[m_per_rank, N]``, 16-byte aligned). No separate reduce kernel runs.
+    (``[m_per_rank, N]``, 16-byte aligned). No separate reduce kernel runs. ``PEER_TMA``: a peer's
+    tile goes out as a TMA store through a descriptor built on the device over its slot (shape
+    ``[m_per_rank, N]``, so rows past the slot are clipped), which returns the program to its next
+    tile while the tile crosses NVLink (132 SMs storing to a peer reached 354 GB/s, about 2.7 GB/s
+    each, in bench/results/h200-x2/language_floors.json: a 64 KiB tile then takes about half of a
+    128x256 tile's K loop at K = 4096); the deferred signal then waits for the store to complete
+    (``dl.wait_tma_stores``) before its release. Needs a global-scratch allocator at launch (the
+    descriptors live there).
 
     ``ALL_REDUCE`` (GEMM+AllReduce, :mod:`~triton_dist.kernels.gemm_all_reduce`): ``c_desc`` is a
     pointer to a symmetric fp32 buffer of two halves of ``half_elems`` elements (the half is
@@ -269,12 +280,20 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 first = dest * m_per_rank
             ptrs = base + (first + rows).to(tl.int64)[:, None] * stride + cols[None, :]
             # Before any wait below: a program never waits while holding back a signal.
+            if PEER_TMA:
+                dl.wait_tma_stores()
             _signal_pending(signals, pending_tile, pending_dest, epoch)
             signal = rank * signal_region + local_tile
             if REDUCE_OWN:
                 if dest == rank:
                     _sum_own_tile(acc, c_desc + half, out, signals, rows, cols, mask, stride, m_per_rank, rank,
                                   local_tile, signal_region, epoch, WORLD)
+                elif PEER_TMA:
+                    peer = tl.multiple_of(dl.symm_at(c_desc, dest), 16)  # symm_at loses alignment
+                    slot = peer + half + (rank * m_per_rank).to(tl.int64) * stride
+                    slot_desc = tl.make_tensor_descriptor(slot, shape=[m_per_rank, stride], strides=[stride, 1],
+                                                          block_shape=[BM, BN])
+                    slot_desc.store([pid_m * BM, off_n], acc.to(c_desc.dtype.element_ty))
                 else:
                     tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
                 pending_tile = tl.where(dest == rank, -1, signal)
@@ -288,6 +307,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
         else:
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
     if SIGNAL_ROWS:
+        if PEER_TMA:
+            dl.wait_tma_stores()
         _signal_pending(signals, pending_tile, pending_dest, epoch)
 
 

@@ -4,7 +4,21 @@ the GEMM's tiles reduced across ranks while the GEMM still runs. Every rank hold
 and ``B [N, K]``; the result is this rank's ``[m, N]`` rows of the sum, as a row-parallel linear
 layer needs.
 
-Producer (the persistent GEMM of :mod:`triton_dist.kernels.gemm` with ``SIGNAL_ROWS``, on the
+Variants (``variant=``):
+
+- ``"fused"`` (what ``"auto"`` runs, :data:`AUTO_VARIANT`): one kernel on every SM. The GEMM
+  computes the peers' tiles first and stores each into its destination's ``partials`` (slot
+  ``me``), then computes its own tiles, and each own tile's epilogue waits for the peers'
+  partials of it, adds them and stores the sum into ``out`` (``REDUCE_OWN`` in
+  :func:`~triton_dist.kernels.gemm.gemm_kernel`, whose notes give the order and the no-deadlock
+  argument). Measured on 2 x H200 (bench/results/h200-x2/gemm_rs.json): the fastest variant on 7
+  of the 9 shapes ("push" on the other two), 24-43 % over the GEMM alone.
+- ``"fused_tma"``: ``"fused"`` with the peers' tiles sent by TMA stores (asynchronous, so the
+  SM goes on with its next tile while the tile crosses NVLink), not yet run on a GPU.
+- ``"push"`` and ``"pull"``: the producer GEMM below and a separate reduce kernel on
+  :data:`REDUCE_SMS` SMs of a side stream.
+
+Producer of ``"push"``/``"pull"`` (the persistent GEMM of :mod:`triton_dist.kernels.gemm` with ``SIGNAL_ROWS``, on the
 caller's stream ``S``): tiles never straddle two destinations (rank ``d``'s rows are cut into
 m-tiles of their own), and are walked with the destinations interleaved (tile ``i``: destination
 ``(me + 1 + i % world) % world``, its tile ``i // world``), so tile ``t`` of every destination is
@@ -81,6 +95,7 @@ from ..distributed_jit import DistributedKernel, jit
 from ..signals import SignalPad
 from ..symmetric import symm_empty
 from . import gemm as _gemm
+from .scratch import GlobalScratch
 
 REDUCE_SMS = 8
 """SMs the producer GEMM leaves free for the consumer (its programs): the GEMM loses
@@ -92,7 +107,7 @@ REDUCE_TILE_ELEMS = 4096
 """Elements of a partial tile the consumer loads per rank at once (rows of ``REDUCE_TILE_ELEMS //
 BN``): 16 per thread at 8 warps, two 16-byte vectors."""
 
-VARIANTS = ("auto", "fused", "push", "pull")
+VARIANTS = ("auto", "fused", "fused_tma", "push", "pull")
 AUTO_VARIANT = "fused"
 """What ``variant="auto"`` runs."""
 
@@ -198,6 +213,7 @@ class GemmReduceScatterContext:
         """The device-side call counter (this call's epoch once bumped)."""
         self._side = torch.cuda.Stream(device=self.device)
         self._bumped = torch.cuda.Event()  # re-recorded each call: a wait takes the latest record
+        self._scratch = GlobalScratch(self.device)  # the fused_tma variant's device-built descriptors
         self._protocol = self.world > 1 or bool(protocol_on_one_rank)
         if self._protocol:
             self.preload()
@@ -226,9 +242,13 @@ class GemmReduceScatterContext:
                                                 half_elems=2, signal_region=2, out=p, grid=(1, ), **meta)
                 gemm_rs_reduce_kernel.preload(p, p, self.pad.signals, self.calls, 2, self.n, 2, 2, grid=(1, ),
                                               **self._reduce_meta(config, peer))
-            meta = _gemm.kernel_meta(config, False, signal_rows=True, world=self.world, reduce_own=True)
-            gemm_rs_producer_kernel.preload(a_desc, b_desc, p, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
-                                            half_elems=2, signal_region=2, out=p, grid=(1, ), **meta)
+            for peer_tma in (False, True):
+                meta = _gemm.kernel_meta(config, False, signal_rows=True, world=self.world, reduce_own=True,
+                                         peer_tma=peer_tma)
+                compiled = gemm_rs_producer_kernel.preload(a_desc, b_desc, p, 2, 2, 2, self.pad.signals, self.calls,
+                                                           2, 2, half_elems=2, signal_region=2, out=p, grid=(1, ),
+                                                           **meta)
+                self._scratch.reserve(compiled, self.num_sms)
 
     def run(self, a, b, out, variant: str = "auto") -> None:
         """``out`` = this rank's rows of the sum over ranks of ``a @ b.T`` on the current stream.
@@ -254,7 +274,8 @@ class GemmReduceScatterContext:
             _gemm.gemm(a, b, out=out)
             return
         variant = AUTO_VARIANT if variant == "auto" else variant
-        fused = variant == "fused"
+        fused = variant in ("fused", "fused_tma")
+        peer_tma = variant == "fused_tma"
         peer = variant == "push"
         m = big_m // self.world
         max_programs = self.num_sms if fused else self.max_programs
@@ -273,11 +294,12 @@ class GemmReduceScatterContext:
         # cannot start. The side stream waits only for the bump, not for the GEMM.
         self._bumped.record(stream)
         grid = (max(1, min(self.world * tiles, max_programs)), )
-        gemm_rs_producer_kernel[grid](a_desc, b_desc, self.partials, big_m, n, k, self.pad.signals, self.calls,
-                                      self.rank, m, half_elems=self.half,  # after the constexprs: by name
-                                      signal_region=self.tiles_per_rank, out=target,
-                                      **_gemm.kernel_meta(config, False, signal_rows=True, world=self.world,
-                                                          peer_epilogue=peer, reduce_own=fused))
+        with self._scratch.installed():
+            gemm_rs_producer_kernel[grid](a_desc, b_desc, self.partials, big_m, n, k, self.pad.signals, self.calls,
+                                          self.rank, m, half_elems=self.half,  # after the constexprs: by name
+                                          signal_region=self.tiles_per_rank, out=target,
+                                          **_gemm.kernel_meta(config, False, signal_rows=True, world=self.world,
+                                                              peer_epilogue=peer, reduce_own=fused, peer_tma=peer_tma))
         if fused:
             if target is not out:
                 out.copy_(target)

@@ -82,6 +82,18 @@ def fence(scope="gpu", _semantic=None):
 
 
 @core.builtin
+def wait_tma_stores(_semantic=None):
+    """Wait until this thread's TMA (bulk asynchronous) stores have completed, then order them
+    before its later generic-proxy accesses (``cp.async.bulk.wait_group 0`` and
+    ``fence.proxy.async.global``). Triton issues a descriptor's ``store`` from one thread and waits
+    only until the shared-memory source has been read; run this in every thread (threads with no
+    store pending return at once) before a CTA barrier and a release, e.g. :func:`notify`, to
+    publish the stored data to another GPU."""
+    return core.inline_asm_elementwise("cp.async.bulk.wait_group 0; fence.proxy.async.global; mov.u32 $0, 0;", "=r",
+                                       [], dtype=tl.int32, is_pure=False, pack=1, _semantic=_semantic)
+
+
+@core.builtin
 def tid(axis=0, _semantic=None):
     """This thread's index in the program (CTA) along ``axis`` (0, 1 or 2)."""
     axis = "xyz"[_choice("axis", axis, (0, 1, 2))]
