@@ -138,6 +138,8 @@ def main() -> int:
         # Every rank must agree on whether the symm_mem baseline runs (it is collective).
         if not all_ok(symm is not None):
             symm = None
+            # The same checks on every rank below (each is collective), whichever rank dropped it.
+            errors.pop("torch_symm_mem", None)
         if symm is None:
             log(f"torch symm_mem fused_all_gather_matmul skipped: {why}")
         for name in ("ours", "torch_nccl", "gemm", "cublas"):

@@ -153,6 +153,7 @@ def main() -> int:
 
     extra = ("bytes", "method", "sm_push_us", "ce_push_us", "ce_chunked_us", "ll_us", "busbw_gbps", "zero_copy_us",
              "zero_copy_method", "zero_copy_busbw_gbps", "zero_copy_link_fraction", "torch_nccl_busbw_gbps")
+    del ctx, symm_out_all, symm_out  # symmetric memory (ours and torch's) goes before the runtime and the process group
     return bench.script.finish("allgather", records, args, extra)
 
 

@@ -129,6 +129,8 @@ def main() -> int:
                 symm, why = None, f"{type(e).__name__}: {e}"
         if not all_ok(symm is not None):  # collective: every rank runs it or none
             symm = None
+            # The same checks on every rank below (each is collective), whichever rank dropped it.
+            errors.pop("torch_symm_mem", None)
         if symm is None:
             log(f"torch symm_mem fused_matmul_reduce_scatter skipped: {why}")
         for name in outputs:

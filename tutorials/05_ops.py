@@ -85,7 +85,8 @@ def check_decode_graph(x, w1_shard, w2_shard) -> bool:
     mlp_decode(static_x, w1_shard, w2_shard, out=out)  # creates the context, uncaptured
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # thread_local: NCCL's watchdog thread (the checks above use NCCL) must not break the capture.
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         mlp_decode(static_x, w1_shard, w2_shard, out=out)
     ok = True
     for step in range(5):
@@ -135,9 +136,10 @@ def run_all() -> bool:
 
 def main():
     tdist.init()
+    rank = tdist.rank()
     ok = run_all()
     tdist.finalize()
-    print(f"rank {tdist.rank()}: tutorial 05 {'passed' if ok else 'FAILED'}")
+    print(f"rank {rank}: tutorial 05 {'passed' if ok else 'FAILED'}")
     if not ok:
         raise SystemExit(1)
 

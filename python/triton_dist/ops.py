@@ -332,18 +332,23 @@ def _n_keyed_gemm_context(op: str, context_class, a, n, context, min_m: int):
 def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
     """GEMM+ReduceScatter: this rank's rows ``[rank * M / world, (rank + 1) * M / world)`` of the sum
     over ranks of ``a @ b.T``; returns ``out`` (``[M / world, N]``; a new tensor when None). The
-    reduction (a reduce kernel on a side stream) overlaps the GEMM (persistent Triton kernel, the
-    current stream) tile by tile; see :mod:`triton_dist.kernels.gemm_reduce_scatter`.
+    reduction overlaps the GEMM (a persistent Triton kernel on the current stream) tile by tile;
+    see :mod:`triton_dist.kernels.gemm_reduce_scatter`.
 
     ``a``: ``[M, K]`` (this rank's K-shard of the activations, the same ``M`` on every rank, a
     multiple of the world size); ``b``: ``[N, K]`` (this rank's K-shard of a linear layer's
     weight: ``y = x @ W.T``); both contiguous, bfloat16 or float16 (the same), on the current CUDA
-    device, 16-byte aligned; ``K`` and ``N`` multiples of 8. The sum is taken in fp32 in rank
-    order and rounded once. ``variant``: ``"push"`` (the GEMM epilogue stores each tile into its
-    destination rank's buffer), ``"pull"`` (each rank's reduce reads the peers' partial tiles) or
-    ``"auto"`` (push). ``context``: a :class:`~triton_dist.kernels.GemmReduceScatterContext` to use
-    instead of a cached one (needed to capture the first call in a CUDA graph). Collective: every
-    rank, same calls, same shapes, same variant.
+    device, 16-byte aligned; ``K`` and ``N`` multiples of 8. The peers' partials travel in the
+    input dtype; the sum is taken in fp32 and rounded once.
+
+    ``variant``: ``"fused"`` (one kernel: the peers' tiles go to their buffers first, then each own
+    tile is summed with the peers' partials in the GEMM's epilogue), ``"fused_tma"`` (the same
+    with the peers' tiles sent by TMA stores; not yet run on a GPU), ``"push"`` or ``"pull"`` (a
+    separate reduce kernel on a side stream reads the partials that the GEMM stored into the
+    destination's buffer, or into its own), or ``"auto"`` (fused). ``context``: a
+    :class:`~triton_dist.kernels.GemmReduceScatterContext` to use instead of a cached one (needed
+    to capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes,
+    same variant.
     """
     _require_initialized("gemm_rs")
     from .kernels.gemm_reduce_scatter import VARIANTS

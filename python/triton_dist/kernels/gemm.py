@@ -163,8 +163,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     m-tiles of their own (the last one masked), ``T = cdiv(m_per_rank, BM) * cdiv(N, BN)`` tiles per
     destination, walked with the destinations interleaved (tile ``i`` goes to destination
     ``(rank + 1 + i % WORLD) % WORLD``, its tile ``i // WORLD``). Each tile is stored with
-    ``tl.store`` (generic-proxy stores: see the module notes of gemm_reduce_scatter for why not
-    TMA) to the half's ``[M, N]`` rows ``d * m_per_rank + i``
+    ``tl.store`` (generic-proxy stores; ``PEER_TMA`` below is the TMA alternative) to the half's
+    ``[M, N]`` rows ``d * m_per_rank + i``
     here (``PEER_EPILOGUE=False``), or to rows ``rank * m_per_rank + i`` of rank ``d``'s buffer
     (``PEER_EPILOGUE=True``, ``dl.symm_at``), and then signal ``rank * T + t`` (``t``: the tile's
     index among ``d``'s) on rank ``d`` is set to ``*calls`` with release semantics at system

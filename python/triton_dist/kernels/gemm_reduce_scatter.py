@@ -49,15 +49,14 @@ reduce waiting for a GEMM that was never launched.
 
 TMA stores and the release: a TMA store (``cp.async.bulk.tensor``) is a write of the async
 proxy that completes asynchronously; Triton 3.6 only waits for it to have *read* its shared
-memory source (``cp.async.bulk.wait_group.read``) and exposes no way to wait for the global
-writes to complete and become visible before a later generic-proxy release. An inline
-``cp.async.bulk.wait_group 0`` in the issuing thread would probably do it, but which thread
-issues the store is Triton's choice and that argument is not proven on a GPU. So the producer
-stores C tiles with ``tl.store`` (generic proxy, every thread, 16-byte vectors: ``N`` is a
-multiple of 8 and the stride carries that fact), which ``dl.notify`` covers (CTA barrier, then
-the release atomic): the plain memory model, and for the peer epilogue the only option anyway
-(a TMA descriptor per peer buffer would be needed). The epilogue is a small part of a tile at
-the shapes this is for (K = 14336: 224 K steps per tile).
+memory source (``cp.async.bulk.wait_group.read``). ``"fused"``, ``"push"`` and ``"pull"`` store
+their tiles with ``tl.store`` (generic proxy, every thread, 16-byte vectors: ``N`` is a multiple
+of 8 and the stride carries that fact), which ``dl.notify`` covers (CTA barrier, then the release
+atomic): the plain memory model. ``"fused_tma"`` stores the peers' tiles by TMA and, before each
+release, runs ``dl.wait_tma_stores`` in every thread (``cp.async.bulk.wait_group 0`` completes
+the stores of whichever thread Triton elected to issue them, then an async-proxy fence), then
+the CTA barrier and the release: the argument that this publishes the tile to the peer is not
+yet checked on a GPU.
 
 SMs, and why this cannot deadlock: only the consumer ever waits, and it waits only for GEMM
 tiles (this rank's and the peers'); no GEMM waits for anything, so every GEMM program finishes
@@ -254,9 +253,8 @@ class GemmReduceScatterContext:
         """``out`` = this rank's rows of the sum over ranks of ``a @ b.T`` on the current stream.
         ``a [M, K]``, ``b [n, K]``, ``out [M / world, n]``: contiguous, 16-byte aligned CUDA
         tensors of this dtype, ``M <= max_m`` a multiple of the world size, ``K`` a multiple of 8
-        (validated by :func:`triton_dist.ops.gemm_rs`, not here). ``variant``: ``"push"`` (the
-        GEMM epilogue stores into the destination's buffer), ``"pull"`` (the reduce reads the
-        peers' buffers) or ``"auto"`` (push)."""
+        (validated by :func:`triton_dist.ops.gemm_rs`, not here). ``variant``: one of
+        :data:`VARIANTS` (see the module notes; ``"auto"`` runs :data:`AUTO_VARIANT`)."""
         import torch
         from triton.tools.tensor_descriptor import TensorDescriptor
 
