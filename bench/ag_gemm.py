@@ -9,7 +9,8 @@ rank, ``C = allgather(A) @ B^T`` of ``[M, N]``): :func:`triton_dist.bench.script
 (each model's ``(N, K)`` at ``M = 8192``, and an M sweep for llama3.1-70b), ``N`` split across
 ranks.
 
-- ``ours_us``: ``ops.ag_gemm`` with one context per shape;
+- ``ours_us``: ``ops.ag_gemm`` with one context per shape (the default ``"ce_push"`` producer);
+  ``ce_pull_us``: the same with a ``producer="ce_pull"`` context (the GEMM reads ordinary memory);
 - ``torch_nccl_us``: ``dist.all_gather_into_tensor`` + ``torch.matmul(A, B.T)``;
 - ``torch_symm_mem_us``: ``torch.ops.symm_mem.fused_all_gather_matmul(A_shard, [B.T], 0, group)``
   (omitted when unavailable or failing; timed without a CUDA graph, see ``timing``);
@@ -97,6 +98,7 @@ def main() -> int:
     for label, big_m, n_full, k in shapes:
         n, m = n_full // world, big_m // world
         ctx = AllGatherGemmContext(m, k, dtype)  # collective; preloads every kernel
+        pull_ctx = AllGatherGemmContext(m, k, dtype, producer="ce_pull")
         g = torch.Generator(device=device)
         g.manual_seed(3000 + rank)
         a_shard = torch.randn((m, k), device=device, generator=g).to(dtype)
@@ -105,6 +107,7 @@ def main() -> int:
         dist.all_gather_into_tensor(a_full, a_shard)
         ref = a_full.float() @ b.float().T
         out = torch.empty((big_m, n), device=device, dtype=dtype)
+        pull_out = torch.empty_like(out)
         nccl_out = torch.empty_like(out)
         nccl_a = torch.empty_like(a_full)
         gemm_out = torch.empty_like(out)
@@ -117,14 +120,15 @@ def main() -> int:
             dist.all_gather_into_tensor(nccl_a, a_shard)
             torch.matmul(nccl_a, b.t(), out=nccl_out)
 
-        fns = {"ours": ours, "torch_nccl": torch_nccl,
+        fns = {"ours": ours, "ce_pull": lambda: ops.ag_gemm(a_shard, b, out=pull_out, context=pull_ctx),
+               "torch_nccl": torch_nccl,
                "gemm": lambda: gemm(a_full, b, out=gemm_out),
                "cublas": lambda: torch.matmul(a_full, b.t(), out=gemm_out),
                "ag_ours": lambda: ops.all_gather(a_shard, out=ag_out),
                "ag_nccl": lambda: dist.all_gather_into_tensor(ag_out, a_shard),
                "consumer_only": lambda: _consumer_only(ctx, m, b, gemm_out),
                "gemm_symm": lambda: gemm(ctx.gathered[:big_m * k].view(big_m, k), b, out=gemm_out)}
-        outputs = {"ours": out, "torch_nccl": nccl_out, "gemm": gemm_out, "cublas": gemm_out}
+        outputs = {"ours": out, "ce_pull": pull_out, "torch_nccl": nccl_out, "gemm": gemm_out, "cublas": gemm_out}
 
         symm, why = _symm_mem_op(a_shard, b)
         checks, errors = {}, {}
@@ -142,7 +146,7 @@ def main() -> int:
             errors.pop("torch_symm_mem", None)
         if symm is None:
             log(f"torch symm_mem fused_all_gather_matmul skipped: {why}")
-        for name in ("ours", "torch_nccl", "gemm", "cublas"):
+        for name in outputs:
             outputs[name].fill_(float("nan"))
             fns[name]()
             torch.cuda.synchronize()
@@ -157,7 +161,8 @@ def main() -> int:
         transfer = min(times["ag_ours"], times["ag_nccl"])
         bound = max(times["gemm"], transfer)
         flop = 2.0 * big_m * n * k
-        log(f"{label} M={big_m} K={k} N={n}: ours {times['ours']:.1f} us, NCCL+cuBLAS {times['torch_nccl']:.1f} us, "
+        log(f"{label} M={big_m} K={k} N={n}: ours {times['ours']:.1f} us (ce_pull {times['ce_pull']:.1f} us), "
+            f"NCCL+cuBLAS {times['torch_nccl']:.1f} us, "
             f"symm_mem {times.get('torch_symm_mem', float('nan')):.1f} us, gemm alone {times['gemm']:.1f} us "
             f"(cuBLAS {times['cublas']:.1f} us), transfer {transfer:.1f} us, bound {bound:.1f} us, "
             f"waiting GEMM alone {times['consumer_only']:.1f} us, GEMM on the symmetric buffer "
@@ -172,17 +177,19 @@ def main() -> int:
                          gemm_vs_cublas=times["cublas"] / times["gemm"], transfer_us=transfer,
                          all_gather_ours_us=times["ag_ours"], all_gather_nccl_us=times["ag_nccl"],
                          consumer_only_us=times["consumer_only"], gemm_symm_us=times["gemm_symm"],
+                         ce_pull_us=times["ce_pull"],
                          ours_tflops=flop / (times["ours"] * 1e6), of_bound=bound / times["ours"],
-                         verified=checks["ours"] and checks["gemm"], checks=checks,
+                         verified=checks["ours"] and checks["ce_pull"] and checks["gemm"], checks=checks,
                          rel_errors={name: (e if e < 1e30 else None) for name, e in errors.items()},
                          timing={"iters": iters, "cuda_graph": True, "torch_symm_mem_cuda_graph": False},
                          bound_method="max(our gemm alone, min(ops.all_gather, NCCL all_gather))",
                          shape_meaning="[M gathered rows, N per rank, K]"))
         bench.sync_and_barrier()
-        del ctx
+        del ctx, pull_ctx
         ops.clear_contexts()  # the transfer's cached contexts: the next shape's need the heap
 
-    extra = ("model", "consumer_only_us", "gemm_symm_us", "gemm_us", "cublas_us", "transfer_us", "of_bound")
+    extra = ("model", "ce_pull_us", "consumer_only_us", "gemm_symm_us", "gemm_us", "cublas_us", "transfer_us",
+             "of_bound")
     return bench.script.finish("ag_gemm", records, args, extra)
 
 

@@ -89,9 +89,10 @@ def test_ag_gemm_bad_inputs():
     all_ranks_agree(tuple(got.shape) == (world * 32, 64) and err < _REL_TOL, f"ag_gemm after errors: {err}")
 
 
-def test_ag_gemm_cuda_graph_replay():
+@pytest.mark.parametrize("producer", ["ce_push", "ce_pull"])
+def test_ag_gemm_cuda_graph_replay(producer):
     m, n, k, dtype = 512, 1024, 1024, torch.bfloat16
-    ctx = AllGatherGemmContext(m, k, dtype)
+    ctx = AllGatherGemmContext(m, k, dtype, producer=producer)
     a = torch.empty((m, k), device="cuda", dtype=dtype)
     b = rank_randn((n, k), dtype, 11)
     out = torch.empty((dist.get_world_size() * m, n), device="cuda", dtype=dtype)
@@ -112,14 +113,15 @@ def test_ag_gemm_cuda_graph_replay():
         graph.replay()
         torch.cuda.synchronize()
         errors.append(_rel_error(out, _reference(a, b)))
-    all_ranks_agree(all(e < _REL_TOL for e in errors), f"ag_gemm graph replays: rel errors {errors}")
+    all_ranks_agree(all(e < _REL_TOL for e in errors), f"ag_gemm {producer} graph replays: rel errors {errors}")
 
 
-def test_ag_gemm_protocol_on_one_rank():
+@pytest.mark.parametrize("producer", ["ce_push", "ce_pull"])
+def test_ag_gemm_protocol_on_one_rank(producer):
     """The gather-and-signal protocol at any world size, including one rank (where ag_gemm is
     otherwise the plain GEMM): preload, the signal kernels and the waiting GEMM run on one GPU."""
     world, dtype = dist.get_world_size(), torch.bfloat16
-    ctx = AllGatherGemmContext(1024, 256, dtype, protocol_on_one_rank=True)
+    ctx = AllGatherGemmContext(1024, 256, dtype, producer=producer, protocol_on_one_rank=True)
     b = rank_randn((512, 256), dtype, 41)
     bad = []
     for i in range(20):
@@ -130,4 +132,24 @@ def test_ag_gemm_protocol_on_one_rank():
         err = _rel_error(out, _reference(a, b))
         if not err < _REL_TOL:
             bad.append((i, err))
-    all_ranks_agree(not bad, f"ag_gemm with the protocol forced on: wrong calls (call, rel error) {bad}")
+    all_ranks_agree(not bad, f"ag_gemm {producer} with the protocol forced on: wrong calls (call, rel error) {bad}")
+
+
+@pytest.mark.parametrize("m", [1000, 40])
+def test_ag_gemm_pull_back_to_back_with_changing_rows(m):
+    """The ce_pull producer over 60 unsynchronised calls on one context, m changing between
+    calls (m = 40 < BM: tiles hold rows of several ranks): a shard rewritten before a peer copied
+    it, or rows read before they landed, shows up as a wrong call."""
+    k, n, dtype = 512, 768, torch.bfloat16
+    ctx = AllGatherGemmContext(1024, k, dtype, producer="ce_pull")
+    b = rank_randn((n, k), dtype, 700 + m)
+    rows = [m, m // 2, m, 8, m] * 12
+    inputs = [rank_randn((r, k), dtype, 7000 + i) for i, r in enumerate(rows)]
+    outs = [torch.full((dist.get_world_size() * r, n), float("nan"), device="cuda", dtype=dtype) for r in rows]
+    tdist.barrier()
+    for x, out in zip(inputs, outs):
+        ops.ag_gemm(x, b, out=out, context=ctx)
+    torch.cuda.synchronize()
+    errors = [_rel_error(out, _reference(x, b)) for x, out in zip(inputs, outs)]
+    bad = {i: e for i, e in enumerate(errors) if not e < _REL_TOL}
+    all_ranks_agree(not bad, f"ag_gemm ce_pull with changing m: wrong calls (call: rel error) {bad}")

@@ -2,12 +2,13 @@
 by tile. Every rank holds ``A_shard [m, K]`` (the same ``m`` on every rank) and ``B [N, K]``; the
 result is ``C [world * m, N]``, rank ``r``'s rows ``[r * m, (r + 1) * m)`` computed from its shard.
 
-Producer (copy engine, on the context's side stream) and consumer (the persistent GEMM of
+Two producers (:data:`PRODUCERS`); ``"ce_push"``, the default, first. Producer (copy engine, on
+the context's side stream) and consumer (the persistent GEMM of
 :mod:`triton_dist.kernels.gemm` with ``WAIT_FOR_ROWS``, on the caller's stream) share one
 symmetric buffer ``gathered`` (``world * max_m * K`` elements; a call uses its first
 ``world * m`` rows, rank ``r``'s shard at rows ``[r * m, (r + 1) * m)``) which the GEMM reads
 directly as its A (a TMA descriptor over ``gathered[:world * m]``; no copy-out), and a signal pad
-of ``2 * world`` uint64 signals: ``ready[r]`` (index ``r``) and ``ack[r]`` (index ``world + r``).
+of ``3 * world`` uint64 signals: ``ready[r]`` (index ``r``) and ``ack[r]`` (index ``world + r``).
 
 Call ``k`` (``k``: the context's device-side call counter ``calls``, bumped on the caller's
 stream ``S`` first, so a CUDA graph replays with fresh values) on rank ``me``:
@@ -49,6 +50,22 @@ after my GEMM of call ``k``. A single region therefore suffices (no parity halve
 not follow inside a replayed CUDA graph since the copies' addresses are baked in). The acks of a
 call are sent by the next call: the last call's are never needed.
 
+``"ce_pull"`` (``producer="ce_pull"``): ``gathered`` is ordinary memory that only this rank
+writes, and each rank exposes its shard in a symmetric ``shard`` buffer instead. Signals:
+``ready[r]`` (index ``r``, local: rank ``r``'s rows are in ``gathered``), ``pulled[r]`` (index
+``world + r``: rank ``r`` has copied out this rank's shard of call ``k``) and ``published[r]``
+(index ``2 * world + r``: rank ``r``'s shard of call ``k`` is in its ``shard``). ``S`` as above
+(``calls += 1``, this rank's rows into ``gathered``, the GEMM); ``P``: ``ready[me] = k``, then
+wait ``pulled[r] >= k - 1`` from every peer (nobody still copies the previous shard); copy
+``A_shard`` into ``shard``; ``published[me] = k`` on every peer; then for each peer ``r`` in the
+order the GEMM needs their rows (``me + 1``, ``me + 2``, ...): wait ``published[r] >= k``, copy
+``r``'s ``shard`` into ``gathered`` (a copy-engine read over NVLink), ``ready[r] = k`` here and
+``pulled[me] = k`` on ``r``. No write lands where a GEMM still reads: only this rank's own streams
+write its ``gathered``, ``P`` after waiting for ``S``; a ``shard`` is rewritten only after every
+peer acknowledged copying the previous one. The waits of call ``k`` depend only on signals of
+calls ``k - 1`` and ``k`` sent before any wait of call ``k``, so no cycle. What this buys: the
+GEMM reads A from ordinary memory, not from the symmetric heap.
+
 SMs: the consumer spins while the producer's signal kernels still have to run on this GPU, so
 the GEMM's persistent grid leaves :data:`RESERVED_SMS` SMs free (its programs use > 114 KiB of
 shared memory each, so at most one per SM): with every SM held by a spinning GEMM program, the
@@ -75,6 +92,12 @@ from . import gemm as _gemm
 RESERVED_SMS = 1
 """SMs the consumer GEMM leaves free for the producer's signal kernels (see the module notes)."""
 
+PRODUCERS = ("ce_push", "ce_pull")
+"""How the shards travel: ``"ce_push"`` (each rank's copy engine writes its shard into every peer's
+symmetric ``gathered``, which the GEMM reads) or ``"ce_pull"`` (each rank publishes its shard in
+a symmetric ``shard`` buffer, and every rank's copy engine copies the peers' shards into an
+ordinary ``gathered`` buffer, which the GEMM reads; see the module notes)."""
+
 ag_gemm_consumer_kernel = DistributedKernel(_gemm.gemm_kernel)
 """:func:`triton_dist.kernels.gemm.gemm_kernel` launched with ``WAIT_FOR_ROWS=True`` and the
 language's libraries linked in."""
@@ -83,10 +106,16 @@ language's libraries linked in."""
 @jit(do_not_specialize=["peer"])
 def ag_gemm_signal_kernel(signals, calls, peer, PHASE: tl.constexpr, WORLD: tl.constexpr):
     """One program. ``calls``: the context's device call counter (this call's ``k``). ``signals``:
-    ``ready`` at ``[0, WORLD)``, ``ack`` at ``[WORLD, 2 * WORLD)``.
+    ``ready`` at ``[0, WORLD)``, ``ack`` (push) or ``pulled`` (pull) at ``[WORLD, 2 * WORLD)``,
+    ``published`` (pull) at ``[2 * WORLD, 3 * WORLD)``.
 
-    ``PHASE`` 0: ``ready[me] = k`` here, ``ack[me] = k - 1`` on every peer, then wait for
-    ``ack[r] >= k - 1`` from every peer. ``PHASE`` 1: ``ready[me] = k`` on ``peer``."""
+    ``"ce_push"``: ``PHASE`` 0: ``ready[me] = k`` here, ``ack[me] = k - 1`` on every peer, then
+    wait for ``ack[r] >= k - 1`` from every peer. ``PHASE`` 1: ``ready[me] = k`` on ``peer``.
+
+    ``"ce_pull"``: ``PHASE`` 2: ``ready[me] = k`` here, then wait for ``pulled[r] >= k - 1`` from
+    every peer (they have copied out this rank's previous shard). ``PHASE`` 3: ``published[me] =
+    k`` on every peer. ``PHASE`` 4: wait for ``published[peer] >= k``. ``PHASE`` 5: ``ready[peer]
+    = k`` here, ``pulled[me] = k`` on ``peer``."""
     k = tl.load(calls)
     me = dl.rank()
     if PHASE == 0:
@@ -95,8 +124,20 @@ def ag_gemm_signal_kernel(signals, calls, peer, PHASE: tl.constexpr, WORLD: tl.c
             dl.notify(signals + WORLD + me, (me + r) % WORLD, k - 1, "set", "intra_node")
         for r in tl.static_range(1, WORLD):
             dl.wait(signals + WORLD + (me + r) % WORLD, 1, "sys", "acquire", k - 1)
-    else:
+    elif PHASE == 1:
         dl.notify(signals + me, peer, k, "set", "intra_node")
+    elif PHASE == 2:
+        dl.notify(signals + me, me, k, "set", "gpu")
+        for r in tl.static_range(1, WORLD):
+            dl.wait(signals + WORLD + (me + r) % WORLD, 1, "sys", "acquire", k - 1)
+    elif PHASE == 3:
+        for r in tl.static_range(1, WORLD):
+            dl.notify(signals + 2 * WORLD + me, (me + r) % WORLD, k, "set", "intra_node")
+    elif PHASE == 4:
+        dl.wait(signals + 2 * WORLD + peer, 1, "sys", "acquire", k)
+    else:
+        dl.notify(signals + peer, me, k, "set", "gpu")
+        dl.notify(signals + WORLD + me, peer, k, "set", "intra_node")
 
 
 class AllGatherGemmContext:
@@ -106,20 +147,27 @@ class AllGatherGemmContext:
     Collective: every rank creates it with the same arguments, in the same order as its other
     symmetric allocations; creating it compiles and loads every kernel (both GEMM configs, since
     N is per call) and ends with a barrier. Symmetric memory: ``world * max_m_per_rank * k``
-    elements plus ``2 * world`` signals. Call with :meth:`run` (or
+    elements (``"ce_pull"``: ``max_m_per_rank * k``) plus ``3 * world`` signals. Call with :meth:`run` (or
     :func:`triton_dist.ops.ag_gemm`); every rank makes the same calls in the same order with the
     same ``m`` and ``N``. Calls may be captured in a CUDA graph and replayed.
 
+    ``producer``: one of :data:`PRODUCERS` (``"ce_pull"`` keeps ``gathered`` in ordinary memory
+    and allocates a symmetric ``max_m_per_rank * k`` shard buffer instead).
     ``protocol_on_one_rank``: with a single rank, still run the gather-and-signal protocol (the
     side stream, the signal kernels, the waiting GEMM) instead of the plain GEMM, so that one GPU
     can test it.
     """
 
-    def __init__(self, max_m_per_rank: int, k: int, dtype, *, protocol_on_one_rank: bool = False):
+    def __init__(self, max_m_per_rank: int, k: int, dtype, *, producer: str = "ce_push",
+                 protocol_on_one_rank: bool = False):
         _runtime._require_initialized("AllGatherGemmContext")
         import torch
 
         _gemm.check_context_args("AllGatherGemmContext", dtype, aligned="k", max_m_per_rank=max_m_per_rank, k=k)
+        if producer not in PRODUCERS:
+            raise ValueError(f"triton_dist AllGatherGemmContext: producer must be one of {PRODUCERS}, got "
+                             f"{producer!r}")
+        self.producer = producer
         self.world = _runtime.world_size()
         self.rank = _runtime.rank()
         if self.world * max_m_per_rank * k >= 2**31:
@@ -131,12 +179,19 @@ class AllGatherGemmContext:
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_sms = _gemm.num_sms(self.device)
         self.max_programs = max(1, self.num_sms - RESERVED_SMS)
-        self.gathered = symm_empty((self.world * max_m_per_rank * k, ), dtype)
-        """Rank ``r``'s shard of a call with ``m`` rows: elements ``[r * m * k, (r + 1) * m * k)``."""
-        self.pad = SignalPad(2 * self.world)
+        pull = producer == "ce_pull"
+        gathered_elems = self.world * max_m_per_rank * k
+        self.gathered = (torch.empty((gathered_elems, ), dtype=dtype, device=self.device) if pull else
+                         symm_empty((gathered_elems, ), dtype))
+        """The GEMM's A: rank ``r``'s shard of a call with ``m`` rows at elements ``[r * m * k, (r + 1) *
+        m * k)``; symmetric for ``"ce_push"`` (peers write it), ordinary for ``"ce_pull"``."""
+        self.shard = symm_empty((max_m_per_rank * k, ), dtype) if pull else None
+        """``"ce_pull"``: this rank's shard, published for the peers to copy."""
+        self.pad = SignalPad(3 * self.world)
         self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
         """The device-side call counter (this call's ``k`` once bumped)."""
-        self._peers = [peer_tensor(self.gathered, r) if r != self.rank else self.gathered for r in range(self.world)]
+        exposed = self.shard if pull else self.gathered
+        self._peers = [peer_tensor(exposed, r) if r != self.rank else exposed for r in range(self.world)]
         self._side = torch.cuda.Stream(device=self.device)
         self._protocol = self.world > 1 or bool(protocol_on_one_rank)
         if self._protocol:
@@ -152,7 +207,7 @@ class AllGatherGemmContext:
             a_desc, b_desc, c_desc = _gemm.descriptors(a, a, a, config)  # only types and blocks matter
             ag_gemm_consumer_kernel.preload(a_desc, b_desc, c_desc, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
                                             grid=(1, ), **_gemm.kernel_meta(config, True))
-        for phase in (0, 1):
+        for phase in ((2, 3, 4, 5) if self.producer == "ce_pull" else (0, 1)):
             ag_gemm_signal_kernel.preload(self.pad.signals, self.calls, 2, grid=(1, ), PHASE=phase,
                                           WORLD=self.world, num_warps=1)
 
@@ -176,13 +231,10 @@ class AllGatherGemmContext:
         self.gathered[me * m * k:(me + 1) * m * k].copy_(x)
         self._side.wait_stream(stream)
         with torch.cuda.stream(self._side):
-            ag_gemm_signal_kernel[(1, )](self.pad.signals, self.calls, 0, PHASE=0, WORLD=world, num_warps=1)
-            for i in range(1, world):
-                # Rank r's GEMM walks its own rows, then rank r + 1's, r + 2's, ...: rank me's rows
-                # are needed (me - r) % world blocks in, so ranks me - 1, me - 2, ... get them first.
-                r = (me - i) % world
-                self._peers[r][me * m * k:(me + 1) * m * k].copy_(x)
-                ag_gemm_signal_kernel[(1, )](self.pad.signals, self.calls, r, PHASE=1, WORLD=world, num_warps=1)
+            if self.producer == "ce_pull":
+                self._pull(x, m)
+            else:
+                self._push(x, m)
         rows = world * m
         config = _gemm.pick_config(rows, n, k, self.max_programs)
         a = self.gathered[:rows * k].view(rows, k)
@@ -190,3 +242,33 @@ class AllGatherGemmContext:
         ag_gemm_consumer_kernel[_gemm.grid_for(rows, n, config, self.max_programs)](
             a_desc, b_desc, c_desc, rows, n, k, self.pad.signals, self.calls, me, m, **_gemm.kernel_meta(config, True))
         stream.wait_stream(self._side)
+
+    def _signal(self, phase: int, peer: int = 0) -> None:
+        ag_gemm_signal_kernel[(1, )](self.pad.signals, self.calls, peer, PHASE=phase, WORLD=self.world, num_warps=1)
+
+    def _push(self, x, m: int) -> None:
+        """``"ce_push"``, on the side stream: acknowledge and wait (phase 0), then this rank's shard
+        into every peer's ``gathered``, each followed by its ready signal (phase 1)."""
+        world, me, k = self.world, self.rank, self.k
+        self._signal(0)
+        for i in range(1, world):
+            # Rank r's GEMM walks its own rows, then rank r + 1's, r + 2's, ...: rank me's rows are
+            # needed (me - r) % world blocks in, so ranks me - 1, me - 2, ... get them first.
+            r = (me - i) % world
+            self._peers[r][me * m * k:(me + 1) * m * k].copy_(x)
+            self._signal(1, r)
+
+    def _pull(self, x, m: int) -> None:
+        """``"ce_pull"``, on the side stream: this rank's rows ready for its GEMM, and wait until every
+        peer copied out the previous shard (phase 2); publish this call's shard (copy, phase 3);
+        then each peer's shard, in the order this rank's GEMM needs them: wait for it (phase 4),
+        copy it into ``gathered``, mark its rows ready here and tell the peer (phase 5)."""
+        world, me, k = self.world, self.rank, self.k
+        self._signal(2)
+        self.shard[:m * k].copy_(x)
+        self._signal(3)
+        for i in range(1, world):
+            r = (me + i) % world  # this rank's GEMM walks its own rows, then rank me + 1's, me + 2's, ...
+            self._signal(4, r)
+            self.gathered[r * m * k:(r + 1) * m * k].copy_(self._peers[r][:m * k])
+            self._signal(5, r)
