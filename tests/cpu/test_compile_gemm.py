@@ -74,18 +74,23 @@ def test_consumer_loads_of_a_depend_on_the_wait(config):
     assert "trap;" in ptx
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_signal_kernels_release_and_acquire_at_system_scope(world):
-    # Push: 0 acknowledges and waits, 1 signals a peer. Pull: 2 marks the own rows and waits for
-    # the previous shard's copies, 3 publishes, 4 waits for a peer's shard, 5 marks and acknowledges.
-    waits = {0: world - 1, 1: 0, 2: world - 1, 3: 0, 4: 1, 5: 0}
-    releases = {0: True, 1: True, 2: False, 3: True, 4: False, 5: True}
+@pytest.mark.parametrize("world", [1, 2, 4])  # 1: protocol_on_one_rank
+def test_signal_kernels_release_and_acquire_at_the_right_scopes(world):
+    # Push: 0 marks the own rows, acknowledges and waits, 1 signals a peer. Pull: 2 marks the own
+    # rows and waits for the previous shard's copies, 3 publishes, 4 waits for a peer's shard, 5
+    # marks the peer's rows and acknowledges. Each wait is a spin of two acquire loads.
+    peers = world - 1
+    waits = {0: peers, 1: 0, 2: peers, 3: 0, 4: 1, 5: 0}
+    sys_releases = {0: peers, 1: 1, 2: 0, 3: peers, 4: 0, 5: 1}
+    gpu_releases = {0: 1, 1: 0, 2: 1, 3: 0, 4: 0, 5: 1}
     for phase in range(6):
         ptx = compile_for_hopper(allgather_gemm.ag_gemm_signal_kernel, {"signals": "*u64", "calls": "*i64",
                                                                          "peer": "i32"},
                                  dict(PHASE=phase, WORLD=world), num_warps=1).asm["ptx"]
-        assert bool(re.search(_RELEASE, ptx)) == releases[phase], phase
-        assert ptx.count(_SPIN) >= waits[phase] and (waits[phase] > 0) == (_SPIN in ptx), phase
+        assert len(re.findall(_RELEASE, ptx)) == sys_releases[phase], phase
+        gpu = re.findall(r"atom\.global\.gpu\.release|atom\.release\.gpu\.global", ptx)
+        assert len(gpu) == gpu_releases[phase], phase
+        assert ptx.count(_SPIN) == 2 * waits[phase], phase
     assert allgather_gemm.PRODUCERS == ("ce_push", "ce_pull")
 
 

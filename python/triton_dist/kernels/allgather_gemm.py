@@ -8,7 +8,8 @@ the context's side stream) and consumer (the persistent GEMM of
 symmetric buffer ``gathered`` (``world * max_m * K`` elements; a call uses its first
 ``world * m`` rows, rank ``r``'s shard at rows ``[r * m, (r + 1) * m)``) which the GEMM reads
 directly as its A (a TMA descriptor over ``gathered[:world * m]``; no copy-out), and a signal pad
-of ``3 * world`` uint64 signals: ``ready[r]`` (index ``r``) and ``ack[r]`` (index ``world + r``).
+of ``3 * world`` uint64 signals: ``ready[r]`` (index ``r``) and ``ack[r]`` (index ``world + r``)
+(``"ce_pull"`` uses the third ``world`` too, see below).
 
 Call ``k`` (``k``: the context's device-side call counter ``calls``, bumped on the caller's
 stream ``S`` first, so a CUDA graph replays with fresh values) on rank ``me``:
@@ -62,9 +63,11 @@ order the GEMM needs their rows (``me + 1``, ``me + 2``, ...): wait ``published[
 ``r``'s ``shard`` into ``gathered`` (a copy-engine read over NVLink), ``ready[r] = k`` here and
 ``pulled[me] = k`` on ``r``. No write lands where a GEMM still reads: only this rank's own streams
 write its ``gathered``, ``P`` after waiting for ``S``; a ``shard`` is rewritten only after every
-peer acknowledged copying the previous one. The waits of call ``k`` depend only on signals of
-calls ``k - 1`` and ``k`` sent before any wait of call ``k``, so no cycle. What this buys: the
-GEMM reads A from ordinary memory, not from the symmetric heap.
+peer acknowledged copying the previous one. No cycle: the first wait of call ``k`` needs only
+signals of call ``k - 1``; the second, a peer's ``published`` of call ``k``, which the peer sends
+right after its own first wait. What this buys: the GEMM reads A from ordinary memory, not from
+the symmetric heap. What it costs: a second copy of ``A_shard`` (into ``shard``), on ``P``
+before the peers can start copying.
 
 SMs: the consumer spins while the producer's signal kernels still have to run on this GPU, so
 the GEMM's persistent grid leaves :data:`RESERVED_SMS` SMs free (its programs use > 114 KiB of
@@ -147,9 +150,11 @@ class AllGatherGemmContext:
     Collective: every rank creates it with the same arguments, in the same order as its other
     symmetric allocations; creating it compiles and loads every kernel (both GEMM configs, since
     N is per call) and ends with a barrier. Symmetric memory: ``world * max_m_per_rank * k``
-    elements (``"ce_pull"``: ``max_m_per_rank * k``) plus ``3 * world`` signals. Call with :meth:`run` (or
-    :func:`triton_dist.ops.ag_gemm`); every rank makes the same calls in the same order with the
-    same ``m`` and ``N``. Calls may be captured in a CUDA graph and replayed.
+    elements (``"ce_pull"``: ``max_m_per_rank * k``, and ``world * max_m_per_rank * k`` of ordinary
+    memory) plus ``3 * world`` signals. Call with :meth:`run` (or :func:`triton_dist.ops.ag_gemm`);
+    every rank makes the same calls in the same order with the same ``m`` and ``N``, each rank all
+    on one stream (the side stream's wait for the caller's stream is what orders a call after the
+    previous call's GEMM). Calls may be captured in a CUDA graph and replayed.
 
     ``producer``: one of :data:`PRODUCERS` (``"ce_pull"`` keeps ``gathered`` in ordinary memory
     and allocates a symmetric ``max_m_per_rank * k`` shard buffer instead).
@@ -193,6 +198,8 @@ class AllGatherGemmContext:
         exposed = self.shard if pull else self.gathered
         self._peers = [peer_tensor(exposed, r) if r != self.rank else exposed for r in range(self.world)]
         self._side = torch.cuda.Stream(device=self.device)
+        if pull:  # ordinary memory written on the side stream: its release must wait for that stream too
+            self.gathered.record_stream(self._side)
         self._protocol = self.world > 1 or bool(protocol_on_one_rank)
         if self._protocol:
             self.preload()
