@@ -53,8 +53,10 @@ Reuse between calls (``sm_push``, ``ll``): the epoch is the context's device cal
 buffers alternate halves by its parity (see :mod:`triton_dist.kernels.context`). Inputs and
 outputs need not be symmetric; only the context's buffers are.
 
-Methods added after the first GPU run (CPU-compiled only so far; ``ce_push`` spent ~30 % of its
-time on the copy-out from ``ce`` into ``out`` after the transfer, at 256 MiB per rank):
+Methods added after the first GPU run (``ce_push`` spent ~30 % of its time on the copy-out from
+``ce`` into ``out`` after the transfer, at 256 MiB per rank); they passed their tests on 2 x H200
+at b5fc68f and are measured in bench/results/h200-x2/allgather.json (256 MiB per rank:
+``sm_zero_copy`` 814 us, ``ce_zero_copy`` 871 us, ``ce_chunked`` 1209 us, ``ce_push`` 996 us):
 
 ``"ce_chunked"`` (:meth:`AllGatherContext._run_ce_chunked`): ``ce_push`` with the copy-out
 overlapped with the transfer. Same staging buffer ``ce``, counter ``ce_calls`` and phase-0 wait /
@@ -165,13 +167,16 @@ chunk out of the staging buffer far faster than the link fills it)."""
 
 AUTO_CE_CHUNKED = False
 """``method="auto"`` above :data:`AUTO_SM_MAX_BYTES` with a non-symmetric ``out``: ``"ce_chunked"``
-(True) or ``"ce_push"`` (False). False until ``ce_chunked`` has passed its GPU tests and
-``bench/allgather.py`` shows it ahead of ``ce_push``."""
+(True) or ``"ce_push"`` (False). False: ``ce_chunked`` passed its GPU tests, but
+bench/results/h200-x2/allgather.json has it ahead of ``ce_push`` at 8 and 128 MiB per rank and
+behind at 32 and 256 MiB."""
 
 AUTO_ZERO_COPY = False
 """``method="auto"`` above :data:`AUTO_SM_MAX_BYTES` with a symmetric ``out``: ``"ce_zero_copy"``
-(True) or as for a plain ``out`` (False). False until it has passed its GPU tests and been
-measured."""
+(True) or as for a plain ``out`` (False). False although the zero-copy methods are the fastest
+there (sm_zero_copy 814 against ce_push 996 us at 256 MiB per rank): ``auto`` would decide from
+the calling rank's ``out`` alone, and ranks passing different kinds of ``out`` would pick
+different protocols and wait for each other. Ask for ``method="sm_zero_copy"`` explicitly."""
 
 # Pad layout: [0, W*MP) sm_push ready signals (r, p); then W ce_push ready signals; then W acks.
 # Second pad (``pad_ext``, the methods added after the first GPU run):
