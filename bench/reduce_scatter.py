@@ -1,4 +1,4 @@
-"""ReduceScatter (sum, bf16): ours (push, ring) vs torch.distributed.reduce_scatter_tensor (NCCL).
+"""ReduceScatter (sum, bf16): ours (push, ring, ll) vs torch.distributed.reduce_scatter_tensor (NCCL).
 
     torchrun --nproc-per-node=2 bench/reduce_scatter.py [--quick]
 
@@ -6,8 +6,8 @@ Input sizes (the whole input, all ``world`` shards): 8 KiB, 256 KiB, then 1 MiB 
 steps (``--quick``: 256 KiB, 4 MiB, 64 MiB). For each:
 
 - ours: :func:`triton_dist.ops.reduce_scatter` with one context of the largest size, methods
-  ``push`` and ``ring``; ``ours_us`` is the faster, each is also recorded (``push_us``,
-  ``ring_us``, ``method``);
+  ``push``, ``ring`` and (inputs up to its limit) ``ll``; ``ours_us`` is the fastest, each is also
+  recorded (``push_us``, ``ring_us``, ``ll_us``, ``method``);
 - ``torch_nccl_us``: ``torch.distributed.reduce_scatter_tensor`` (NCCL) on the same data.
 
 Every result is checked once against an fp32 NCCL reference before timing. Timing:
@@ -87,11 +87,12 @@ def main() -> int:
         def ours(method, x=x, out=out):
             return lambda: ops.reduce_scatter(x, out=out, method=method, context=ctx)
 
-        fns = {name: ours(name) for name in METHODS}
+        methods = [*METHODS, *(["ll"] if nbytes <= ctx.ll_max_bytes else [])]
+        fns = {name: ours(name) for name in methods}
         fns["torch_nccl"] = lambda x=x, o=nccl_out[:m]: dist.reduce_scatter_tensor(o, x)
 
         checks = {}
-        for name in (*METHODS, "torch_nccl"):
+        for name in (*methods, "torch_nccl"):
             target = nccl_out[:m] if name == "torch_nccl" else out
             target.fill_(float("nan"))
             fns[name]()
@@ -105,22 +106,23 @@ def main() -> int:
         times = {}
         for name, fn in fns.items():
             times[name] = bench.median_us(fn, warmup=5, iters=iters, group=group, gpu_delay_us=delay, graph=True)
-        best = min(METHODS, key=times.get)
+        best = min(methods, key=times.get)
         ours_us = times[best]
         bus = (world - 1) / world * nbytes
         bound = max(ROUND_TRIP_US, bus / (LINK_GBPS * 1e3))
         log(f"{nbytes:>10d} B  push {times['push']:9.2f} us  ring {times['ring']:9.2f} us  "
+            f"ll {times.get('ll', float('nan')):9.2f} us  "
             f"NCCL {times['torch_nccl']:9.2f} us  bound {bound:8.2f} us  checks {checks}")
         records.append(
             bench.record("reduce_scatter", shape=[n], dtype="bfloat16", world_size=world, gpu=gpu, ours_us=ours_us,
                          baselines={"torch_nccl_us": times["torch_nccl"]}, bound_us=bound, bytes=nbytes,
                          busbw_gbps=bus / (ours_us * 1e3), torch_nccl_busbw_gbps=bus / (times["torch_nccl"] * 1e3),
-                         method=best, push_us=times["push"], ring_us=times["ring"],
-                         verified=checks["push"] and checks["ring"], checks=checks,
+                         method=best, push_us=times["push"], ring_us=times["ring"], ll_us=times.get("ll"),
+                         verified=all(checks[name] for name in methods), checks=checks,
                          timing={"iters": iters, "group": group, "gpu_delay_us": delay, "cuda_graph": True},
                          bound_method=f"max({ROUND_TRIP_US} us, (w-1)/w*bytes / {LINK_GBPS} GB/s)"))
 
-    extra = ("bytes", "method", "push_us", "ring_us", "busbw_gbps", "torch_nccl_busbw_gbps")
+    extra = ("bytes", "method", "push_us", "ring_us", "ll_us", "busbw_gbps", "torch_nccl_busbw_gbps")
     del ctx  # symmetric memory (ours and torch's) goes before the runtime and the process group
     return bench.script.finish("reduce_scatter", records, args, extra)
 

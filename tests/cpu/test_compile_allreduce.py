@@ -35,12 +35,12 @@ _LL_LOAD = r"ld\.relaxed\.sys\.global\.b64"
 _ELEMS = {"fp32": 1, "bf16": 2, "fp16": 2}
 
 
-def _ll(dt, world=2):
+def _ll(dt, world=2, scatter=False):
     block = allreduce.AllReduceContext.LL_BLOCK
-    return compile_for_hopper(allreduce.all_reduce_ll_kernel,
+    return compile_for_hopper(allreduce.ll_reduce_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "ll": "*i64", "n": "i32", "words": "i32",
                                "epoch_ptr": "*i64"},
-                              dict(WORLD=world, LL_SLOT=4 * block, BLOCK_W=block, ELEMS=_ELEMS[dt]),
+                              dict(WORLD=world, LL_SLOT=4 * block, BLOCK_W=block, ELEMS=_ELEMS[dt], SCATTER=scatter),
                               num_warps=8).asm["ptx"]
 
 
@@ -102,6 +102,18 @@ def test_ll_stores_to_every_rank_and_spins_on_every_slot():
     loads = [len(re.findall(_LL_LOAD, p)) for p in (two, four)]
     assert stores[0] > 0 and stores[1] == 2 * stores[0], stores
     assert loads[0] > 0 and loads[1] == 2 * loads[0], loads
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ll_scatter_packs_each_destinations_shard(world):
+    """ReduceScatter's LL (SCATTER): the same stores and spins as AllReduce's, but the payload is
+    loaded once per destination (its own shard of x) instead of once for all."""
+    gather_all, scatter = _ll("bf16", world), _ll("bf16", world, scatter=True)
+    for pattern in (_LL_STORE, _LL_LOAD):
+        assert len(re.findall(pattern, scatter)) == len(re.findall(pattern, gather_all)) > 0
+    loads = [len(re.findall(r"ld\.global(\.[a-z0-9]+)*\.(v\d\.)?b16", p)) for p in (gather_all, scatter)]
+    assert loads[1] == world * loads[0] > 0, loads
+    assert not re.search(_ANY_ATOMIC, scatter) and "fence." not in scatter
 
 
 @pytest.mark.parametrize("dt", ["fp32", "bf16"])

@@ -1,4 +1,4 @@
-"""triton_dist.ops.reduce_scatter (push and ring) against torch.distributed.reduce_scatter_tensor."""
+"""triton_dist.ops.reduce_scatter (push, ring and ll) against torch.distributed.reduce_scatter_tensor."""
 
 import random
 
@@ -12,7 +12,7 @@ from triton_dist import ops
 from triton_dist.kernels import ReduceScatterContext
 
 _SHARDS = [1, 7, 4099 * 3, 1_000_003]  # elements per shard
-_METHODS = ["push", "ring"]
+_METHODS = ["push", "ring", "ll"]
 
 
 def _fresh(n, dtype, seed):
@@ -58,6 +58,8 @@ def _rank_order_sum(x):
 @pytest.mark.parametrize("m", _SHARDS)
 def test_matches_torch(m, method, dtype):
     world = dist.get_world_size()
+    if method == "ll" and world * m * dtype.itemsize > ReduceScatterContext.LL_MAX_BYTES:
+        pytest.skip("ll takes at most ReduceScatterContext.LL_MAX_BYTES of input")
     x = _fresh(world * m, dtype, seed=m)
     out = torch.full((m, ), float("nan"), device="cuda", dtype=dtype)
     got = ops.reduce_scatter(x, out=out, method=method)
@@ -94,6 +96,8 @@ def test_back_to_back_random_sizes(dtype):
     for i in range(300):
         m = rng.choice([1, 7, 100, 2048, 2049, 4099 * 3, rng.randint(1, max_shard)])
         method = rng.choice(["auto"] + _METHODS)
+        if method == "ll" and world * m * dtype.itemsize > ctx.ll_max_bytes:
+            method = "push"
         x = _fresh(world * m, dtype, seed=20000 + i)
         out = torch.full((m, ), float("nan"), device="cuda", dtype=dtype)
         ops.reduce_scatter(x, out=out, method=method, context=ctx)
@@ -152,6 +156,8 @@ def test_bad_inputs():
     raises_everywhere(lambda: ops.reduce_scatter(torch.ones(1000 * world, device="cuda"), context=small), ValueError,
                       "more than the context")
     raises_everywhere(lambda: ops.reduce_scatter(x.bfloat16(), context=small), TypeError, "context")
+    big = torch.ones(ReduceScatterContext.LL_MAX_BYTES // 4 + 4 * world, device="cuda")
+    raises_everywhere(lambda: ops.reduce_scatter(big, method="ll"), ValueError, "method 'll' takes")
     # The op still works after the errors.
     y = ops.reduce_scatter(x, context=small)
     torch.cuda.synchronize()

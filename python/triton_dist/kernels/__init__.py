@@ -4,14 +4,14 @@ Torch-facing entry points live in :mod:`triton_dist.ops`."""
 
 from .allgather import AllGatherContext
 from .allgather_gemm import AllGatherGemmContext, ag_gemm_consumer_kernel, ag_gemm_signal_kernel
-from .allreduce import AllReduceContext, all_reduce_ll_kernel, all_reduce_one_shot_kernel, all_reduce_two_shot_kernel
+from .allreduce import AllReduceContext, ll_reduce_kernel, all_reduce_one_shot_kernel, all_reduce_two_shot_kernel
 from .context import CollectiveContext
 from .gemm import gemm_kernel  # the host wrapper: triton_dist.kernels.gemm.gemm
 from .reduce_scatter import ReduceScatterContext, reduce_scatter_push_kernel, reduce_scatter_ring_kernel
 
 __all__ = ["AllGatherContext", "AllGatherGemmContext", "ag_gemm_consumer_kernel", "ag_gemm_signal_kernel",
            "gemm_kernel", "AllReduceContext", "CollectiveContext", "ReduceScatterContext",
-           "all_reduce_ll_kernel", "all_reduce_one_shot_kernel", "all_reduce_two_shot_kernel",
+           "ll_reduce_kernel", "all_reduce_one_shot_kernel", "all_reduce_two_shot_kernel",
            "reduce_scatter_push_kernel", "reduce_scatter_ring_kernel"]
 from .gemm_reduce_scatter import GemmReduceScatterContext, gemm_rs_producer_kernel, gemm_rs_reduce_kernel  # noqa: E402
 

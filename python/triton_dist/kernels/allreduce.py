@@ -25,7 +25,7 @@ Two-shot (:func:`all_reduce_two_shot_kernel`), bandwidth-bound sizes. The tensor
 3. gather: it waits for region-2 signal ``(r, p)`` from every peer and copies shard ``r``'s tiles
    from the gather buffer into the output.
 
-LL (:func:`all_reduce_ll_kernel`), small messages (up to :attr:`AllReduceContext.LL_MAX_BYTES`
+LL (:func:`ll_reduce_kernel`), small messages (up to :attr:`AllReduceContext.LL_MAX_BYTES`
 per rank), the low-latency protocol of :mod:`triton_dist.kernels.allgather`'s ``"ll"`` method:
 the input is cut into 8-byte LL words of 4 payload bytes (low half) and a 4-byte flag derived
 from the epoch (high half); program ``p`` owns the same ``BLOCK_W``-word tiles on every rank.
@@ -229,13 +229,18 @@ def _ll_store_values(out, w, n, acc, ELEMS: tl.constexpr):
 
 
 @jit(do_not_specialize=["n", "words"])
-def all_reduce_ll_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LL_SLOT: tl.constexpr,
-                         BLOCK_W: tl.constexpr, ELEMS: tl.constexpr):
+def ll_reduce_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LL_SLOT: tl.constexpr,
+                         BLOCK_W: tl.constexpr, ELEMS: tl.constexpr, SCATTER: tl.constexpr = False):
     """``out = sum over ranks of x`` (``n`` elements) through the LL protocol (module notes).
     ``ll``: symmetric int64, ``2 * WORLD * LL_SLOT`` words (half ``epoch % 2``, slot ``r`` = rank
     ``r``'s data), zeroed at creation; ``words``: LL words per rank (``n`` elements of ``4 / ELEMS``
     bytes, 4 payload bytes a word); ``epoch_ptr``: the context's device call counter. ``LL_SLOT``
-    is a whole number of ``BLOCK_W``-word tiles."""
+    is a whole number of ``BLOCK_W``-word tiles.
+
+    ``SCATTER`` (ReduceScatter, :mod:`~triton_dist.kernels.reduce_scatter`'s ``"ll"``): ``x`` holds
+    ``WORLD * n`` elements and rank ``r`` receives only ``x[r * n:(r + 1) * n]`` of every rank;
+    ``out`` is this rank's ``n``-element shard of the sum (it may be this rank's shard of
+    ``x``)."""
     TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
     epoch = tl.load(epoch_ptr)
     flag, high = _ll_flag(epoch)
@@ -252,12 +257,15 @@ def all_reduce_ll_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, L
     # are written too (they stay inside the slot) and never waited for.
     for t in range(pid, tiles, grid):
         w = t.to(tl.int64) * BLOCK_W + lanes
-        packed = _ll_words(x, w, n, ELEMS) | high
+        if not SCATTER:
+            packed = _ll_words(x, w, n, ELEMS) | high
         for r in tl.static_range(WORLD):
             if r == 0:
                 base = ll
             else:
                 base = dl.symm_at(ll, (me + r) % WORLD)
+            if SCATTER:  # rank (me + r)'s shard of x
+                packed = _ll_words(x + ((me + r) % WORLD).to(tl.int64) * n, w, n, ELEMS) | high
             dl.st(base + half + me.to(tl.int64) * LL_SLOT + w, packed, "sys", "relaxed")
     # Every thread's loads of x are done before any thread stores into out (out may be x).
     tl.debug_barrier()
@@ -339,7 +347,7 @@ class AllReduceContext(CollectiveContext):
                                            grid=(1, ), **self._meta())
         all_reduce_two_shot_kernel.preload(self.stage, self.gather, self.stage, self.gather, self.pad.signals, n,
                                            self.calls, 3, grid=(1, ), **self._meta())
-        all_reduce_ll_kernel.preload(self.stage, self.gather, self.ll, n, n, self.calls, grid=(1, ), **self._ll_meta())
+        ll_reduce_kernel.preload(self.stage, self.gather, self.ll, n, n, self.calls, grid=(1, ), **self._ll_meta())
 
     def run(self, x, out, method: str) -> None:
         """``out = sum over ranks of x`` with ``method`` ``"one_shot"``, ``"two_shot"`` or ``"ll"``
@@ -377,6 +385,6 @@ class AllReduceContext(CollectiveContext):
         else:
             words = triton.cdiv(nbytes, 4)
             grid = self.grid(triton.cdiv(words, self.LL_BLOCK))
-            all_reduce_ll_kernel[grid](x, target, self.ll, n, words, epoch_ptr, **self._ll_meta())
+            ll_reduce_kernel[grid](x, target, self.ll, n, words, epoch_ptr, **self._ll_meta())
         if target is not out:
             out.copy_(target)

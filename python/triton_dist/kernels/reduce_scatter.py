@@ -49,6 +49,7 @@ from .. import language as dl
 from .. import runtime as _runtime
 from ..distributed_jit import jit
 from ..symmetric import symm_empty
+from .allreduce import ll_reduce_kernel
 from .context import CollectiveContext
 from .tiles import copy_tile, load_tile, store_tile
 
@@ -188,20 +189,30 @@ class ReduceScatterContext(CollectiveContext):
     peer's staging; every rank moves ``(w-1)/w`` of the input once over its links; the result is
     summed in rank order, so it is bit-identical to what any rank would compute), ``"ring"`` (``w -
     1`` steps around the ring ``r -> r + 1``, fp32 partials; for machines without a full NVLink
-    mesh), ``"auto"``: push at every size, since every machine this runs on so far (H200 with
-    NVSwitch / 2 GPUs NVLinked) is a full mesh, where push moves the fewest bytes with the fewest
-    dependent steps.
+    mesh), ``"ll"`` (inputs of at most :attr:`ll_max_bytes`: the low-latency protocol of
+    :func:`~triton_dist.kernels.allreduce.ll_reduce_kernel`, data and flag in 8-byte words, no
+    signals; the same bits as push; not yet run on a GPU), ``"auto"``: push at every size, since
+    every machine this runs on so far (H200 with NVSwitch / 2 GPUs NVLinked) is a full mesh, where
+    push moves the fewest bytes with the fewest dependent steps (``ll`` is not chosen until it is
+    measured).
 
     Collective: every rank creates it with the same arguments, in the same order as its other
     symmetric allocations; creating it compiles and loads every kernel variant. Memory on the
     symmetric heap: ``2 * max_bytes`` (staging) plus ``8 (w-1)/w * max_numel`` bytes (fp32 ring
-    inbox), each rounded up to whole tiles, plus ``(2w - 1) * max_programs`` signals.
+    inbox), each rounded up to whole tiles, plus ``(2w - 1) * max_programs`` signals, plus the LL
+    buffer (``4 * ll_max_bytes``, rounded up to whole LL tiles per rank).
 
     Every call must be made by every rank, in the same order, with the same ``numel`` and method.
     Calls may be captured in a CUDA graph and replayed.
     """
 
-    METHODS = ("auto", "push", "ring")
+    METHODS = ("auto", "push", "ring", "ll")
+
+    LL_MAX_BYTES = 1 << 20
+    """The largest input (bytes, all ``world`` shards) the ``"ll"`` method takes."""
+
+    LL_BLOCK = 512
+    """8-byte LL words per tile (one program handles a tile at a time)."""
 
     def __init__(self, max_bytes: int, dtype, *, max_programs: int | None = None):
         import torch
@@ -218,10 +229,23 @@ class ReduceScatterContext(CollectiveContext):
         self.ring_half = max(1, world - 1) * slot
         self.inbox = symm_empty((2 * self.ring_half, ), torch.float32)
         self.vec = 16 // dtype.itemsize
+        self.ll_max_bytes = min(self.max_bytes, self.LL_MAX_BYTES)
+        """The largest input (bytes, all shards) this context's ``"ll"`` method takes."""
+        shard_words = triton.cdiv(triton.cdiv(self.ll_max_bytes, world), 4)
+        self.ll_slot = triton.cdiv(shard_words, self.LL_BLOCK) * self.LL_BLOCK
+        """8-byte words per rank slot of :attr:`ll` (one shard's payload, whole tiles)."""
+        self.ll = symm_empty((2 * world * self.ll_slot, ), torch.int64)
+        """The LL buffer: two halves of ``world`` slots, zeroed (flags are never 0); :meth:`ready`
+        synchronises and barriers before any peer can write it."""
+        self.ll.zero_()
         self.ready()
 
     def _meta(self, vec: int) -> dict:
         return self.meta(VEC=vec)
+
+    def _ll_meta(self) -> dict:
+        return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=self.LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
+                    SCATTER=True, num_warps=self.NUM_WARPS)
 
     def preload(self) -> None:
         """Compile and load both kernels, each for ``VEC`` 1 and ``16 // itemsize``, with the
@@ -233,6 +257,8 @@ class ReduceScatterContext(CollectiveContext):
                                                self.calls, self.half // self.BLOCK, grid=(1, ), **self._meta(vec))
             reduce_scatter_ring_kernel.preload(self.stage, self.stage, self.inbox, self.pad.signals, count, 3,
                                                self.calls, self.ring_half // self.BLOCK, grid=(1, ), **self._meta(vec))
+        ll_reduce_kernel.preload(self.stage, self.stage, self.ll, count, count, self.calls, grid=(1, ),
+                                 **self._ll_meta())
 
     def run(self, x, out, method: str = "auto") -> None:
         """``out`` = this rank's shard (``x.numel() // world`` elements) of the sum over ranks of
@@ -250,6 +276,9 @@ class ReduceScatterContext(CollectiveContext):
                              f"x.numel() // {self.world}")
         if n == 0:
             return
+        if method == "ll" and n * self.dtype.itemsize > self.ll_max_bytes:
+            raise ValueError(f"triton_dist reduce_scatter: method 'll' takes inputs of at most {self.ll_max_bytes} "
+                             f"bytes, got {n * self.dtype.itemsize}; use 'push', 'ring' or 'auto'")
         if self.world == 1:
             if out.data_ptr() != x.data_ptr():
                 out.copy_(x)
@@ -263,9 +292,16 @@ class ReduceScatterContext(CollectiveContext):
         if x.data_ptr() % 16:
             x = x.clone()
         target = out if out.data_ptr() % 16 == 0 else out.new_empty(out.shape)
+        epoch_ptr = self.next_call()
+        if method == "ll":
+            words = triton.cdiv(m * self.dtype.itemsize, 4)
+            ll_reduce_kernel[self.grid(triton.cdiv(words, self.LL_BLOCK))](x, target, self.ll, m, words, epoch_ptr,
+                                                                           **self._ll_meta())
+            if target is not out:
+                out.copy_(target)
+            return
         shard_tiles = triton.cdiv(m, self.BLOCK)
         grid = self.grid(shard_tiles)
-        epoch_ptr = self.next_call()
         if method == "push":
             reduce_scatter_push_kernel[grid](x, target, self.stage, self.pad.signals, m // vec, shard_tiles, epoch_ptr,
                                              self.half // self.BLOCK, **self._meta(vec))
