@@ -304,7 +304,8 @@ class AllReduceContext(CollectiveContext):
 
     LL_MAX_BYTES = 64 * 1024
     """The largest input (bytes per rank) the ``"ll"`` method takes; ``"auto"`` uses ``"ll"`` up to
-    it (not yet measured: allgather's LL beats its sm_push up to 32 KiB on 2 x H200)."""
+    :data:`triton_dist.ops.AUTO_LL_MAX_BYTES` (32 KiB: measured ahead of one-shot at 8 and 32 KiB
+    on 2 x H200)."""
 
     LL_BLOCK = 512
     """8-byte LL words per tile (one program handles a tile at a time)."""
