@@ -85,7 +85,6 @@ def main() -> int:
     parser.set_defaults(heap_size="16G")  # the largest shapes' buffers, and the transfer's own contexts
     parser.add_argument("--skip-ce-pull", action="store_true", help="do not time the ce_pull producer")
     args = parser.parse_args()
-    bench.script.guard(args)
 
     import torch
     import torch.distributed as dist

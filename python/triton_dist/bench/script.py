@@ -24,8 +24,9 @@ def argument_parser(description: str, results_root: Path) -> argparse.ArgumentPa
 
 
 def start(args: argparse.Namespace, log, note: str = ""):
-    """Initialise the runtime with ``args.heap_size`` and log the run's header (GPU, world, commit,
-    versions, quick or full, ``note``); returns ``(world, rank, device, gpu)``."""
+    """:func:`guard`, then initialise the runtime with ``args.heap_size`` and log the run's header
+    (GPU, world, commit, versions, quick or full, ``note``); returns ``(world, rank, device, gpu)``."""
+    guard(args)
     import torch
 
     from .. import runtime
