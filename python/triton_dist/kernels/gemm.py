@@ -335,14 +335,21 @@ def num_sms(device=None) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def operand_descriptors(a, b, config: str):
+    """Host TMA descriptors of the operands ``a [M, K]`` and ``b [N, K]`` for ``config``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    cfg = CONFIGS[config]
+    return (TensorDescriptor.from_tensor(a, [cfg["BM"], cfg["BK"]]),
+            TensorDescriptor.from_tensor(b, [cfg["BN"], cfg["BK"]]))
+
+
 def descriptors(a, b, c, config: str):
     """Host TMA descriptors of ``a [M, K]``, ``b [N, K]`` and ``c [M, N]`` for ``config``."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     cfg = CONFIGS[config]
-    bm, bn, bk = cfg["BM"], cfg["BN"], cfg["BK"]
-    return (TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [bn, bk]),
-            TensorDescriptor.from_tensor(c, [bm, bn]))
+    return (*operand_descriptors(a, b, config), TensorDescriptor.from_tensor(c, [cfg["BM"], cfg["BN"]]))
 
 
 def grid_for(m: int, n: int, config: str, max_programs: int) -> tuple[int]:

@@ -83,9 +83,8 @@ class GemmAllReduceContext:
         self.dtype = dtype
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_sms = _gemm.num_sms(self.device)
-        bm = min(c["BM"] for c in _gemm.CONFIGS.values())
-        bn = min(c["BN"] for c in _gemm.CONFIGS.values())
-        self.tiles_max = triton.cdiv(max_m, bm) * triton.cdiv(n, bn)
+        c = _gemm.CONFIGS[CONFIG]
+        self.tiles_max = triton.cdiv(max_m, c["BM"]) * triton.cdiv(n, c["BN"])
         """The most tiles of a call (signals per source rank)."""
         self.half = self.world * max_m * n
         self.partials = symm_empty((2 * self.half, ), torch.float32)
@@ -105,12 +104,9 @@ class GemmAllReduceContext:
         """Compile and load the kernel with the specialisation of real calls (descriptors of this
         dtype and each config's blocks, 16-byte aligned output; every int unspecialised)."""
         import torch
-        from triton.tools.tensor_descriptor import TensorDescriptor
 
         a = torch.empty((self.max_m, 8), dtype=self.dtype, device=self.device)  # only dtype and blocks matter
-        c = _gemm.CONFIGS[CONFIG]
-        a_desc = TensorDescriptor.from_tensor(a, [c["BM"], c["BK"]])
-        b_desc = TensorDescriptor.from_tensor(a, [c["BN"], c["BK"]])
+        a_desc, b_desc = _gemm.operand_descriptors(a, a, CONFIG)
         gemm_ar_kernel.preload(a_desc, b_desc, self.partials, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
                                half_elems=2, signal_region=2, out=a, grid=(1, ), **self._meta(CONFIG))
 
@@ -119,7 +115,6 @@ class GemmAllReduceContext:
         ``out [M, n]``: contiguous, 16-byte aligned CUDA tensors of this dtype, ``M <= max_m``,
         ``K`` a multiple of 8 (validated by :func:`triton_dist.ops.gemm_ar`, not here)."""
         import torch
-        from triton.tools.tensor_descriptor import TensorDescriptor
 
         m, k = a.shape
         n = b.shape[0]
@@ -132,9 +127,7 @@ class GemmAllReduceContext:
             _gemm.gemm(a, b, out=out)
             return
         config = CONFIG  # the same on every rank: the tile count decides which program owns which tile
-        c = _gemm.CONFIGS[config]
-        a_desc = TensorDescriptor.from_tensor(a, [c["BM"], c["BK"]])
-        b_desc = TensorDescriptor.from_tensor(b, [c["BN"], c["BK"]])
+        a_desc, b_desc = _gemm.operand_descriptors(a, b, config)
         # The preloaded variant assumes a 16-byte aligned output: another would load here, possibly
         # while a peer spins.
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)

@@ -228,13 +228,10 @@ class GemmReduceScatterContext:
         """Compile and load every kernel with the specialisation of real calls (descriptors of this
         dtype and each config's blocks, 16-byte aligned tensors, the context's ``n``; every other
         int unspecialised)."""
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
         p = self.partials
         a = p[:self.max_m * self.n].view(self.max_m, self.n)  # only dtype and blocks matter
-        for config, c in _gemm.CONFIGS.items():
-            a_desc = TensorDescriptor.from_tensor(a, [c["BM"], c["BK"]])
-            b_desc = TensorDescriptor.from_tensor(a, [c["BN"], c["BK"]])
+        for config in _gemm.CONFIGS:
+            a_desc, b_desc = _gemm.operand_descriptors(a, a, config)
             for peer in (False, True):
                 meta = _gemm.kernel_meta(config, False, signal_rows=True, world=self.world, peer_epilogue=peer)
                 gemm_rs_producer_kernel.preload(a_desc, b_desc, p, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
@@ -256,7 +253,6 @@ class GemmReduceScatterContext:
         (validated by :func:`triton_dist.ops.gemm_rs`, not here). ``variant``: one of
         :data:`VARIANTS` (see the module notes; ``"auto"`` runs :data:`AUTO_VARIANT`)."""
         import torch
-        from triton.tools.tensor_descriptor import TensorDescriptor
 
         if variant not in VARIANTS:
             raise ValueError(f"triton_dist GemmReduceScatterContext.run: variant must be one of {VARIANTS}, got "
@@ -279,8 +275,7 @@ class GemmReduceScatterContext:
         max_programs = self.num_sms if fused else self.max_programs
         config = _gemm.pick_config(big_m, n, k, max_programs)
         c = _gemm.CONFIGS[config]
-        a_desc = TensorDescriptor.from_tensor(a, [c["BM"], c["BK"]])
-        b_desc = TensorDescriptor.from_tensor(b, [c["BN"], c["BK"]])
+        a_desc, b_desc = _gemm.operand_descriptors(a, b, config)
         tiles = triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"])
         stream = torch.cuda.current_stream()
         # The preloaded reduce variants assume a 16-byte aligned output: another variant would load
