@@ -188,9 +188,10 @@ NB_MODULE(_C, m) {
       "initialize_module",
       [](std::uintptr_t module) {
         if (!tdist::Runtime::initialized()) return false;
-        return tdist::Runtime::get().backend().initialize_module(reinterpret_cast<CUmodule>(module));
+        return tdist::Runtime::get().initialize_module(reinterpret_cast<CUmodule>(module));
       },
-      "module"_a, "Set up a loaded CUmodule for device-side calls into the backend, if it uses them.");
+      "module"_a, "Set up a loaded CUmodule: the backend's device state and the wait-timeout report's address, "
+      "where the module uses them.");
   m.def(
       "barrier_all_on_stream",
       [](std::uintptr_t stream) {

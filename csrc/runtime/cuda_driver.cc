@@ -24,6 +24,10 @@ const CudaDriver& CudaDriver::get() {
     library->bind(driver.stream_write_value64, "cuStreamWriteValue64_v2");
     library->bind(driver.stream_wait_value64, "cuStreamWaitValue64_v2");
     library->bind(driver.module_get_global, "cuModuleGetGlobal_v2");
+    library->bind(driver.memcpy_htod, "cuMemcpyHtoD_v2");
+    library->bind(driver.mem_host_alloc, "cuMemHostAlloc");
+    library->bind(driver.mem_host_get_device_pointer, "cuMemHostGetDevicePointer_v2");
+    library->bind(driver.mem_free_host, "cuMemFreeHost");
     check_cuda(driver.init(0), -1, "cuda_driver", "cuInit");
   });
   return driver;

@@ -4,6 +4,7 @@
 
 #include "tdist/error.h"
 #include "tdist/nvshmem_backend.h"
+#include "tdist/wait_timeout_report.h"
 
 namespace tdist {
 namespace {
@@ -51,6 +52,12 @@ Runtime& Runtime::get() {
 bool Runtime::initialized() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_runtime != nullptr;
+}
+
+bool Runtime::initialize_module(CUmodule module) {
+  const bool uses_backend = backend_->initialize_module(module);
+  const bool reports_timeouts = WaitTimeoutReport::get(rank()).install(module, rank());
+  return uses_backend || reports_timeouts;
 }
 
 void Runtime::finalize() {

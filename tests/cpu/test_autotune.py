@@ -384,6 +384,8 @@ def test_gemm_candidates_put_the_rule_first():
     assert [c["name"] for c in cands][0] == gemm.pick_config(8192, 8192, 4096, 132) == "large"
     assert sorted(c["name"] for c in cands) == sorted(gemm.CONFIGS)
     assert gemm_autotune.candidates(128, 512, 512, 132)[0]["name"] == "small"
+    small_m = [c["name"] for c in gemm_autotune.candidates(16, 4096, 4096, 132)]
+    assert small_m == ["skinny_n32", "small", "large"]
     assert all({k: v for k, v in c.items() if k != "name"} == gemm.CONFIGS[c["name"]] for c in cands)
     with pytest.raises(ValueError, match="dtype"):
         gemm_autotune.tuned_gemm_config(128, 128, 128, "float32")

@@ -9,7 +9,7 @@ import pytest
 
 from triton_dist.kernels import allgather_gemm
 from triton_dist.kernels import gemm as gemm_module
-from triton_dist.tools.compile_check import compile_for_hopper, depends_on, ops_matching, results
+from triton_dist.tools.compile_check import compile_for_hopper, depends_on, ops_matching, results, wgmma_serialized
 
 _SPIN = "ld.acquire.sys.global.u64"
 _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
@@ -17,7 +17,7 @@ _SMEM_LIMIT = 232448  # bytes of shared memory one program may use on sm_90
 
 
 def _compile(config, dtype, wait_for_rows):
-    c = gemm_module.CONFIGS[config]
+    c = gemm_module.config_params(config)
     meta = gemm_module.kernel_meta(config, wait_for_rows)
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
     signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
@@ -45,7 +45,12 @@ def test_plain_gemm_uses_wgmma_and_tma(config, dtype):
     # Pipelined: NUM_STAGES - 1 TMA loads of A (and of B) in flight before the loop.
     ttgir = compiled.asm["ttgir"]
     loads = ops_matching(ttgir, r"async_tma_copy_global_to_local")
-    assert len(loads) >= 2 * gemm_module.CONFIGS[config]["NUM_STAGES"]
+    assert len(loads) >= 2 * gemm_module.config_params(config)["NUM_STAGES"]
+
+
+@pytest.mark.parametrize("config", sorted(gemm_module.SKINNY_CONFIGS))
+def test_skinny_configs_compile_pipelined_within_shared_memory(config):
+    test_plain_gemm_uses_wgmma_and_tma(config, "bf16")
 
 
 @pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
@@ -53,6 +58,7 @@ def test_consumer_loads_of_a_depend_on_the_wait(config):
     compiled = _compile(config, "bf16", True)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert not wgmma_serialized(ptx)  # the wait's timeout path must not make a call
     assert compiled.metadata.shared <= _SMEM_LIMIT
     ttgir = compiled.asm["ttgir"]
     spins = results(ops_matching(ttgir, re.escape(_SPIN)))
@@ -100,6 +106,15 @@ def test_config_rule():
     assert gemm_module.pick_config(2048, 1024, 1024, 131) == "small"
     assert gemm_module.grid_for(1000, 512, "small", 131) == (32, )
     assert gemm_module.grid_for(8192, 14336, "large", 131) == (131, )
+    # Decode-sized M: the narrowest 64-row tiles whose count fits the SMs, one read of B per SM.
+    assert gemm_module.pick_skinny_config(1, 4096, 132) == "skinny_n32"
+    assert gemm_module.pick_skinny_config(64, 8192, 132) == "skinny_n64"
+    assert gemm_module.pick_skinny_config(16, 16384, 132) == "skinny_n128"
+    assert gemm_module.pick_skinny_config(1, 65536, 132) == "skinny_n128"
+    assert gemm_module.pick_skinny_config(65, 4096, 132) is None
+    assert gemm_module.grid_for(1, 4096, "skinny_n32", 132) == (128, )
+    with pytest.raises(ValueError, match="unknown config"):
+        gemm_module.config_params("huge")
     for name in gemm_module.CONFIGS:
         meta = gemm_module.kernel_meta(name, True)
         assert meta["WAIT_FOR_ROWS"] and meta["num_stages"] == meta["NUM_STAGES"]

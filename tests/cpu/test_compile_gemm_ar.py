@@ -9,7 +9,7 @@ import pytest
 
 from triton_dist.kernels import gemm as gemm_module
 from triton_dist.kernels import gemm_all_reduce
-from triton_dist.tools.compile_check import compile_for_hopper, depends_on, ops_matching, results
+from triton_dist.tools.compile_check import compile_for_hopper, depends_on, ops_matching, results, wgmma_serialized
 
 _SPIN = "ld.acquire.sys.global.u64"
 _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
@@ -17,7 +17,7 @@ _SMEM_LIMIT = 232448
 
 
 def _compile(config, world, dtype="bf16"):
-    c = gemm_module.CONFIGS[config]
+    c = gemm_module.config_params(config)
     meta = gemm_module.kernel_meta(config, False, world=world, all_reduce=True)
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
     signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
@@ -28,11 +28,12 @@ def _compile(config, world, dtype="bf16"):
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])  # 1: protocol_on_one_rank
-@pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
+@pytest.mark.parametrize("config", [gemm_all_reduce.CONFIG] + sorted(gemm_module.SKINNY_CONFIGS))
 def test_pushes_signals_then_waits_and_sums(config, world):
     compiled = _compile(config, world)
     ptx, ttgir, ttir = compiled.asm["ptx"], compiled.asm["ttgir"], compiled.asm["ttir"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # the shared GEMM loop
+    assert not wgmma_serialized(ptx)
     assert compiled.metadata.shared <= _SMEM_LIMIT
     # One release per rank, each right after a CTA barrier.
     lines = ttir.splitlines()

@@ -10,7 +10,7 @@ import pytest
 
 from triton_dist.kernels import gemm as gemm_module
 from triton_dist.kernels import gemm_reduce_scatter as grs
-from triton_dist.tools.compile_check import compile_for_hopper, depends_on, ops_matching, results
+from triton_dist.tools.compile_check import compile_for_hopper, depends_on, ops_matching, results, wgmma_serialized
 
 _SPIN = "ld.acquire.sys.global.u64"
 _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
@@ -120,6 +120,7 @@ def test_fused_producer_sums_own_tiles_after_waiting(config, world):
     compiled = _producer(config, True, world=world, reduce_own=True)
     ptx, ttgir = compiled.asm["ptx"], compiled.asm["ttgir"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert not wgmma_serialized(ptx)
     assert compiled.metadata.shared <= _SMEM_LIMIT
     assert re.search(_RELEASE, ptx)
     spins = results(ops_matching(ttgir, re.escape(_SPIN)))

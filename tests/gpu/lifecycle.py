@@ -52,6 +52,10 @@ def world_size_mismatch() -> None:
     finally:
         os.environ["WORLD_SIZE"] = real
     assert not tdist.is_initialized()
+    # Nobody exits while a peer may still be connecting its gloo pairs (seen: rank 1 gone before
+    # rank 0's connect, "Connection refused").
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def wait_timeout() -> None:
@@ -74,7 +78,7 @@ def wait_timeout() -> None:
     assert time.monotonic() - start < 30
     print("PASS wait-timeout", flush=True)
     # The CUDA context is gone after the trap: skip interpreter teardown (finalize would touch it),
-    # flushing C stdio first, where the kernel's report went.
+    # flushing C stdio first (the runtime's watcher printed the kernel's report to stderr).
     ctypes.CDLL(None).fflush(None)
     os._exit(0)
 

@@ -12,6 +12,7 @@ from conftest import all_ranks_agree, raises_everywhere, rank_randn
 from triton_dist import ops
 from triton_dist.bench.script import relative_error as _rel_error
 from triton_dist.kernels import AllGatherGemmContext
+from triton_dist.kernels import gemm as gemm_module
 from triton_dist.kernels.gemm import gemm
 
 _REL_TOL = 1e-2  # bf16/fp16 output rounding is 2**-8 relative; a wrong or stale tile is O(1)
@@ -34,6 +35,20 @@ def test_gemm_matches_torch(dtype, config):
     torch.cuda.synchronize()
     err = _rel_error(got, a.float() @ b.float().T)
     all_ranks_agree(got is out and err < _REL_TOL, f"gemm {m}x{n}x{k} {dtype} config {config}: rel error {err}")
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 776), (40, 520, 1032), (64, 8192, 512), (7, 24, 136)])
+def test_skinny_gemm_matches_torch(m, n, k):
+    """Decode-sized M takes the skinny configs (64-row tiles; rows past M, columns past N and the
+    K tail are outside the TMA boxes)."""
+    dtype = torch.bfloat16
+    a, b = rank_randn((m, k), dtype, 5), rank_randn((n, k), dtype, 6)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+    got = gemm(a, b, out=out)
+    torch.cuda.synchronize()
+    err = _rel_error(got, a.float() @ b.float().T)
+    config = gemm_module.pick_skinny_config(m, n, gemm_module.num_sms())
+    all_ranks_agree(got is out and err < _REL_TOL, f"gemm {m}x{n}x{k} ({config}): rel error {err}")
 
 
 @pytest.mark.parametrize("m,n,calls", [(1000, 1024, 50), (1024, 1024, 50), (2048, 4096, 10)])

@@ -3,6 +3,7 @@ wait timeouts, and the tutorials (ring AllReduce, put/get) against torch."""
 
 import importlib.util
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -139,7 +140,10 @@ def test_a_wait_that_never_completes_times_out():
             run = subprocess.run([sys.executable, script, "wait-timeout"], env=env, capture_output=True, text=True,
                                  timeout=120)
             output = run.stdout + run.stderr
-            ok = run.returncode == 0 and "PASS wait-timeout" in output
+            # The report names the rank, the signal (the wait's first and only one) and the values.
+            reported = re.search(r"rank 0: wait timed out after \d+ ns on signal 0 at 0x[0-9a-f]+: "
+                                 r"expected >= 7, observed 5", output)
+            ok = run.returncode == 0 and "PASS wait-timeout" in output and reported is not None
             why = output[-3000:]
             if ok:
                 print("\n" + "\n".join(line for line in output.splitlines() if "timed out" in line or "PASS" in line))

@@ -14,6 +14,10 @@ struct CudaDriver {
   decltype(&cuStreamWriteValue64) stream_write_value64;
   decltype(&cuStreamWaitValue64) stream_wait_value64;
   decltype(&cuModuleGetGlobal) module_get_global;
+  decltype(&cuMemcpyHtoD) memcpy_htod;
+  decltype(&cuMemHostAlloc) mem_host_alloc;
+  decltype(&cuMemHostGetDevicePointer) mem_host_get_device_pointer;
+  decltype(&cuMemFreeHost) mem_free_host;
 
   // Loads libcuda.so.1 once per process; throws Error when no driver is installed.
   static const CudaDriver& get();

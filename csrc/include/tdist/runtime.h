@@ -41,6 +41,10 @@ class Runtime {
   SymmetricBackend& backend() { return *backend_; }
   SymmetricHeap& heap() { return *heap_; }
 
+  // Sets up a module Triton loaded: the backend's device state (if the module uses the backend)
+  // and the address of the wait-timeout report (if it has a timed-out-wait path). True if either.
+  bool initialize_module(CUmodule module);
+
   // Host-side barrier over the bootstrap (does not order GPU work).
   void barrier() { bootstrap_->barrier(); }
 

@@ -26,8 +26,10 @@ pipelined K loop with wgmma, and a TMA store epilogue. The K loop is not flatten
 (Triton's ``flatten=True``): the wait of the consumer sits between tiles, outside the pipelined
 loop, and must stay there.
 
-Configs: no autotuner yet. :func:`pick_config` chooses between two configs by a fixed rule
-(128x256x64 tiles when there are at least as many of them as SMs and N >= 2048, else 128x128x64).
+Configs: :func:`pick_config` chooses between two configs by a fixed rule (128x256x64 tiles when
+there are at least as many of them as SMs and N >= 2048, else 128x128x64); ``gemm(config="auto")``
+asks the distributed autotuner instead. Decode-sized M (at most 64 rows) gets one of the
+:data:`SKINNY_CONFIGS` (64-row tiles, as narrow as fills the SMs: :func:`pick_skinny_config`).
 
 TMA needs 16-byte aligned row strides: ``K`` and ``N`` must be multiples of 8 (2-byte dtypes).
 """
@@ -48,7 +50,43 @@ CONFIGS = {
     # 4 * (128 + 128) * 64 * 2 B + 32 KiB = 160 KiB.
     "small": dict(BM=128, BN=128, BK=64, GROUP_M=8, NUM_STAGES=4, num_warps=8),
 }
-"""The GEMM configs (no autotuner yet): name -> tile sizes, pipeline depth and warps."""
+"""The GEMM configs of prefill-sized M (the autotuner's candidates, and every overlapped
+AllGather/ReduceScatter GEMM's): name -> tile sizes, pipeline depth and warps."""
+
+SKINNY_MAX_M = 64
+"""The most rows :func:`pick_skinny_config` serves: one 64-row m-tile."""
+
+SKINNY_CONFIGS = {
+    # Decode-sized M: reading B bounds the GEMM, so every SM must stream a slice of it: 64-row
+    # tiles (wgmma's smallest M), BN picked so that the n-tiles fill the SMs once, 128-deep K
+    # steps and ~192 KiB of stages in flight per SM. A is one 64-row TMA box whose rows past M
+    # are zero-filled, not read.
+    "skinny_n32": dict(BM=64, BN=32, BK=128, GROUP_M=1, NUM_STAGES=8, num_warps=4),  # 8 * 24 KiB
+    "skinny_n64": dict(BM=64, BN=64, BK=128, GROUP_M=1, NUM_STAGES=6, num_warps=4),  # 6 * 32 KiB
+    "skinny_n128": dict(BM=64, BN=128, BK=128, GROUP_M=1, NUM_STAGES=4, num_warps=4),  # 4 * 48 KiB
+}
+"""Configs for ``M <= SKINNY_MAX_M`` (plain GEMM and GEMM+AllReduce), chosen by :func:`pick_skinny_config`."""
+
+
+def config_params(config: str) -> dict:
+    """The parameters of ``config``, a key of :data:`CONFIGS` or :data:`SKINNY_CONFIGS`."""
+    params = CONFIGS.get(config) or SKINNY_CONFIGS.get(config)
+    if params is None:
+        raise ValueError(f"triton_dist gemm: unknown config {config!r}; the configs are "
+                         f"{sorted(CONFIGS) + sorted(SKINNY_CONFIGS)}")
+    return params
+
+
+def pick_skinny_config(m: int, n: int, num_sms: int) -> str | None:
+    """The skinny config for an ``m x n`` GEMM (``m <= SKINNY_MAX_M``, else None): the narrowest
+    tiles whose count fits ``num_sms``, so each SM reads one slice of B (a fixed rule, the same on
+    every rank)."""
+    if m > SKINNY_MAX_M:
+        return None
+    for name, c in SKINNY_CONFIGS.items():
+        if triton.cdiv(n, c["BN"]) <= num_sms:
+            return name
+    return name  # the widest: several waves of tiles
 
 
 def pick_config(m: int, n: int, k: int, num_sms: int) -> str:
@@ -68,7 +106,7 @@ def kernel_meta(config: str, wait_for_rows: bool, *, signal_rows: bool = False, 
     variant that stores into the destination's buffer, ``reduce_own`` the variant that also sums
     this rank's own tiles in its epilogue, ``peer_tma`` with the peers' tiles sent by TMA stores;
     ``all_reduce``: GEMM+AllReduce for ``world`` ranks)."""
-    c = CONFIGS[config]
+    c = config_params(config)
     meta = dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], NUM_STAGES=c["NUM_STAGES"],
                 WAIT_FOR_ROWS=wait_for_rows, num_warps=c["num_warps"], num_stages=c["NUM_STAGES"])
     if signal_rows:
@@ -339,7 +377,7 @@ def operand_descriptors(a, b, config: str):
     """Host TMA descriptors of the operands ``a [M, K]`` and ``b [N, K]`` for ``config``."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    cfg = CONFIGS[config]
+    cfg = config_params(config)
     return (TensorDescriptor.from_tensor(a, [cfg["BM"], cfg["BK"]]),
             TensorDescriptor.from_tensor(b, [cfg["BN"], cfg["BK"]]))
 
@@ -348,12 +386,12 @@ def descriptors(a, b, c, config: str):
     """Host TMA descriptors of ``a [M, K]``, ``b [N, K]`` and ``c [M, N]`` for ``config``."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    cfg = CONFIGS[config]
+    cfg = config_params(config)
     return (*operand_descriptors(a, b, config), TensorDescriptor.from_tensor(c, [cfg["BM"], cfg["BN"]]))
 
 
 def grid_for(m: int, n: int, config: str, max_programs: int) -> tuple[int]:
-    cfg = CONFIGS[config]
+    cfg = config_params(config)
     tiles = triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"])
     return (max(1, min(tiles, max_programs)), )
 
@@ -400,8 +438,9 @@ def _aligned(t):
 
 def gemm(a, b, *, out=None, config: str | None = None):
     """``a @ b.T`` (``a [M, K]``, ``b [N, K]``, bf16 or fp16) on the current stream; returns ``out``
-    (a new ``[M, N]`` tensor when None). ``config``: a key of :data:`CONFIGS`; None (the default):
-    :func:`pick_config`'s fixed rule, which needs no triton_dist runtime; ``"auto"``: the
+    (a new ``[M, N]`` tensor when None). ``config``: a key of :data:`CONFIGS` or
+    :data:`SKINNY_CONFIGS`; None (the default): :func:`pick_skinny_config`'s fixed rule for
+    ``M <= SKINNY_MAX_M``, else :func:`pick_config`'s, which need no triton_dist runtime; ``"auto"``: the
     distributed autotuner's choice for this shape (:mod:`~triton_dist.kernels.gemm_autotune`),
     collective on the first call per shape and dtype (every rank, same shape, at the same time),
     and not inside a CUDA graph capture (it times candidates)."""
@@ -421,10 +460,10 @@ def gemm(a, b, *, out=None, config: str | None = None):
         from .gemm_autotune import tuned_gemm_config
 
         config = tuned_gemm_config(m, n, k, a.dtype)
-    config = config or pick_config(m, n, k, sms)
-    if config not in CONFIGS:
-        raise ValueError(f"triton_dist gemm: config must be None, \"auto\" or one of {sorted(CONFIGS)}, got "
-                         f"{config!r}")
+    config = config or pick_skinny_config(m, n, sms) or pick_config(m, n, k, sms)
+    if config not in CONFIGS and config not in SKINNY_CONFIGS:
+        raise ValueError(f"triton_dist gemm: config must be None, \"auto\" or one of "
+                         f"{sorted(CONFIGS) + sorted(SKINNY_CONFIGS)}, got {config!r}")
     target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
     a_desc, b_desc, c_desc = descriptors(_aligned(a), _aligned(b), target, config)
     gemm_kernel[grid_for(m, n, config, sms)](a_desc, b_desc, c_desc, m, n, k, None, None, 0, 1,

@@ -42,10 +42,10 @@ from ..symmetric import symm_empty
 from . import gemm as _gemm
 
 CONFIG = "small"
-"""The GEMM config of every call (128x128 tiles): with 128x256 tiles the all-reduce epilogue (the
-accumulator, a peer's fp32 tile and the sum) spills about 1.3 KB of registers per thread (ptxas,
-sm_90a); 128x128 spills 48 bytes. Decode shapes are bound by reading B, where the larger
-tile gains nothing."""
+"""The GEMM config of calls with more than ``gemm.SKINNY_MAX_M`` rows (128x128 tiles): with 128x256
+tiles the all-reduce epilogue (the accumulator, a peer's fp32 tile and the sum) spills about 1.3 KB
+of registers per thread (ptxas, sm_90a). Calls with fewer rows take ``gemm.pick_skinny_config``'s
+(64-row tiles that spread the read of B over every SM: decode shapes are bound by that read)."""
 
 gemm_ar_kernel = DistributedKernel(_gemm.gemm_kernel)
 """:func:`triton_dist.kernels.gemm.gemm_kernel` launched with ``ALL_REDUCE=True`` and the
@@ -57,9 +57,9 @@ class GemmAllReduceContext:
     and ``n`` columns, ``dtype`` bfloat16 or float16; any ``K``.
 
     Collective: every rank creates it with the same arguments, in the same order as its other
-    symmetric allocations; creating it compiles and loads the kernel (config :data:`CONFIG`) and ends
-    with a barrier. Symmetric memory: ``2 * world * max_m * n`` fp32 elements plus ``world *
-    cdiv(max_m, 128) * cdiv(n, 128)`` signals. Call with :meth:`run` (or
+    symmetric allocations; creating it compiles and loads the kernel (each config of
+    :attr:`configs`) and ends with a barrier. Symmetric memory: ``2 * world * max_m * n`` fp32
+    elements plus ``world`` times :attr:`tiles_max` signals. Call with :meth:`run` (or
     :func:`triton_dist.ops.gemm_ar`); every rank makes the same calls in the same order with the
     same ``M`` and ``K``. Calls may be captured in a CUDA graph and replayed.
 
@@ -83,8 +83,12 @@ class GemmAllReduceContext:
         self.dtype = dtype
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_sms = _gemm.num_sms(self.device)
-        c = _gemm.CONFIGS[CONFIG]
-        self.tiles_max = triton.cdiv(max_m, c["BM"]) * triton.cdiv(n, c["BN"])
+        # A config's tile count grows with M: the largest M of each config bounds its calls.
+        largest = {min(max_m, _gemm.SKINNY_MAX_M), max_m}
+        self.configs = sorted({self._config(m) for m in largest})
+        """The configs calls can take (all preloaded): this N's skinny one and, past
+        ``gemm.SKINNY_MAX_M`` rows, :data:`CONFIG`."""
+        self.tiles_max = max(self._tiles(m) for m in largest)
         """The most tiles of a call (signals per source rank)."""
         self.half = self.world * max_m * n
         self.partials = symm_empty((2 * self.half, ), torch.float32)
@@ -97,6 +101,15 @@ class GemmAllReduceContext:
         torch.cuda.synchronize()
         _runtime.barrier()  # every rank's pad is zeroed before any rank can signal it
 
+    def _config(self, m: int) -> str:
+        """The config of an ``m``-row call: the same on every rank (the tile count decides which
+        program owns which tile)."""
+        return _gemm.pick_skinny_config(m, self.n, self.num_sms) or CONFIG
+
+    def _tiles(self, m: int) -> int:
+        c = _gemm.config_params(self._config(m))
+        return triton.cdiv(m, c["BM"]) * triton.cdiv(self.n, c["BN"])
+
     def _meta(self, config: str) -> dict:
         return _gemm.kernel_meta(config, False, world=self.world, all_reduce=True)
 
@@ -106,9 +119,10 @@ class GemmAllReduceContext:
         import torch
 
         a = torch.empty((self.max_m, 8), dtype=self.dtype, device=self.device)  # only dtype and blocks matter
-        a_desc, b_desc = _gemm.operand_descriptors(a, a, CONFIG)
-        gemm_ar_kernel.preload(a_desc, b_desc, self.partials, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
-                               half_elems=2, signal_region=2, out=a, grid=(1, ), **self._meta(CONFIG))
+        for config in self.configs:
+            a_desc, b_desc = _gemm.operand_descriptors(a, a, config)
+            gemm_ar_kernel.preload(a_desc, b_desc, self.partials, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
+                                   half_elems=2, signal_region=2, out=a, grid=(1, ), **self._meta(config))
 
     def run(self, a, b, out) -> None:
         """``out = sum over ranks of a @ b.T`` on the current stream. ``a [M, K]``, ``b [n, K]``,
@@ -126,7 +140,7 @@ class GemmAllReduceContext:
         if not self._protocol:
             _gemm.gemm(a, b, out=out)
             return
-        config = CONFIG  # the same on every rank: the tile count decides which program owns which tile
+        config = self._config(m)
         a_desc, b_desc = _gemm.operand_descriptors(a, b, config)
         # The preloaded variant assumes a 16-byte aligned output: another would load here, possibly
         # while a peer spins.

@@ -6,17 +6,17 @@ instead of :func:`triton_dist.kernels.gemm.pick_config`'s fixed rule.
     gemm(a, b, out=out, config=name)
 
 The candidates are every entry of :data:`gemm.CONFIGS` (name and parameters, so that editing a
-config invalidates cached decisions), :func:`pick_config`'s choice first (so a tie keeps the
-rule's choice). Each is timed on random ``[m, k] @ [n, k]^T`` operands of ``dtype`` on the
-current device, with fixed counts in CUDA-graph mode (GPU time, as bench/gemm.py measures it),
-MAX over ranks.
+config invalidates cached decisions), the fixed rule's choice first (so a tie keeps it): for
+decode-sized M the skinny config of :func:`pick_skinny_config`, then :func:`pick_config`'s.
+Each is timed on random ``[m, k] @ [n, k]^T`` operands of ``dtype`` on the current device, with
+fixed counts in CUDA-graph mode (GPU time, as bench/gemm.py measures it), MAX over ranks.
 
 Collective: on a miss of the in-memory cache every rank must call it with the same shape and dtype
 at the same time (as in tensor parallelism, where every rank's GEMM has the same shape). A rank
 that runs a GEMM of its own shape must not use it (or must pass an autotuner with a
 :class:`triton_dist.autotune.LocalCommunicator`).
 
-:func:`gemm.gemm` takes ``config="auto"`` for this; ``None`` stays :func:`pick_config`'s rule,
+:func:`gemm.gemm` takes ``config="auto"`` for this; ``None`` stays the fixed rule,
 because ``gemm`` is also called by one rank alone (tests, set-up), where an implicit collective
 would hang.
 """
@@ -38,10 +38,13 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def candidates(m: int, n: int, k: int, sms: int) -> list[dict]:
-    """Every config of :data:`gemm.CONFIGS` as ``{"name": ..., **params}``, the fixed rule's first."""
+    """Every config of :data:`gemm.CONFIGS` as ``{"name": ..., **params}``, the fixed rule's first;
+    for ``m <= gemm.SKINNY_MAX_M``, the skinny config of the rule first, then those."""
+    skinny = _gemm.pick_skinny_config(m, n, sms)
+    names = [skinny] if skinny else []
     first = _gemm.pick_config(m, n, k, sms)
-    names = [first] + [name for name in _gemm.CONFIGS if name != first]
-    return [{"name": name, **_gemm.CONFIGS[name]} for name in names]
+    names += [first] + [name for name in _gemm.CONFIGS if name != first]
+    return [{"name": name, **_gemm.config_params(name)} for name in names]
 
 
 def tuned_gemm_config(m: int, n: int, k: int, dtype: Any, *, autotuner=None) -> str:
@@ -54,7 +57,7 @@ def tuned_gemm_config(m: int, n: int, k: int, dtype: Any, *, autotuner=None) -> 
 
 def tune_gemm(m: int, n: int, k: int, dtype: Any, *, autotuner=None):
     """:func:`tuned_gemm_config` with the timings: a :class:`triton_dist.autotune.TuneResult` whose
-    ``config`` is ``{"name": ..., **gemm.CONFIGS[name]}``."""
+    ``config`` is ``{"name": ..., **gemm.config_params(name)}``."""
     for name, value in (("m", m), ("n", n), ("k", k)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"triton_dist tuned_gemm_config: {name} must be a positive int, got {value!r}")

@@ -39,6 +39,26 @@ def compile_for_hopper(kernel, signature: dict, constexprs: dict | None = None, 
     return triton.compile(source, target=HOPPER, options=options)
 
 
+def wgmma_serialized(ptx: str) -> bool:
+    """Whether ptxas serialises the wgmma instructions of ``ptx`` (its warning C7510: a function
+    call in the kernel, for one, makes every wgmma wait for the previous one). Runs the ptxas that
+    Triton ships with ``-v`` for sm_90a."""
+    import os
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia import compiler as nvidia
+
+    ptxas = nvidia.get_ptxas(HOPPER.arch).path
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "kernel.ptx")
+        with open(source, "w") as f:
+            f.write(ptx)
+        run = subprocess.run([ptxas, "-arch=sm_90a", "-v", source, "-o", os.path.join(tmp, "kernel.cubin")],
+                             capture_output=True, text=True, check=True)
+    return "C7510" in run.stdout + run.stderr
+
+
 def ptx_calls(ptx: str) -> list[str]:
     """Names of the functions a PTX module calls."""
     return re.findall(r"call(?:\.uni)?\s+(?:\([^)]*\),\s*)?([A-Za-z_$][\w$]*)", ptx)

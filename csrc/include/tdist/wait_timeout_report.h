@@ -1,0 +1,58 @@
+// Where a Triton kernel's timed-out wait leaves its report: a record in pinned host memory that
+// the GPU writes through its mapping before it traps, printed to stderr by a host thread.
+//
+// Why not printf on the device: vprintf is a function call, and ptxas serialises every wgmma of a
+// kernel that contains a call (warning C7510), which cost the waiting GEMMs 15-20 % of their time.
+// The report path of triton_dist.language's support library is calls-free: stores to this record,
+// a system fence, a trap. Each module Triton loads gets the record's device address written into
+// its `triton_dist_wait_report` global (initialize_module).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <string>
+
+namespace tdist {
+
+// The record's layout, shared with the support library's LLVM IR (language/support_library.py).
+struct WaitTimeoutRecord {
+  std::uint32_t claimed;    // 0 -> 1 by the first reporting thread (atom.cas, system scope)
+  std::uint32_t published;  // set last, after a system fence, once the fields below are written
+  std::int32_t rank;
+  std::int32_t signal_index;
+  std::uint64_t signal_address;
+  std::uint64_t expected;
+  std::uint64_t observed;
+  std::uint64_t waited_ns;
+};
+static_assert(sizeof(WaitTimeoutRecord) == 48, "the support library's IR assumes this layout");
+
+// The global each triton_dist.jit module carries: the record's device address (0: no report).
+inline constexpr const char* kWaitReportSymbol = "triton_dist_wait_report";
+
+class WaitTimeoutReport {
+ public:
+  // The process's report, created on first use (needs a current CUDA context), and its watcher.
+  // Deliberately never destroyed: loaded modules keep its address until the process exits.
+  static WaitTimeoutReport& get(int rank);
+
+  // Writes the record's address into `module`'s kWaitReportSymbol; false if it has none.
+  bool install(CUmodule module, int rank) const;
+
+  // The message for a published record, or "" (also used by tests).
+  static std::string describe(const WaitTimeoutRecord& record);
+
+  WaitTimeoutReport(const WaitTimeoutReport&) = delete;
+  WaitTimeoutReport& operator=(const WaitTimeoutReport&) = delete;
+  ~WaitTimeoutReport();
+
+ private:
+  explicit WaitTimeoutReport(int rank);
+  void watch();
+
+  WaitTimeoutRecord* host_ = nullptr;
+  CUdeviceptr device_ = 0;
+};
+
+}  // namespace tdist

@@ -1,0 +1,91 @@
+#include "tdist/wait_timeout_report.h"
+
+#include <atomic>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <mutex>
+#include <thread>
+
+#include "tdist/cuda_driver.h"
+#include "tdist/error.h"
+
+namespace tdist {
+namespace {
+
+// The reporting GPU thread lingers 100 ms between publishing and trapping (support_library.py):
+// polling ten times as often prints the report before the host sees the kernel's error.
+constexpr auto kPollInterval = std::chrono::milliseconds(10);
+
+}  // namespace
+
+WaitTimeoutReport& WaitTimeoutReport::get(int rank) {
+  static std::once_flag once;
+  static WaitTimeoutReport* report = nullptr;
+  std::call_once(once, [rank] { report = new WaitTimeoutReport(rank); });
+  return *report;
+}
+
+WaitTimeoutReport::WaitTimeoutReport(int rank) {
+  const CudaDriver& cuda = CudaDriver::get();
+  void* host = nullptr;
+  // Portable: mapped in every context of the process; device-mapped: the GPU stores to it directly.
+  check_cuda(cuda.mem_host_alloc(&host, sizeof(WaitTimeoutRecord),
+                                 CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP),
+             rank, "wait_timeout_report", "cuMemHostAlloc");
+  host_ = static_cast<WaitTimeoutRecord*>(host);
+  *host_ = WaitTimeoutRecord{};
+  CUresult mapped = cuda.mem_host_get_device_pointer(&device_, host, 0);
+  if (mapped != CUDA_SUCCESS) {
+    cuda.mem_free_host(host);
+    host_ = nullptr;
+    check_cuda(mapped, rank, "wait_timeout_report", "cuMemHostGetDevicePointer");
+  }
+  std::thread([this] { watch(); }).detach();
+}
+
+WaitTimeoutReport::~WaitTimeoutReport() {
+  // Unreachable by design (get() never deletes); kept so that the class owns what it allocates.
+  if (host_ != nullptr) CudaDriver::get().mem_free_host(host_);
+}
+
+bool WaitTimeoutReport::install(CUmodule module, int rank) const {
+  CUdeviceptr slot = 0;
+  std::size_t size = 0;
+  CUresult found = CudaDriver::get().module_get_global(&slot, &size, module, kWaitReportSymbol);
+  if (found == CUDA_ERROR_NOT_FOUND) return false;
+  check_cuda(found, rank, "initialize_module", "cuModuleGetGlobal(triton_dist_wait_report)");
+  TDIST_CHECK(size == sizeof(std::uint64_t), rank, "initialize_module",
+              kWaitReportSymbol << " is " << size << " B, expected 8: a module built by another "
+                                   "triton_dist version? Clear the Triton cache");
+  const std::uint64_t address = device_;
+  check_cuda(CudaDriver::get().memcpy_htod(slot, &address, sizeof(address)), rank,
+             "initialize_module", "cuMemcpyHtoD(triton_dist_wait_report)");
+  return true;
+}
+
+std::string WaitTimeoutReport::describe(const WaitTimeoutRecord& r) {
+  if (r.published == 0) return "";
+  char text[256];
+  std::snprintf(text, sizeof(text),
+                "triton_dist: rank %d: wait timed out after %" PRIu64 " ns on signal %d at 0x%" PRIx64
+                ": expected >= %" PRIu64 ", observed %" PRIu64
+                " (the kernel traps; its peer never signalled, or signalled another epoch)",
+                r.rank, r.waited_ns, r.signal_index, r.signal_address, r.expected, r.observed);
+  return text;
+}
+
+void WaitTimeoutReport::watch() {
+  for (;;) {
+    std::this_thread::sleep_for(kPollInterval);
+    // The GPU publishes with a release store after a system fence; acquire pairs with it.
+    const auto published = std::atomic_ref<std::uint32_t>(host_->published).load(std::memory_order_acquire);
+    if (published == 0) continue;
+    std::string message = describe(*host_);
+    std::fprintf(stderr, "%s\n", message.c_str());
+    std::fflush(stderr);
+    return;  // the kernel traps: the context is lost, no second report can follow
+  }
+}
+
+}  // namespace tdist
