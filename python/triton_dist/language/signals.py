@@ -134,8 +134,9 @@ def wait(ptr, num_barriers, scope: tl.constexpr = tl.constexpr("gpu"), semantic:
     the pipeliner may issue it stages ahead, also for iterations past the loop's end: pass the
     iteration's in-range condition (e.g. ``k < num_k``), and the wait spins only where it holds.
 
-    ``timeout_ns`` (a constant): give up after this long, print rank, signal index, expected and
-    observed values, and trap (the host then sees a CUDA error). Defaults to the configured
+    ``timeout_ns`` (a constant): give up after this long, report rank, signal index, expected and
+    observed values (the runtime prints the report to stderr; the device path makes no function
+    call, which would serialise a kernel's wgmma) and trap (the host then sees a CUDA error). Defaults to the configured
     ``wait_timeout_ns`` (TRITON_DIST_WAIT_TIMEOUT_NS); 0 waits forever. With
     ``debug_barriers`` configured, the wait is fenced by CTA barriers and system fences.
     """

@@ -6,7 +6,7 @@ Writes, next to the JSON (or into ``--out``), one PNG per benchmark found:
 
 - collectives (``allreduce``, ``allgather``, ``reduce_scatter``): latency and bus bandwidth
   against message size, ours (each method) against NCCL and torch symmetric memory;
-- overlapped GEMMs (``ag_gemm``, ``gemm_rs``): per shape, the speedup over torch + NCCL of ours and
+- overlapped GEMMs (``ag_gemm``, ``gemm_rs``, ``gemm_ar``): per shape, the speedup over torch + NCCL of ours and
   of torch's fused symm_mem op, and ours as a fraction of the bound (max(GEMM alone, transfer
   alone)).
 
@@ -28,7 +28,7 @@ COLLECTIVES = {
 }
 """Bus bandwidth = factor * bytes / time, the nccl-tests convention for each collective."""
 
-OVERLAPPED = ("ag_gemm", "gemm_rs")
+OVERLAPPED = ("ag_gemm", "gemm_rs", "gemm_ar")
 
 
 def _series(records: list[dict]) -> dict[str, list[float | None]]:
