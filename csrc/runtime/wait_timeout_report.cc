@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 
@@ -22,7 +23,10 @@ constexpr auto kPollInterval = std::chrono::milliseconds(10);
 WaitTimeoutReport& WaitTimeoutReport::get(int rank) {
   static std::once_flag once;
   static WaitTimeoutReport* report = nullptr;
-  std::call_once(once, [rank] { report = new WaitTimeoutReport(rank); });
+  std::call_once(once, [rank] {
+    report = new WaitTimeoutReport(rank);
+    std::atexit([] { report->stop_watching(); });
+  });
   return *report;
 }
 
@@ -41,12 +45,18 @@ WaitTimeoutReport::WaitTimeoutReport(int rank) {
     host_ = nullptr;
     check_cuda(mapped, rank, "wait_timeout_report", "cuMemHostGetDevicePointer");
   }
-  std::thread([this] { watch(); }).detach();
+  watcher_ = std::thread([this] { watch(); });
 }
 
 WaitTimeoutReport::~WaitTimeoutReport() {
   // Unreachable by design (get() never deletes); kept so that the class owns what it allocates.
+  stop_watching();
   if (host_ != nullptr) CudaDriver::get().mem_free_host(host_);
+}
+
+void WaitTimeoutReport::stop_watching() {
+  stop_.store(true);
+  if (watcher_.joinable()) watcher_.join();
 }
 
 bool WaitTimeoutReport::install(CUmodule module, int rank) const {
@@ -76,7 +86,7 @@ std::string WaitTimeoutReport::describe(const WaitTimeoutRecord& r) {
 }
 
 void WaitTimeoutReport::watch() {
-  for (;;) {
+  while (!stop_.load()) {
     std::this_thread::sleep_for(kPollInterval);
     // The GPU publishes with a release store after a system fence; acquire pairs with it.
     const auto published = std::atomic_ref<std::uint32_t>(host_->published).load(std::memory_order_acquire);

@@ -10,8 +10,10 @@
 
 #include <cuda.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
 
 namespace tdist {
 
@@ -34,7 +36,9 @@ inline constexpr const char* kWaitReportSymbol = "triton_dist_wait_report";
 class WaitTimeoutReport {
  public:
   // The process's report, created on first use (needs a current CUDA context), and its watcher.
-  // Deliberately never destroyed: loaded modules keep its address until the process exits.
+  // Deliberately never destroyed: loaded modules keep its address until the process exits. The
+  // watcher stops at exit (an atexit handler, which runs before the CUDA driver tears down the
+  // context that owns the record's pinned memory).
   static WaitTimeoutReport& get(int rank);
 
   // Writes the record's address into `module`'s kWaitReportSymbol; false if it has none.
@@ -50,9 +54,12 @@ class WaitTimeoutReport {
  private:
   explicit WaitTimeoutReport(int rank);
   void watch();
+  void stop_watching();
 
   WaitTimeoutRecord* host_ = nullptr;
   CUdeviceptr device_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread watcher_;
 };
 
 }  // namespace tdist
