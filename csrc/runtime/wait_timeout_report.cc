@@ -8,6 +8,8 @@
 #include <mutex>
 #include <thread>
 
+#include <unistd.h>
+
 #include "tdist/cuda_driver.h"
 #include "tdist/error.h"
 
@@ -45,18 +47,33 @@ WaitTimeoutReport::WaitTimeoutReport(int rank) {
     host_ = nullptr;
     check_cuda(mapped, rank, "wait_timeout_report", "cuMemHostGetDevicePointer");
   }
+  owner_pid_ = getpid();
   watcher_ = std::thread([this] { watch(); });
 }
 
 WaitTimeoutReport::~WaitTimeoutReport() {
   // Unreachable by design (get() never deletes); kept so that the class owns what it allocates.
   stop_watching();
+  if (watcher_.joinable()) watcher_.detach();  // a forked child's copy of the parent's thread
   if (host_ != nullptr) CudaDriver::get().mem_free_host(host_);
 }
 
 void WaitTimeoutReport::stop_watching() {
+  // A forked child has no watcher thread to join (only the forking thread survives a fork).
+  if (getpid() != owner_pid_) return;
   stop_.store(true);
   if (watcher_.joinable()) watcher_.join();
+  print_if_published();  // published after the watcher's last look
+}
+
+bool WaitTimeoutReport::print_if_published() {
+  if (printed_) return true;
+  // The GPU publishes with a release store after a system fence; acquire pairs with it.
+  if (std::atomic_ref<std::uint32_t>(host_->published).load(std::memory_order_acquire) == 0) return false;
+  std::fprintf(stderr, "%s\n", describe(*host_).c_str());
+  std::fflush(stderr);
+  printed_ = true;
+  return true;
 }
 
 bool WaitTimeoutReport::install(CUmodule module, int rank) const {
@@ -76,7 +93,7 @@ bool WaitTimeoutReport::install(CUmodule module, int rank) const {
 
 std::string WaitTimeoutReport::describe(const WaitTimeoutRecord& r) {
   if (r.published == 0) return "";
-  char text[256];
+  char text[320];
   std::snprintf(text, sizeof(text),
                 "triton_dist: rank %d: wait timed out after %" PRIu64 " ns on signal %d at 0x%" PRIx64
                 ": expected >= %" PRIu64 ", observed %" PRIu64
@@ -88,13 +105,8 @@ std::string WaitTimeoutReport::describe(const WaitTimeoutRecord& r) {
 void WaitTimeoutReport::watch() {
   while (!stop_.load()) {
     std::this_thread::sleep_for(kPollInterval);
-    // The GPU publishes with a release store after a system fence; acquire pairs with it.
-    const auto published = std::atomic_ref<std::uint32_t>(host_->published).load(std::memory_order_acquire);
-    if (published == 0) continue;
-    std::string message = describe(*host_);
-    std::fprintf(stderr, "%s\n", message.c_str());
-    std::fflush(stderr);
-    return;  // the kernel traps: the context is lost, no second report can follow
+    // After a report the kernel traps: the context is lost, no second report can follow.
+    if (print_if_published()) return;
   }
 }
 

@@ -117,6 +117,12 @@ def finalize() -> None:
 
     Symmetric tensors that are still alive must not be used afterwards. A process that exits
     without calling this does not hang: nothing collective runs at interpreter exit.
+
+    The default process group that init() created (none was passed, none existed) is destroyed
+    here. A second init() in the same torchrun job then creates it again, and torch's second
+    ``init_process_group`` failed to connect its gloo pairs in both of our tries on 2 x H200
+    (2026-11-29, "Connection refused"). To init again in one process, create the process group
+    yourself and pass it (or leave it to torch.distributed) so that it outlives finalize().
     """
     _require_initialized("finalize")
     import torch

@@ -1,6 +1,7 @@
 """Lifecycle checks that cannot share a process with the pytest session (run under torchrun).
 
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py exit-without-finalize
+    torchrun --nproc-per-node=N tests/gpu/lifecycle.py finalize
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py world-size-mismatch
     RANK=0 WORLD_SIZE=1 ... python tests/gpu/lifecycle.py wait-timeout   (one rank; test_language runs it)
 
@@ -33,6 +34,20 @@ def exit_without_finalize() -> None:
     tdist.barrier()
     assert float(x.sum()) == float(1 << 20)
     globals()["kept_alive"] = (x, peer)
+
+
+def finalize_then_uninitialized() -> None:
+    tdist.init(heap_size="256M")
+    x = tdist.symm_zeros((1024, ), torch.float32)
+    torch.cuda.synchronize()
+    del x
+    tdist.finalize()
+    assert not tdist.is_initialized()
+    try:
+        tdist.symm_zeros((8, ), torch.float32)
+        raise AssertionError("symm_zeros after finalize() did not raise")
+    except RuntimeError as e:
+        assert "not initialised" in str(e), e
 
 
 def world_size_mismatch() -> None:
@@ -84,6 +99,6 @@ def wait_timeout() -> None:
 
 if __name__ == "__main__":
     mode = sys.argv[1]
-    {"exit-without-finalize": exit_without_finalize, "world-size-mismatch": world_size_mismatch,
-     "wait-timeout": wait_timeout}[mode]()
+    {"exit-without-finalize": exit_without_finalize, "finalize": finalize_then_uninitialized,
+     "world-size-mismatch": world_size_mismatch, "wait-timeout": wait_timeout}[mode]()
     print(f"PASS {mode} rank {os.environ.get('RANK')}", flush=True)

@@ -37,7 +37,8 @@ def test_gemm_matches_torch(dtype, config):
     all_ranks_agree(got is out and err < _REL_TOL, f"gemm {m}x{n}x{k} {dtype} config {config}: rel error {err}")
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 4096, 776), (40, 520, 1032), (64, 8192, 512), (7, 24, 136)])
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 776), (40, 520, 1032), (64, 8192, 512), (7, 24, 136),
+                                   (16, 16384, 512)])
 def test_skinny_gemm_matches_torch(m, n, k):
     """Decode-sized M takes the skinny configs (64-row tiles; rows past M, columns past N and the
     K tail are outside the TMA boxes)."""

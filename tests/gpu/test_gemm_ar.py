@@ -33,7 +33,7 @@ def _identical_everywhere(t) -> bool:
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 1024), (16, 1024, 2048), (100, 264, 136), (128, 8192, 512),
-                                   (1000, 512, 768)])
+                                   (1000, 512, 768), (8, 8192, 256), (16, 16384, 512)])
 def test_gemm_ar_matches_torch_and_agrees_across_ranks(m, n, k):
     dtype = torch.bfloat16
     a, b = rank_randn((m, k), dtype, 1), rank_randn((n, k), dtype, 2)

@@ -55,11 +55,16 @@ class WaitTimeoutReport {
   explicit WaitTimeoutReport(int rank);
   void watch();
   void stop_watching();
+  // Prints the record once it is published (once per process); true if it has been printed.
+  bool print_if_published();
 
   WaitTimeoutRecord* host_ = nullptr;
   CUdeviceptr device_ = 0;
   std::atomic<bool> stop_{false};
   std::thread watcher_;
+  int owner_pid_ = 0;
+  // Touched by the watcher, then (after joining it) by stop_watching: never at the same time.
+  bool printed_ = false;
 };
 
 }  // namespace tdist

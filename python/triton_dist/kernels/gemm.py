@@ -50,8 +50,8 @@ CONFIGS = {
     # 4 * (128 + 128) * 64 * 2 B + 32 KiB = 160 KiB.
     "small": dict(BM=128, BN=128, BK=64, GROUP_M=8, NUM_STAGES=4, num_warps=8),
 }
-"""The GEMM configs of prefill-sized M (the autotuner's candidates, and every overlapped
-AllGather/ReduceScatter GEMM's): name -> tile sizes, pipeline depth and warps."""
+"""The GEMM configs of prefill-sized M (every overlapped AllGather/ReduceScatter GEMM's, and the
+autotuner's candidates besides the skinny pick): name -> tile sizes, pipeline depth and warps."""
 
 SKINNY_MAX_M = 64
 """The most rows :func:`pick_skinny_config` serves: one 64-row m-tile."""

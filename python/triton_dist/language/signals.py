@@ -136,7 +136,9 @@ def wait(ptr, num_barriers, scope: tl.constexpr = tl.constexpr("gpu"), semantic:
 
     ``timeout_ns`` (a constant): give up after this long, report rank, signal index, expected and
     observed values (the runtime prints the report to stderr; the device path makes no function
-    call, which would serialise a kernel's wgmma) and trap (the host then sees a CUDA error). Defaults to the configured
+    call, which would serialise a kernel's wgmma) and trap (the host then sees a CUDA error). A
+    kernel whose module was loaded before ``triton_dist.init()`` has no report address and traps
+    without a message. Defaults to the configured
     ``wait_timeout_ns`` (TRITON_DIST_WAIT_TIMEOUT_NS); 0 waits forever. With
     ``debug_barriers`` configured, the wait is fenced by CTA barriers and system fences.
     """

@@ -97,18 +97,23 @@ fill:
   br label %linger
 
 linger:
-  %slept = phi i32 [ 0, %entry ], [ 0, %claim ], [ 0, %fill ], [ %next, %linger ]
+  ; Timed by %globaltimer: nanosleep only promises a sleep between 0 and twice its argument.
+  %since = call i64 asm sideeffect "mov.u64 $0, %globaltimer;", "=l"()
+  br label %sleep
+
+sleep:
   call void @llvm.nvvm.nanosleep(i32 1000000)
-  %next = add i32 %slept, 1
-  %done = icmp uge i32 %next, {_LINGER_MS}
-  br i1 %done, label %trap, label %linger, !llvm.loop !0
+  %now = call i64 asm sideeffect "mov.u64 $0, %globaltimer;", "=l"()
+  %slept = sub i64 %now, %since
+  %done = icmp uge i64 %slept, {_LINGER_MS * 1_000_000}
+  br i1 %done, label %trap, label %sleep, !llvm.loop !0
 
 trap:
   call void @llvm.trap()
   unreachable
 }}
 
-; A loop of nanosleeps, not 100 of them unrolled.
+; A loop of nanosleeps, never unrolled.
 !0 = distinct !{{!0, !1}}
 !1 = !{{!"llvm.loop.unroll.disable"}}
 """

@@ -39,6 +39,18 @@ def compile_for_hopper(kernel, signature: dict, constexprs: dict | None = None, 
     return triton.compile(source, target=HOPPER, options=options)
 
 
+# The claim, fence and publish of the report a timed-out wait files (language/support_library.py),
+# inlined at every wait that can time out.
+_WAIT_TIMEOUT_REPORT = re.compile(
+    r"^[ \t]*(atom\.sys\.global\.cas\.b32|fence\.sc\.sys;|st\.release\.sys\.global\.u32)[^\n]*\n", re.M)
+
+
+def without_wait_timeout_report(ptx: str) -> str:
+    """``ptx`` without the atomic, fence and release store of the timeout report of its waits, for
+    tests that ask which atomics and fences a kernel's own protocol uses."""
+    return _WAIT_TIMEOUT_REPORT.sub("", ptx)
+
+
 def wgmma_serialized(ptx: str) -> bool:
     """Whether ptxas serialises the wgmma instructions of ``ptx`` (its warning C7510: a function
     call in the kernel, for one, makes every wgmma wait for the previous one). Runs the ptxas that
