@@ -33,8 +33,8 @@ def _compile(config, dtype, wait_for_rows):
     return compile_for_hopper(kernel, signature, meta, **options)
 
 
-@pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("config,dtype", [(c, d) for c in sorted(gemm_module.CONFIGS) for d in ("bf16", "fp16")] +
+                         [(c, "bf16") for c in sorted(gemm_module.SKINNY_CONFIGS)])
 def test_plain_gemm_uses_wgmma_and_tma(config, dtype):
     compiled = _compile(config, dtype, False)
     ptx = compiled.asm["ptx"]
@@ -47,10 +47,6 @@ def test_plain_gemm_uses_wgmma_and_tma(config, dtype):
     loads = ops_matching(ttgir, r"async_tma_copy_global_to_local")
     assert len(loads) >= 2 * gemm_module.config_params(config)["NUM_STAGES"]
 
-
-@pytest.mark.parametrize("config", sorted(gemm_module.SKINNY_CONFIGS))
-def test_skinny_configs_compile_pipelined_within_shared_memory(config):
-    test_plain_gemm_uses_wgmma_and_tma(config, "bf16")
 
 
 @pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
