@@ -213,6 +213,15 @@ NB_MODULE(_C, m) {
                                    reinterpret_cast<const std::uint64_t*>(address), value);
       },
       "stream"_a, "address"_a, "value"_a);
+  m.def(
+      "stream_copy_2d",
+      [](std::uintptr_t stream, std::uintptr_t dst, std::size_t dst_pitch, std::uintptr_t src,
+         std::size_t src_pitch, std::size_t width_bytes, std::size_t height) {
+        tdist::stream_copy_2d(reinterpret_cast<CUstream>(stream), reinterpret_cast<void*>(dst),
+                              dst_pitch, reinterpret_cast<const void*>(src), src_pitch, width_bytes,
+                              height);
+      },
+      "stream"_a, "dst"_a, "dst_pitch"_a, "src"_a, "src_pitch"_a, "width_bytes"_a, "height"_a);
 
   nb::class_<tdist::SignalPad>(m, "SignalPad")
       .def(

@@ -23,6 +23,7 @@ const CudaDriver& CudaDriver::get() {
     // The _v2 stream memory operations are the ones cuda.h maps these names to since CUDA 11.7.
     library->bind(driver.stream_write_value64, "cuStreamWriteValue64_v2");
     library->bind(driver.stream_wait_value64, "cuStreamWaitValue64_v2");
+    library->bind(driver.memcpy_2d_async, "cuMemcpy2DAsync_v2");
     library->bind(driver.module_get_global, "cuModuleGetGlobal_v2");
     library->bind(driver.memcpy_htod, "cuMemcpyHtoD_v2");
     library->bind(driver.mem_host_alloc, "cuMemHostAlloc");

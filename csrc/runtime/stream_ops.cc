@@ -1,6 +1,9 @@
 #include "tdist/stream_ops.h"
 
+#include <cstring>
+
 #include "tdist/cuda_driver.h"
+#include "tdist/error.h"
 
 namespace tdist {
 
@@ -20,6 +23,28 @@ void stream_wait_value64(CUstream stream, const std::uint64_t* address, std::uin
                  stream, reinterpret_cast<CUdeviceptr>(address), value,
                  CU_STREAM_WAIT_VALUE_GEQ),
              -1, "stream_wait_value64", "cuStreamWaitValue64");
+}
+
+void stream_copy_2d(CUstream stream, void* dst, std::size_t dst_pitch, const void* src,
+                    std::size_t src_pitch, std::size_t width_bytes, std::size_t height) {
+  if (width_bytes == 0 || height == 0) return;
+  if (dst_pitch < width_bytes || src_pitch < width_bytes) {
+    TDIST_FAIL(-1, "stream_copy_2d",
+               "pitches (dst " << dst_pitch << ", src " << src_pitch << " bytes) must be at least the row ("
+                               << width_bytes << " bytes): pass the row stride of each 2-D region");
+  }
+  CUDA_MEMCPY2D copy;
+  std::memset(&copy, 0, sizeof(copy));
+  copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  copy.srcDevice = reinterpret_cast<CUdeviceptr>(src);
+  copy.srcPitch = src_pitch;
+  copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  copy.dstDevice = reinterpret_cast<CUdeviceptr>(dst);
+  copy.dstPitch = dst_pitch;
+  copy.WidthInBytes = width_bytes;
+  copy.Height = height;
+  check_cuda(CudaDriver::get().memcpy_2d_async(&copy, stream), -1, "stream_copy_2d",
+             "cuMemcpy2DAsync");
 }
 
 }  // namespace tdist

@@ -343,7 +343,8 @@ def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
 
     ``variant``: ``"fused"`` (one kernel: the peers' tiles go to their buffers first, then each own
     tile is summed with the peers' partials in the GEMM's epilogue), ``"fused_tma"`` (the same
-    with the peers' tiles sent by TMA stores; not yet run on a GPU), ``"push"`` or ``"pull"`` (a
+    with the peers' tiles sent by TMA stores), ``"fused_ce"`` (the same with the peers' tiles
+    staged locally and sent by the copy engine in chunks, no SM stalled on NVLink), ``"push"`` or ``"pull"`` (a
     separate reduce kernel on a side stream reads the partials that the GEMM stored into the
     destination's buffer, or into its own), or ``"auto"`` (fused). ``context``: a
     :class:`~triton_dist.kernels.GemmReduceScatterContext` to use instead of a cached one (needed

@@ -67,3 +67,26 @@ def stream_wait_value64(signals, index: int, value: int, stream=None) -> None:
     address = _check_u64_address(signals, index, "stream_wait_value64")
     stream = stream or torch.cuda.current_stream()
     _core().stream_wait_value64(stream.cuda_stream, address, value)
+
+
+def stream_copy_2d(dst, src, stream=None) -> None:
+    """Enqueue ``dst.copy_(src)`` on ``stream`` (default: current) as ONE copy-engine copy, for 2-D
+    views whose rows are contiguous (``stride(1) == 1``) but not each other's neighbours: a tile
+    column of a matrix, say. ``dst`` may be a peer's view (:func:`triton_dist.peer_tensor`): the
+    copy crosses NVLink. No SM runs it (torch would launch a kernel for a strided copy), so it
+    overlaps a kernel that holds every SM; publish it with :func:`stream_write_value64` after it
+    on the same stream."""
+    import torch
+
+    for name, t in (("dst", dst), ("src", src)):
+        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.dim() != 2 or (t.size(1) > 1 and t.stride(1) != 1):
+            raise ValueError(f"triton_dist stream_copy_2d: {name} must be a 2-D CUDA tensor with contiguous rows "
+                             f"(stride(1) == 1), got {type(t).__name__} "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else ''}")
+    if dst.shape != src.shape or dst.dtype != src.dtype:
+        raise ValueError(f"triton_dist stream_copy_2d: dst is {tuple(dst.shape)} {dst.dtype}, src "
+                         f"{tuple(src.shape)} {src.dtype}; they must match")
+    item = src.element_size()
+    stream = stream or torch.cuda.current_stream()
+    _core().stream_copy_2d(stream.cuda_stream, dst.data_ptr(), max(dst.stride(0), dst.size(1)) * item, src.data_ptr(),
+                           max(src.stride(0), src.size(1)) * item, src.size(1) * item, src.size(0))

@@ -81,3 +81,10 @@ def _driver_present() -> bool:
 def test_stream_ops_without_driver_say_so():
     with pytest.raises(RuntimeError, match="No NVIDIA driver|libcuda"):
         _C.stream_write_value64(0, 0, 1)
+    with pytest.raises(RuntimeError, match="No NVIDIA driver|libcuda"):
+        _C.stream_copy_2d(0, 0, 256, 0, 256, 128, 2)
+
+
+def test_stream_copy_2d_rejects_pitch_below_row():
+    with pytest.raises(RuntimeError, match="stream_copy_2d.*pitches"):
+        _C.stream_copy_2d(0, 0, 64, 0, 256, 128, 2)

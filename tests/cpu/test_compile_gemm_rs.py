@@ -17,15 +17,17 @@ _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.e
 _SMEM_LIMIT = 232448
 
 
-def _producer(config, peer, dtype="bf16", world=2, reduce_own=False, peer_tma=False):
+def _producer(config, peer, dtype="bf16", world=2, reduce_own=False, peer_tma=False, peer_copy_engine=False):
     c = gemm_module.CONFIGS[config]
     meta = gemm_module.kernel_meta(config, False, signal_rows=True, world=world, peer_epilogue=peer,
-                                   reduce_own=reduce_own, peer_tma=peer_tma)
+                                   reduce_own=reduce_own, peer_tma=peer_tma, peer_copy_engine=peer_copy_engine)
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
     signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
                  "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>", "c_desc": f"*{dtype}", "M": "i32",
                  "N": "i32", "K": "i32", "signals": "*u64", "calls": "*i64", "rank": "i32", "m_per_rank": "i32",
                  "half_elems": "i32", "signal_region": "i32", "out": f"*{dtype}"}
+    if peer_copy_engine:
+        signature.update(chunk_n="i32", chunk_flags="*i64", tickets="*i32")
     return compile_for_hopper(grs.gemm_rs_producer_kernel, signature, meta, **options)
 
 
@@ -105,10 +107,13 @@ def test_meta_and_blocks():
     assert "SIGNAL_ROWS" not in gemm_module.kernel_meta("large", False)  # the plain GEMM's launch is unchanged
     bm, bn = grs._config_blocks()
     assert bm == 128 and bn == min(c["BN"] for c in gemm_module.CONFIGS.values())
-    assert grs.VARIANTS == ("auto", "fused", "fused_tma", "push", "pull") and grs.AUTO_VARIANT in grs.VARIANTS[1:]
+    assert grs.VARIANTS == ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
+    assert grs.AUTO_VARIANT in grs.VARIANTS[1:]
     assert not gemm_module.kernel_meta("large", False, signal_rows=True, world=2, peer_tma=True)["PEER_TMA"]
     fused = gemm_module.kernel_meta("large", False, signal_rows=True, world=2, reduce_own=True)
-    assert fused["REDUCE_OWN"] and fused["PEER_EPILOGUE"]
+    assert fused["REDUCE_OWN"] and fused["PEER_EPILOGUE"] and not fused["PEER_COPY_ENGINE"]
+    ce = gemm_module.kernel_meta("large", False, signal_rows=True, world=2, reduce_own=True, peer_copy_engine=True)
+    assert ce["REDUCE_OWN"] and ce["PEER_COPY_ENGINE"] and not ce["PEER_EPILOGUE"] and not ce["PEER_TMA"]
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -155,3 +160,57 @@ def test_fused_tma_producer_waits_for_its_tma_stores_before_each_release(config)
         assert not any("descriptor_store" in line for line in earlier[waited:]), earlier[waited:]
     spins = results(ops_matching(compiled.asm["ttgir"], re.escape(_SPIN)))
     assert len(spins) == 1  # the own tiles' wait for the one peer
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
+def test_fused_ce_producer_stages_locally_and_counts_chunks(config, world):
+    """fused_ce: the same wgmma/TMA loop (not serialised); no per-tile signal is released to a peer
+    (the one system-scope release is the chunk flag for the copy stream); each peer tile's
+    chunk count is an acq_rel atomic right after a CTA barrier that follows the tile's store, and
+    the chunk's flag a system-scope release; own tiles wait (one acquire spin per peer) before
+    loading that peer's partial."""
+    compiled = _producer(config, False, world=world, reduce_own=True, peer_copy_engine=True)
+    ptx, ttir, ttgir = compiled.asm["ptx"], compiled.asm["ttir"], compiled.asm["ttgir"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert not wgmma_serialized(ptx)
+    assert compiled.metadata.shared <= _SMEM_LIMIT
+    lines = ttir.splitlines()
+    tickets = [i for i, line in enumerate(lines) if "tt.atomic_rmw" in line and "add" in line and "acq_rel" in line]
+    assert len(tickets) == 1, [line for line in lines if "atomic_rmw" in line]
+    earlier = [line for line in lines[:tickets[0]] if re.search(r"gpu\.barrier|tt\.store|tt\.atomic|inline_asm", line)]
+    assert "gpu.barrier" in earlier[-1] and any("tt.store" in line for line in earlier), earlier[-3:]
+    flags = [line for line in lines if "tt.atomic_rmw" in line and "exch" in line and "release" in line]
+    assert len(flags) == 1 and "sys" in flags[0], flags
+    spins = results(ops_matching(ttgir, re.escape(_SPIN)))
+    assert len(spins) == world - 1
+    loads = [op for op in ops_matching(ttgir, r"tt\.load ") if "tensor<" in op.split(":")[-1]]
+    assert len(loads) == world - 1
+    for load in loads:
+        assert depends_on(ttgir, load, spins), f"a partial-tile load does not depend on the waits: {load}"
+    stores = re.findall(r"st\.global[a-z0-9.]*", ptx)
+    assert stores and all(".v4." in s for s in stores), stores
+
+
+@pytest.mark.parametrize("m", [1, 100, 512, 4096, 8192])
+def test_fused_ce_chunks_cover_every_tile_once(m):
+    """The host's chunk count and the kernel's chunk numbering (:func:`gemm._copy_chunk`, mirrored
+    here) agree: every tile of a destination falls in exactly one chunk, chunks are numbered
+    densely from 0, each holds the tile count the kernel expects, and there are at least
+    ``CE_MIN_CHUNKS`` of them where there are that many tiles."""
+    for config, n in (("large", 28672), ("small", 4096), ("large", 2056)):
+        c = gemm_module.CONFIGS[config]
+        chunk_n, chunks = grs.copy_engine_chunking(m, n, 2, config)
+        local_m, num_n = -(-m // c["BM"]), -(-n // c["BN"])
+        per_group = -(-num_n // chunk_n)
+        counts = {}
+        for pid_m in range(local_m):
+            for pid_n in range(num_n):
+                chunk = (pid_m // c["GROUP_M"]) * per_group + pid_n // chunk_n
+                counts[chunk] = counts.get(chunk, 0) + 1
+        assert sorted(counts) == list(range(chunks)), (config, n, chunk_n)
+        for chunk, count in counts.items():
+            group, j = divmod(chunk, per_group)
+            group_m = min(local_m - group * c["GROUP_M"], c["GROUP_M"])
+            assert count == group_m * (min(num_n, (j + 1) * chunk_n) - j * chunk_n)
+        groups = -(-local_m // c["GROUP_M"])
+        assert chunks >= min(grs.CE_MIN_CHUNKS, groups * num_n)

@@ -13,6 +13,7 @@ struct CudaDriver {
   decltype(&cuCtxGetDevice) ctx_get_device;
   decltype(&cuStreamWriteValue64) stream_write_value64;
   decltype(&cuStreamWaitValue64) stream_wait_value64;
+  decltype(&cuMemcpy2DAsync) memcpy_2d_async;
   decltype(&cuModuleGetGlobal) module_get_global;
   decltype(&cuMemcpyHtoD) memcpy_htod;
   decltype(&cuMemHostAlloc) mem_host_alloc;

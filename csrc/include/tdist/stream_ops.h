@@ -5,6 +5,7 @@
 
 #include <cuda.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace tdist {
@@ -15,5 +16,13 @@ void stream_write_value64(CUstream stream, std::uint64_t* address, std::uint64_t
 
 // Holds `stream` until *address >= value (the monotonic epoch convention of signal pads).
 void stream_wait_value64(CUstream stream, const std::uint64_t* address, std::uint64_t value);
+
+// Enqueues a copy-engine copy of `height` rows of `width_bytes` bytes on `stream`: row i goes from
+// src + i * src_pitch to dst + i * dst_pitch. Device pointers of this process (a peer's symmetric
+// memory mapped here included, which the copy reaches over NVLink); no SM runs it, so it overlaps a
+// kernel that holds every SM. Throws when the pitches are smaller than the row or the driver
+// refuses the copy.
+void stream_copy_2d(CUstream stream, void* dst, std::size_t dst_pitch, const void* src,
+                    std::size_t src_pitch, std::size_t width_bytes, std::size_t height);
 
 }  // namespace tdist

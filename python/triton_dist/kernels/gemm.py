@@ -100,18 +100,21 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> str:
 
 def kernel_meta(config: str, wait_for_rows: bool, *, signal_rows: bool = False, world: int = 1,
                 peer_epilogue: bool = False, reduce_own: bool = False, peer_tma: bool = False,
-                all_reduce: bool = False) -> dict:
+                peer_copy_engine: bool = False, all_reduce: bool = False) -> dict:
     """Launch keyword arguments (constexprs and options) of :func:`gemm_kernel` for ``config``
     (``signal_rows``: the GEMM+ReduceScatter producer for ``world`` ranks, ``peer_epilogue`` its
     variant that stores into the destination's buffer, ``reduce_own`` the variant that also sums
-    this rank's own tiles in its epilogue, ``peer_tma`` with the peers' tiles sent by TMA stores;
+    this rank's own tiles in its epilogue, ``peer_tma`` with the peers' tiles sent by TMA stores,
+    ``peer_copy_engine`` with the peers' tiles staged here for a copy engine to send;
     ``all_reduce``: GEMM+AllReduce for ``world`` ranks)."""
     c = config_params(config)
     meta = dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], NUM_STAGES=c["NUM_STAGES"],
                 WAIT_FOR_ROWS=wait_for_rows, num_warps=c["num_warps"], num_stages=c["NUM_STAGES"])
     if signal_rows:
-        meta.update(SIGNAL_ROWS=True, WORLD=world, PEER_EPILOGUE=peer_epilogue or reduce_own, REDUCE_OWN=reduce_own,
-                    PEER_TMA=peer_tma and reduce_own)
+        copy_engine = peer_copy_engine and reduce_own
+        meta.update(SIGNAL_ROWS=True, WORLD=world, PEER_EPILOGUE=(peer_epilogue or reduce_own) and not copy_engine,
+                    REDUCE_OWN=reduce_own, PEER_TMA=peer_tma and reduce_own and not copy_engine,
+                    PEER_COPY_ENGINE=copy_engine)
     if all_reduce:
         meta.update(ALL_REDUCE=True, WORLD=world)
     return meta
@@ -136,6 +139,33 @@ def _signal_pending(signals, pending_tile, pending_dest, epoch):
     before the one release atomic)."""
     if pending_tile >= 0:
         dl.notify(signals + pending_tile, pending_dest, epoch, "set", "intra_node")
+
+
+@triton.jit
+def _copy_chunk(pid_m, pid_n, local_m, num_n, chunk_n, GROUP_M: tl.constexpr):
+    """The copy-engine chunk holding tile ``(pid_m, pid_n)`` of a destination's ``local_m x num_n``
+    tiles, and that chunk's tile count: group ``g`` (``GROUP_M`` m-tiles, :func:`_tile_coords`)
+    times n-tiles ``[j * chunk_n, (j + 1) * chunk_n)``, numbered ``g * cdiv(num_n, chunk_n) + j``,
+    the order in which the grouped walk finishes them."""
+    group = pid_m // GROUP_M
+    j = pid_n // chunk_n
+    chunk = group * tl.cdiv(num_n, chunk_n) + j
+    group_m = tl.minimum(local_m - group * GROUP_M, GROUP_M)
+    return chunk, group_m * (tl.minimum(num_n, (j + 1) * chunk_n) - j * chunk_n)
+
+
+@triton.jit
+def _count_chunk_tile(chunk_flags, tickets, index, tiles_in_chunk):
+    """One more tile of copy-engine chunk ``index`` is stored here: the program that stores the
+    chunk's last tile resets its ticket and raises ``chunk_flags[index]`` to 1 for the copy stream.
+    The CTA barrier and the acq_rel ticket chain every program's stores of the chunk into that
+    last program, whose system-scope release then orders them before the flag the copy engine's
+    stream waits for."""
+    dl.barrier()
+    done = dl.atomic_add(tickets + index, 1, scope="gpu", semantic="acq_rel")
+    if done == tiles_in_chunk - 1:
+        dl.atomic_xchg(tickets + index, 0, scope="gpu", semantic="relaxed")
+        dl.atomic_xchg(chunk_flags + index, 1, scope="sys", semantic="release")
 
 
 @triton.jit
@@ -178,13 +208,14 @@ def _all_reduce_tile(acc, partials, partials_base, half, out, signals, off_m, of
     tl.store(out + offs, total.to(out.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["M", "N", "K", "rank", "m_per_rank", "half_elems", "signal_region"])
+@triton.jit(do_not_specialize=["M", "N", "K", "rank", "m_per_rank", "half_elems", "signal_region", "chunk_n"])
 def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_rank, BM: tl.constexpr,
                 BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
                 WAIT_FOR_ROWS: tl.constexpr, half_elems=0, SIGNAL_ROWS: tl.constexpr = False,
                 WORLD: tl.constexpr = 1, PEER_EPILOGUE: tl.constexpr = False, signal_region=0,
                 REDUCE_OWN: tl.constexpr = False, out=None, ALL_REDUCE: tl.constexpr = False,
-                PEER_TMA: tl.constexpr = False):
+                PEER_TMA: tl.constexpr = False, PEER_COPY_ENGINE: tl.constexpr = False, chunk_n=1,
+                chunk_flags=None, tickets=None):
     """``C = A @ B^T`` over a persistent grid. ``a_desc``: ``[M, K]`` block ``[BM, BK]``;
     ``b_desc``: ``[N, K]`` block ``[BN, BK]``; ``c_desc``: ``[M, N]`` block ``[BM, BN]``.
 
@@ -230,6 +261,20 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     (``dl.wait_tma_stores``) before its release. Needs a global-scratch allocator at launch (the
     descriptors live there).
 
+    ``PEER_COPY_ENGINE`` (with ``REDUCE_OWN``, the ``"fused_ce"`` GEMM+ReduceScatter): no halves
+    and no epochs. ``c_desc`` points to ``2 * half_elems`` elements: the first ``half_elems`` are
+    the symmetric *incoming* rows (peer ``r``'s partial of this rank's rows at rows
+    ``[r * m_per_rank, ...)``), the rest this rank's *outgoing* rows (its partial of destination
+    ``d``'s rows at rows ``[d * m_per_rank, ...)``). A peer's tile is stored (``tl.store``, local
+    memory: no NVLink stall) into the outgoing rows and counted in its chunk
+    (:func:`_copy_chunk`); the chunk's last tile sets ``chunk_flags[d * signal_region + chunk]``
+    to 1 (``tickets``: int32 counters of the same layout, zero between calls), and a copy stream
+    holds on that flag, copies the chunk into ``d``'s incoming rows with the copy engine and sets
+    ``signals[rank * signal_region + chunk]`` to 1 on ``d``. An own tile waits for
+    ``signals[r * signal_region + chunk] >= 1`` from every peer ``r``, then sums as
+    ``REDUCE_OWN``. The host resets the flags between calls
+    (:mod:`~triton_dist.kernels.gemm_reduce_scatter`). ``chunk_n``: n-tiles per chunk.
+
     ``ALL_REDUCE`` (GEMM+AllReduce, :mod:`~triton_dist.kernels.gemm_all_reduce`): ``c_desc`` is a
     pointer to a symmetric fp32 buffer of two halves of ``half_elems`` elements (the half is
     ``*calls % 2``), each ``WORLD`` slots of ``[M, N]``; ``out`` is ``[M, N]``, ``N`` a multiple of
@@ -254,8 +299,13 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
         half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
         stride = (N // 8) * 8  # == N (a multiple of 8), with the divisibility fact for 16-byte stores
     if SIGNAL_ROWS:
-        epoch = tl.load(calls)
-        half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
+        if PEER_COPY_ENGINE:
+            epoch = 1  # the copy streams set ready flags to 1; the host resets them between calls
+            half = 0  # incoming rows; the outgoing ones follow
+            outgoing = (half_elems // 8) * 8  # == half_elems, a multiple of 8
+        else:
+            epoch = tl.load(calls)
+            half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
         stride = (N // 8) * 8  # == N (a multiple of 8), with the divisibility fact for 16-byte stores
         local_m = tl.cdiv(m_per_rank, BM)  # m-tiles per destination
         per_dest = local_m * num_n
@@ -313,6 +363,9 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             if PEER_EPILOGUE:
                 base = tl.multiple_of(dl.symm_at(c_desc, dest), 16) + half  # symm_at loses alignment
                 first = rank * m_per_rank
+            elif PEER_COPY_ENGINE:
+                base = c_desc + outgoing
+                first = dest * m_per_rank
             else:
                 base = c_desc + half
                 first = dest * m_per_rank
@@ -323,9 +376,17 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             _signal_pending(signals, pending_tile, pending_dest, epoch)
             signal = rank * signal_region + local_tile
             if REDUCE_OWN:
+                if PEER_COPY_ENGINE:
+                    chunk, chunk_tiles = _copy_chunk(pid_m, pid_n, local_m, num_n, chunk_n, GROUP_M)
+                    ready = chunk
+                else:
+                    ready = local_tile
                 if dest == rank:
                     _sum_own_tile(acc, c_desc + half, out, signals, rows, cols, mask, stride, m_per_rank, rank,
-                                  local_tile, signal_region, epoch, WORLD)
+                                  ready, signal_region, epoch, WORLD)
+                elif PEER_COPY_ENGINE:
+                    tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
+                    _count_chunk_tile(chunk_flags, tickets, dest * signal_region + chunk, chunk_tiles)
                 elif PEER_TMA:
                     peer = tl.multiple_of(dl.symm_at(c_desc, dest), 16)  # symm_at loses alignment
                     slot = peer + half + (rank * m_per_rank).to(tl.int64) * stride
@@ -334,7 +395,10 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                     slot_desc.store([pid_m * BM, off_n], acc.to(c_desc.dtype.element_ty))
                 else:
                     tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
-                pending_tile = tl.where(dest == rank, -1, signal)
+                if PEER_COPY_ENGINE:
+                    pending_tile = pid * 0 - 1  # the copy stream publishes, not this program
+                else:
+                    pending_tile = tl.where(dest == rank, -1, signal)
             else:
                 tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
                 pending_tile = signal

@@ -13,8 +13,19 @@ Variants (``variant=``):
   :func:`~triton_dist.kernels.gemm.gemm_kernel`, whose notes give the order and the no-deadlock
   argument). Measured on 2 x H200 (bench/results/h200-x2/gemm_rs.json): the fastest variant on 7
   of the 9 shapes ("push" on the other two), 24-43 % over the GEMM alone.
-- ``"fused_tma"``: ``"fused"`` with the peers' tiles sent by TMA stores (asynchronous, so the
-  SM goes on with its next tile while the tile crosses NVLink), not yet run on a GPU.
+- ``"fused_tma"``: ``"fused"`` with the peers' tiles sent by TMA stores; measured no faster.
+- ``"fused_ce"``: ``"fused"`` with the peers' tiles sent by the copy engine. Why: in ``"fused"``
+  the SMs store the peers' tiles over NVLink themselves, and a program cannot go on before its
+  64 KiB tile has drained at its ~1/132 share of the link; measured, the op ran 8-21 % over the
+  GEMM alone on 2 x H200, about half of the transfer's time. Here the GEMM stores a peer's tile in
+  local memory (fast) and counts it in its *chunk* (a group of ``GROUP_M`` m-tiles times
+  ``chunk_n`` n-tiles, :func:`~triton_dist.kernels.gemm._copy_chunk`); the program that stores
+  a chunk's last tile raises the chunk's flag. The context's copy stream ``P`` holds on that flag
+  (``cuStreamWaitValue64``, no SM), copies the chunk into the destination's *incoming* rows
+  (one 2-D copy-engine copy, :func:`triton_dist.stream_copy_2d`) and sets the destination's
+  ready flag of that chunk (``cuStreamWriteValue64``, after the copy on the same stream, with
+  its system-scope barrier). Own tiles wait for every peer's ready flag of their chunk, as in
+  ``"fused"``. See "Copy-engine protocol" below.
 - ``"push"`` and ``"pull"``: the producer GEMM below and a separate reduce kernel on
   :data:`REDUCE_SMS` SMs of a side stream.
 
@@ -46,6 +57,30 @@ with fresh values): ``S``: ``calls += 1``, then the GEMM; ``P`` waits for the bu
 the GEMM), then the reduce kernel; ``S`` waits for ``P`` before the call returns. The GEMM is
 launched first so that serialised launches (CUDA_LAUNCH_BLOCKING, a sanitizer) cannot leave the
 reduce waiting for a GEMM that was never launched.
+
+Copy-engine protocol (``"fused_ce"``). Flags are 0/1 and reset by whoever consumed them, because
+the copy stream's operations carry values fixed when they are enqueued (a replayed CUDA graph
+replays them unchanged) and so cannot follow the device-side epoch. Buffers: ``ce_rows``
+(symmetric, ``2 * max_m * n``: incoming rows, then outgoing rows; a single region, guarded by
+acknowledgements instead of halves); ``ce_pad``: ``ready[r * R + c]`` (rank ``r``'s chunk ``c``
+is in my incoming rows) and ``ack[r]`` (index ``world * R + r``: rank ``r`` has finished reading
+what I sent it; 1 at creation); local ``chunk_flags``/``tickets`` (layout ``d * R + c``). Call on
+rank ``me``, streams ``S`` (caller's) and ``P``:
+
+- ``S``: bump ``calls`` (the variants share it, see "Buffer reuse"); ``P`` waits for ``S``;
+  the GEMM.
+- ``P``, chunk by chunk in the GEMM's order, for every destination ``d``: (first chunk only)
+  wait ``ack[d] >= 1``, reset it to 0; wait ``chunk_flags[d * R + c] >= 1``, reset it to 0; copy
+  the chunk into ``d``'s incoming rows ``[me * m, ...)``; set ``ready[me * R + c] = 1`` on ``d``.
+- ``S`` after the GEMM (which consumed every ready flag of the call): zero my ready flags, then
+  set ``ack[me] = 1`` on every peer; then wait for ``P``.
+
+No write lands in rows still read: ``d`` copies into my incoming rows only after my ack, which I
+send after my GEMM finished reading them. No flag is lost: ``d`` sets my ready flags of the next
+call only after that ack, which follows the zeroing on ``S``; my GEMM raises a chunk flag again
+only in the next call, after ``S`` waited for the ``P`` that reset it. No deadlock: my GEMM waits
+only for peers' ``P``, which waits for the peers' GEMMs' tiles of other ranks (which never wait)
+and for acks sent at the end of the previous call; no ``P`` operation needs an SM.
 
 TMA stores and the release: a TMA store (``cp.async.bulk.tensor``) is a write of the async
 proxy that completes asynchronously; Triton 3.6 only waits for it to have *read* its shared
@@ -92,6 +127,8 @@ from .. import language as dl
 from .. import runtime as _runtime
 from ..distributed_jit import DistributedKernel, jit
 from ..signals import SignalPad
+from ..signals import stream_copy_2d, stream_wait_value64, stream_write_value64
+from ..symmetric import peer_tensor as tdist_peer_tensor
 from ..symmetric import symm_empty
 from . import gemm as _gemm
 from .scratch import GlobalScratch
@@ -106,7 +143,17 @@ REDUCE_TILE_ELEMS = 4096
 """Elements of a partial tile the consumer loads per rank at once (rows of ``REDUCE_TILE_ELEMS //
 BN``): 16 per thread at 8 warps, two 16-byte vectors."""
 
-VARIANTS = ("auto", "fused", "fused_tma", "push", "pull")
+CE_CHUNK_BYTES = 8 << 20
+"""``"fused_ce"``: the copy engine's chunk size to aim for. Each chunk costs the copy stream four
+operations besides the copy (flag wait and reset, the copy, the peer's ready flag), a few µs of
+the stream's time: 8 MiB take ~23 µs over NVLink (354 GB/s)."""
+
+CE_MIN_CHUNKS = 8
+"""``"fused_ce"``: at least this many chunks per destination (smaller chunks where the peers'
+rows are few), so that a destination's first chunk leaves early and its last one lands soon after
+the GEMM finishes the peers' tiles."""
+
+VARIANTS = ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
 AUTO_VARIANT = "fused"
 """What ``variant="auto"`` runs."""
 
@@ -157,6 +204,19 @@ def gemm_rs_reduce_kernel(partials, out, signals, calls, m, N, half_elems, signa
             tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
 
 
+def copy_engine_chunking(m: int, n: int, itemsize: int, config: str) -> tuple[int, int]:
+    """``(chunk_n, chunks)`` of ``"fused_ce"`` for ``m`` rows per rank and ``n`` columns: n-tiles
+    per chunk (a fixed rule, the same on every rank: about :data:`CE_CHUNK_BYTES` a chunk, and at
+    least :data:`CE_MIN_CHUNKS` chunks per destination where there are that many tiles) and the
+    chunks per destination, numbered as :func:`~triton_dist.kernels.gemm._copy_chunk` does."""
+    c = _gemm.CONFIGS[config]
+    num_n = triton.cdiv(n, c["BN"])
+    groups = triton.cdiv(triton.cdiv(m, c["BM"]), c["GROUP_M"])
+    ntile_bytes = min(m, c["GROUP_M"] * c["BM"]) * c["BN"] * itemsize
+    chunk_n = max(1, min(num_n, CE_CHUNK_BYTES // ntile_bytes, groups * num_n // CE_MIN_CHUNKS))
+    return chunk_n, groups * triton.cdiv(num_n, chunk_n)
+
+
 def _config_blocks() -> tuple[int, int]:
     bms = {c["BM"] for c in _gemm.CONFIGS.values()}
     assert len(bms) == 1, "gemm_reduce_scatter assumes one BM across the GEMM configs"
@@ -170,8 +230,9 @@ class GemmReduceScatterContext:
 
     Collective: every rank creates it with the same arguments, in the same order as its other
     symmetric allocations; creating it compiles and loads every kernel (both GEMM configs and both
-    variants, since ``K`` is per call) and ends with a barrier. Symmetric memory: ``2 * max_m * n``
-    elements plus ``world * cdiv(max_m / world, 128) * cdiv(n, 128)`` signals. ``reduce_sms``: SMs
+    variants, since ``K`` is per call) and ends with a barrier. Symmetric memory: ``4 * max_m * n``
+    elements (``partials`` and ``"fused_ce"``'s ``ce_rows``) plus ``2 * world * cdiv(max_m /
+    world, 128) * cdiv(n, 128) + world`` signals. ``reduce_sms``: SMs
     left to the reduce kernel (default :data:`REDUCE_SMS`). Call with :meth:`run` (or
     :func:`triton_dist.ops.gemm_rs`); every rank makes the same calls in the same order with the
     same ``M``, ``K`` and variant. Calls may be captured in a CUDA graph and replayed.
@@ -208,6 +269,17 @@ class GemmReduceScatterContext:
         self.half = max_m * n
         self.partials = symm_empty((2 * self.half, ), dtype)
         self.pad = SignalPad(self.world * self.tiles_per_rank)
+        # "fused_ce" (module notes, "Copy-engine protocol"): its own rows and flags, so that calls
+        # of different variants never share a buffer.
+        self.ce_rows = symm_empty((2 * self.half, ), dtype)
+        self.ce_pad = SignalPad(self.world * self.tiles_per_rank + self.world)
+        self._ack = self.world * self.tiles_per_rank  # ce_pad index of ack[0]
+        self.ce_pad.signals.view(torch.int64)[self._ack:].fill_(1)  # nothing sent yet, nothing to read
+        self.chunk_flags = torch.zeros(self.world * self.tiles_per_rank, dtype=torch.int64, device=self.device)
+        self.tickets = torch.zeros(self.world * self.tiles_per_rank, dtype=torch.int32, device=self.device)
+        peers = [r for r in range(self.world) if r != self.rank]
+        self._peer_ce_rows = {r: tdist_peer_tensor(self.ce_rows, r) for r in peers}
+        self._peer_ce_pad = {r: tdist_peer_tensor(self.ce_pad.signals, r) for r in peers}
         self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
         """The device-side call counter (this call's epoch once bumped)."""
         self._side = torch.cuda.Stream(device=self.device)
@@ -245,6 +317,11 @@ class GemmReduceScatterContext:
                                                            2, 2, half_elems=2, signal_region=2, out=p, grid=(1, ),
                                                            **meta)
                 self._scratch.reserve(compiled, self.num_sms)
+            meta = _gemm.kernel_meta(config, False, signal_rows=True, world=self.world, reduce_own=True,
+                                     peer_copy_engine=True)
+            gemm_rs_producer_kernel.preload(a_desc, b_desc, self.ce_rows, 2, 2, 2, self.ce_pad.signals, self.calls,
+                                            2, 2, half_elems=2, signal_region=2, out=p, chunk_n=2,
+                                            chunk_flags=self.chunk_flags, tickets=self.tickets, grid=(1, ), **meta)
 
     def run(self, a, b, out, variant: str = "auto") -> None:
         """``out`` = this rank's rows of the sum over ranks of ``a @ b.T`` on the current stream.
@@ -268,6 +345,9 @@ class GemmReduceScatterContext:
             _gemm.gemm(a, b, out=out)
             return
         variant = AUTO_VARIANT if variant == "auto" else variant
+        if variant == "fused_ce":
+            self._run_fused_ce(a, b, out)
+            return
         fused = variant in ("fused", "fused_tma")
         peer_tma = variant == "fused_tma"
         peer = variant == "push"
@@ -303,5 +383,57 @@ class GemmReduceScatterContext:
                                                                    self.calls, m, n, self.half, self.tiles_per_rank,
                                                                    **self._reduce_meta(config, peer))
         stream.wait_stream(self._side)
+        if target is not out:
+            out.copy_(target)
+
+    def _run_fused_ce(self, a, b, out) -> None:
+        """``"fused_ce"`` (module notes, "Copy-engine protocol"); arguments as :meth:`run`."""
+        import torch
+
+        big_m, k = a.shape
+        n, world, me, region = self.n, self.world, self.rank, self.tiles_per_rank
+        m = big_m // world
+        config = _gemm.pick_config(big_m, n, k, self.num_sms)
+        c = _gemm.CONFIGS[config]
+        chunk_n, chunks = copy_engine_chunking(m, n, self.dtype.itemsize, config)
+        a_desc, b_desc = _gemm.operand_descriptors(a, b, config)
+        stream = torch.cuda.current_stream()
+        target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
+        self.calls.add_(1)
+        self._bumped.record(stream)
+        self._side.wait_event(self._bumped)
+        tiles = world * triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"])
+        gemm_rs_producer_kernel[(max(1, min(tiles, self.num_sms)), )](
+            a_desc, b_desc, self.ce_rows, big_m, n, k, self.ce_pad.signals, self.calls, me, m, half_elems=self.half,
+            signal_region=region, out=target, chunk_n=chunk_n, chunk_flags=self.chunk_flags, tickets=self.tickets,
+            **_gemm.kernel_meta(config, False, signal_rows=True, world=world, reduce_own=True,
+                                peer_copy_engine=True))
+        outgoing = self.ce_rows[self.half:self.half + big_m * n].view(big_m, n)
+        rows_per_group = c["GROUP_M"] * c["BM"]
+        per_group = triton.cdiv(triton.cdiv(n, c["BN"]), chunk_n)
+        side = self._side
+        incoming = {d: rows[:big_m * n].view(big_m, n) for d, rows in self._peer_ce_rows.items()}
+        for chunk in range(chunks):
+            r0 = (chunk // per_group) * rows_per_group
+            r1 = min(r0 + rows_per_group, m)
+            c0 = (chunk % per_group) * chunk_n * c["BN"]
+            c1 = min(c0 + chunk_n * c["BN"], n)
+            for i in range(1, world):
+                d = (me + i) % world
+                if chunk == 0:  # d has read what I sent it last time
+                    stream_wait_value64(self.ce_pad.signals, self._ack + d, 1, side)
+                    stream_write_value64(self.ce_pad.signals, self._ack + d, 0, side)
+                stream_wait_value64(self.chunk_flags, d * region + chunk, 1, side)
+                stream_write_value64(self.chunk_flags, d * region + chunk, 0, side)
+                stream_copy_2d(incoming[d][me * m + r0:me * m + r1, c0:c1], outgoing[d * m + r0:d * m + r1, c0:c1],
+                               side)
+                stream_write_value64(self._peer_ce_pad[d], me * region + chunk, 1, side)
+        # The GEMM consumed every ready flag of this call: zero them before any peer may set the
+        # next call's, which it does only after the acks below.
+        self.ce_pad.signals.view(torch.int64)[:self._ack].zero_()
+        for i in range(1, world):
+            d = (me + i) % world
+            stream_write_value64(self._peer_ce_pad[d], self._ack + me, 1, stream)
+        stream.wait_stream(side)
         if target is not out:
             out.copy_(target)
