@@ -156,16 +156,17 @@ def _copy_chunk(pid_m, pid_n, local_m, num_n, chunk_n, GROUP_M: tl.constexpr):
 
 @triton.jit
 def _count_chunk_tile(chunk_flags, tickets, index, tiles_in_chunk):
-    """One more tile of copy-engine chunk ``index`` is stored here: the program that stores the
-    chunk's last tile resets its ticket and raises ``chunk_flags[index]`` to 1 for the copy stream.
-    The CTA barrier and the acq_rel ticket chain every program's stores of the chunk into that
-    last program, whose system-scope release then orders them before the flag the copy engine's
-    stream waits for."""
-    dl.barrier()
-    done = dl.atomic_add(tickets + index, 1, scope="gpu", semantic="acq_rel")
-    if done == tiles_in_chunk - 1:
-        dl.atomic_xchg(tickets + index, 0, scope="gpu", semantic="relaxed")
-        dl.atomic_xchg(chunk_flags + index, 1, scope="sys", semantic="release")
+    """One more tile of copy-engine chunk ``index`` (< 0: none) is stored here: the program that
+    stores the chunk's last tile resets its ticket and raises ``chunk_flags[index]`` to 1 for the
+    copy stream. The CTA barrier and the acq_rel ticket chain every program's stores of the chunk
+    into that last program, whose system-scope release then orders them before the flag the copy
+    engine's stream waits for."""
+    if index >= 0:
+        dl.barrier()
+        done = dl.atomic_add(tickets + index, 1, scope="gpu", semantic="acq_rel")
+        if done == tiles_in_chunk - 1:
+            dl.atomic_xchg(tickets + index, 0, scope="gpu", semantic="relaxed")
+            dl.atomic_xchg(chunk_flags + index, 1, scope="sys", semantic="release")
 
 
 @triton.jit
@@ -268,7 +269,9 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     ``d``'s rows at rows ``[d * m_per_rank, ...)``). A peer's tile is stored (``tl.store``, local
     memory: no NVLink stall) into the outgoing rows and counted in its chunk
     (:func:`_copy_chunk`); the chunk's last tile sets ``chunk_flags[d * signal_region + chunk]``
-    to 1 (``tickets``: int32 counters of the same layout, zero between calls), and a copy stream
+    to 1 (``tickets``: int32 counters of the same layout, zero between calls; counted one tile
+    late, like the signals above, so the count's release does not hold the program while its
+    stores drain), and a copy stream
     holds on that flag, copies the chunk into ``d``'s incoming rows with the copy engine and sets
     ``signals[rank * signal_region + chunk]`` to 1 on ``d``. An own tile waits for
     ``signals[r * signal_region + chunk] >= 1`` from every peer ``r``, then sums as
@@ -315,6 +318,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
         # program on them.
         pending_tile = pid * 0 - 1  # signal index (region offset included); < 0: none
         pending_dest = pid * 0
+        pending_count = pid * 0  # PEER_COPY_ENGINE: pending_tile is a chunk's flag, this its tile count
     for tile in range(pid, num_tiles, grid):
         if SIGNAL_ROWS:
             if REDUCE_OWN:
@@ -373,7 +377,10 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             # Before any wait below: a program never waits while holding back a signal.
             if PEER_TMA:
                 dl.wait_tma_stores()
-            _signal_pending(signals, pending_tile, pending_dest, epoch)
+            if PEER_COPY_ENGINE:
+                _count_chunk_tile(chunk_flags, tickets, pending_tile, pending_count)
+            else:
+                _signal_pending(signals, pending_tile, pending_dest, epoch)
             signal = rank * signal_region + local_tile
             if REDUCE_OWN:
                 if PEER_COPY_ENGINE:
@@ -386,7 +393,6 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                                   ready, signal_region, epoch, WORLD)
                 elif PEER_COPY_ENGINE:
                     tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
-                    _count_chunk_tile(chunk_flags, tickets, dest * signal_region + chunk, chunk_tiles)
                 elif PEER_TMA:
                     peer = tl.multiple_of(dl.symm_at(c_desc, dest), 16)  # symm_at loses alignment
                     slot = peer + half + (rank * m_per_rank).to(tl.int64) * stride
@@ -395,8 +401,9 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                     slot_desc.store([pid_m * BM, off_n], acc.to(c_desc.dtype.element_ty))
                 else:
                     tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
-                if PEER_COPY_ENGINE:
-                    pending_tile = pid * 0 - 1  # the copy stream publishes, not this program
+                if PEER_COPY_ENGINE:  # counted one tile late, as signals are sent
+                    pending_tile = tl.where(dest == rank, -1, dest * signal_region + chunk)
+                    pending_count = chunk_tiles
                 else:
                     pending_tile = tl.where(dest == rank, -1, signal)
             else:
@@ -411,7 +418,10 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     if SIGNAL_ROWS:
         if PEER_TMA:
             dl.wait_tma_stores()
-        _signal_pending(signals, pending_tile, pending_dest, epoch)
+        if PEER_COPY_ENGINE:
+            _count_chunk_tile(chunk_flags, tickets, pending_tile, pending_count)
+        else:
+            _signal_pending(signals, pending_tile, pending_dest, epoch)
 
 
 def check_context_args(op: str, dtype, *, aligned: str, **sizes) -> None:

@@ -6,15 +6,16 @@ layer needs.
 
 Variants (``variant=``):
 
-- ``"fused"`` (what ``"auto"`` runs, :data:`AUTO_VARIANT`): one kernel on every SM. The GEMM
-  computes the peers' tiles first and stores each into its destination's ``partials`` (slot
-  ``me``), then computes its own tiles, and each own tile's epilogue waits for the peers'
-  partials of it, adds them and stores the sum into ``out`` (``REDUCE_OWN`` in
-  :func:`~triton_dist.kernels.gemm.gemm_kernel`, whose notes give the order and the no-deadlock
-  argument). Measured on 2 x H200 (bench/results/h200-x2/gemm_rs.json): the fastest variant on 7
-  of the 9 shapes ("push" on the other two), 24-43 % over the GEMM alone.
+- ``"fused"``: one kernel on every SM. The GEMM computes the peers' tiles first and stores each
+  into its destination's ``partials`` (slot ``me``), then computes its own tiles, and each own
+  tile's epilogue waits for the peers' partials of it, adds them and stores the sum into ``out``
+  (``REDUCE_OWN`` in :func:`~triton_dist.kernels.gemm.gemm_kernel`, whose notes give the order
+  and the no-deadlock argument).
 - ``"fused_tma"``: ``"fused"`` with the peers' tiles sent by TMA stores; measured no faster.
-- ``"fused_ce"``: ``"fused"`` with the peers' tiles sent by the copy engine. Why: in ``"fused"``
+- ``"fused_ce"`` (what ``"auto"`` runs, :data:`AUTO_VARIANT`): ``"fused"`` with the peers'
+  tiles sent by the copy engine; faster than ``"fused"`` on 7 of the 9 benchmark shapes in its
+  first run on 2 x H200 (4-8 %, slower on two, within the run-to-run noise of a second run that
+  had it ahead there too). Why: in ``"fused"``
   the SMs store the peers' tiles over NVLink themselves, and a program cannot go on before its
   64 KiB tile has drained at its ~1/132 share of the link; measured, the op ran 8-21 % over the
   GEMM alone on 2 x H200, about half of the transfer's time. Here the GEMM stores a peer's tile in
@@ -154,7 +155,7 @@ rows are few), so that a destination's first chunk leaves early and its last one
 the GEMM finishes the peers' tiles."""
 
 VARIANTS = ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
-AUTO_VARIANT = "fused"
+AUTO_VARIANT = "fused_ce"
 """What ``variant="auto"`` runs."""
 
 gemm_rs_producer_kernel = DistributedKernel(_gemm.gemm_kernel)
