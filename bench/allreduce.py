@@ -5,9 +5,9 @@
 Sizes 8 KiB .. 256 MiB in x4 steps (``--quick``: 8 KiB, 64 KiB, 256 KiB, 4 MiB, 64 MiB). For each:
 
 - ours: :func:`triton_dist.ops.all_reduce` with one context of the largest size, methods
-  ``one_shot``, ``two_shot`` and, for sizes up to ``AllReduceContext.LL_MAX_BYTES``, ``ll``;
-  ``ours_us`` is the fastest, each is also recorded (``one_shot_us``, ``two_shot_us``, ``ll_us``
-  (null above the LL limit), ``method``);
+  ``one_shot``, ``two_shot``, for sizes up to ``AllReduceContext.LL_MAX_BYTES`` ``ll``, and from
+  2 MiB ``ce_two_shot``; ``ours_us`` is the fastest, each is also recorded (``one_shot_us``,
+  ``two_shot_us``, ``ll_us``, ``ce_two_shot_us``: null where not run; ``method``);
 - ``torch_nccl_us``: ``torch.distributed.all_reduce`` (NCCL) on the same data;
 - ``torch_symm_mem_us``: ``torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group_name)`` on a
   ``torch.distributed._symmetric_memory`` buffer (omitted if unavailable or failing).
@@ -41,6 +41,7 @@ from triton_dist.kernels import AllReduceContext  # noqa: E402
 KIB, MIB = bench.script.KIB, bench.script.MIB
 LINK_GBPS = bench.script.LINK_GBPS
 ROUND_TRIP_US = bench.script.ROUND_TRIP_US
+CE_MIN_BYTES = 2 * MIB  # ce_two_shot is timed from here up (below, its barrier and copy set-up dominate)
 
 log = bench.script.logger("allreduce")
 
@@ -98,7 +99,8 @@ def main() -> int:
         def ours(method, x=x, out=out):
             return lambda: ops.all_reduce(x, out=out, method=method, context=ctx)
 
-        mine = ("one_shot", "two_shot") + (("ll", ) if nbytes <= ctx.ll_max_bytes else ())
+        mine = (("one_shot", "two_shot") + (("ll", ) if nbytes <= ctx.ll_max_bytes else ()) +
+                (("ce_two_shot", ) if nbytes >= CE_MIN_BYTES else ()))
         fns = {name: ours(name) for name in mine}
         fns["torch_nccl"] = lambda t=nccl_all[:n]: dist.all_reduce(t)
         if symm is not None:
@@ -137,7 +139,7 @@ def main() -> int:
         bus = 2 * (world - 1) / world * nbytes
         bound = bus / (LINK_GBPS * 1e3) + ROUND_TRIP_US
         log(f"{nbytes:>10d} B  ll {times.get('ll', float('nan')):9.2f} us  one-shot {times['one_shot']:9.2f} us  "
-            f"two-shot {times['two_shot']:9.2f} us  "
+            f"two-shot {times['two_shot']:9.2f} us  ce-two-shot {times.get('ce_two_shot', float('nan')):9.2f} us  "
             f"NCCL {times['torch_nccl']:9.2f} us  symm_mem {times.get('torch_symm_mem', float('nan')):9.2f} us  "
             f"checks {checks}")
         records.append(
@@ -147,11 +149,13 @@ def main() -> int:
                          bound_us=bound, bytes=nbytes, busbw_gbps=bus / (ours_us * 1e3),
                          torch_nccl_busbw_gbps=bus / (times["torch_nccl"] * 1e3), method=best,
                          one_shot_us=times["one_shot"], two_shot_us=times["two_shot"], ll_us=times.get("ll"),
+                         ce_two_shot_us=times.get("ce_two_shot"),
                          verified=all(checks[name] for name in mine), checks=checks,
                          timing={"iters": iters, "group": group, "gpu_delay_us": delay, "cuda_graph": True},
                          bound_method=f"2(w-1)/w*bytes / {LINK_GBPS} GB/s + {ROUND_TRIP_US} us"))
 
-    extra = ("bytes", "method", "ll_us", "one_shot_us", "two_shot_us", "busbw_gbps", "torch_nccl_busbw_gbps")
+    extra = ("bytes", "method", "ll_us", "one_shot_us", "two_shot_us", "ce_two_shot_us", "busbw_gbps",
+             "torch_nccl_busbw_gbps")
     del symm, ctx  # symmetric memory (ours and torch's) goes before the runtime and the process group
     return bench.script.finish("allreduce", records, args, extra)
 

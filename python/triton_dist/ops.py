@@ -24,11 +24,11 @@ from __future__ import annotations
 from .runtime import _require_initialized
 
 AUTO_ONE_SHOT_MAX_BYTES = 32 << 20
-"""``all_reduce(method="auto")`` uses one-shot up to this many bytes, two-shot above
+"""``all_reduce(method="auto")`` uses one-shot up to this many bytes, ``ce_two_shot`` above
 (bench/results/h200-x2/allreduce.json, CUDA-graph timing: one-shot ahead up to 32 MiB except a tie
-at 512 KiB, two-shot from 128 MiB). Measured on two GPUs, where both move the same bytes; one-shot
-moves ``w / 2`` times the bytes of two-shot on ``w`` GPUs, so the threshold is scaled by ``2 / w``
-(not yet measured beyond two GPUs)."""
+at 512 KiB, the two-shots from 128 MiB). Measured on two GPUs, where both move the same bytes;
+one-shot moves ``w / 2`` times the bytes of two-shot on ``w`` GPUs, so the threshold is scaled by
+``2 / w`` (not yet measured beyond two GPUs)."""
 
 AUTO_LL_MAX_BYTES = 32 << 10
 """``all_reduce(method="auto")`` uses ``"ll"`` up to this many bytes (capped by
@@ -138,8 +138,10 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     ``"ll"`` (low-latency protocol: every rank pushes its data, flags inside the words, to every
     rank; at most :attr:`AllReduceContext.LL_MAX_BYTES <triton_dist.kernels.AllReduceContext>`),
     ``"one_shot"`` (every rank reads every rank's data), ``"two_shot"`` (reduce-scatter then
-    all-gather; moves ``2 (w-1)/w`` of the bytes per rank) or ``"auto"`` (``"ll"`` up to
-    :data:`AUTO_LL_MAX_BYTES`, one-shot up to :data:`AUTO_ONE_SHOT_MAX_BYTES`, two-shot above).
+    all-gather; moves ``2 (w-1)/w`` of the bytes per rank), ``"ce_two_shot"`` (two-shot with both
+    transfers on copy engines, in chunks that overlap the SMs' sums; for large tensors) or
+    ``"auto"`` (``"ll"`` up to :data:`AUTO_LL_MAX_BYTES`, one-shot up to
+    :data:`AUTO_ONE_SHOT_MAX_BYTES`, ``ce_two_shot`` above).
     Every rank gets bit-identical results (``"ll"`` and ``"one_shot"`` the same bits).
     ``context``: an :class:`~triton_dist.kernels.AllReduceContext` of ``x``'s dtype to use instead
     of a cached one.
@@ -161,7 +163,7 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
         if nbytes <= min(AUTO_LL_MAX_BYTES, context.ll_max_bytes):
             method = "ll"
         else:
-            method = "one_shot" if nbytes <= one_shot_max else "two_shot"
+            method = "one_shot" if nbytes <= one_shot_max else "ce_two_shot"
     context.run(x.view(-1), out.view(-1), method)
     return out
 

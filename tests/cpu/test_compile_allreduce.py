@@ -133,7 +133,7 @@ def test_ll_accumulates_in_fp32_like_one_shot(dt):
 
 def test_methods_and_ll_limit():
     ctx = allreduce.AllReduceContext
-    assert ctx.METHODS == ("auto", "one_shot", "two_shot", "ll")
+    assert ctx.METHODS == ("auto", "one_shot", "two_shot", "ll", "ce_two_shot")
     assert ctx.LL_MAX_BYTES == 64 * 1024
     from triton_dist import ops
 
@@ -145,3 +145,43 @@ def test_all_reduce_needs_init():
 
     with pytest.raises(RuntimeError, match="init"):
         ops.all_reduce(object())
+
+
+def _ce_reduce(dt, world=2):
+    return compile_for_hopper(allreduce.all_reduce_ce_reduce_kernel,
+                              {"x": f"*{dt}", "out": f"*{dt}", "stage": f"*{dt}", "gather": f"*{dt}", "flags": "*u64",
+                               "tickets": "*i32", "n": "i32", "shard_tiles": "i32", "chunk_tiles": "i32", "chunks": "i32"},
+                              dict(WORLD=world, MAX_CHUNKS=16, BLOCK=2048), num_warps=8)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+def test_ce_two_shot_reduce_waits_sums_and_publishes(dt, world):
+    """The ce_two_shot reduce: one acquire wait per peer and chunk before the stage loads (which
+    depend on it through the token), fp32 sums, 16-byte vectors; per chunk one acq_rel ticket
+    right after a CTA barrier, then one system-scope release per peer (the "reduced" flags)."""
+    compiled = _ce_reduce(dt, world)
+    ptx, ttir = compiled.asm["ptx"], compiled.asm["ttir"]
+    assert ptx.count(_SPIN) == 2 * (world - 1), ptx.count(_SPIN)
+    assert len(re.findall(_RELEASE, ptx)) == world - 1
+    assert re.search(r"atom\.(global\.)?(gpu\.)?acq_rel\.(gpu\.)?(global\.)?add|atom\.acq_rel\.gpu\.global\.add", ptx)
+    assert re.search(r"ld\.global(\.[a-z0-9]+)*\.v4\.b32", ptx) and re.search(r"st\.global(\.[a-z0-9]+)*\.v4\.b32", ptx)
+    assert re.search(r"add(\.rn)?\.f32", ptx)
+    lines = ttir.splitlines()
+    ticket = [i for i, line in enumerate(lines) if "tt.atomic_rmw" in line and "add" in line and "acq_rel" in line]
+    assert len(ticket) == 1
+    earlier = [line for line in lines[:ticket[0]] if re.search(r"gpu\.barrier|tt\.store|tt\.atomic|inline_asm", line)]
+    assert "gpu.barrier" in earlier[-1], earlier[-3:]
+
+
+def test_rank_barrier_notifies_then_waits():
+    from triton_dist.kernels.rank_barrier import rank_barrier_kernel
+
+    ptx = compile_for_hopper(rank_barrier_kernel, {"signals": "*u64", "epoch_ptr": "*i64"},
+                             dict(PHASE=1, PHASES=4, WORLD=4), num_warps=1).asm["ptx"]
+    assert len(re.findall(_RELEASE, ptx)) == 3
+    assert ptx.count(_SPIN) == 2 * 3
+    lines = ptx.splitlines()
+    last_release = max(i for i, line in enumerate(lines) if re.search(_RELEASE, line))
+    first_spin = min(i for i, line in enumerate(lines) if _SPIN in line)
+    assert last_release < first_spin

@@ -55,6 +55,40 @@ which is why LL is for latency-bound sizes only. Reuse of the LL buffer between 
   billion calls, e.g. past the end of much smaller messages: not guarded against). Words past the
   end of the message in the last tile are sent but never waited for.
 
+Copy-engine two-shot (``"ce_two_shot"``, :meth:`AllReduceContext._run_ce_two_shot`), the largest
+sizes: two-shot with both transfers on copy engines, in chunks, so that the SMs only add and the
+NVLink traffic of one chunk overlaps the reduction of the one before. The shards are those of
+two-shot; each is cut into ``chunks`` chunks of ``chunk_tiles`` tiles
+(:meth:`AllReduceContext.ce_chunking`). Streams: the caller's ``S``, a push stream ``P`` and a pull
+stream ``Q``. Signals (the context's ``ce_pad``, 0/1 flags reset by their consumer, because the
+copy streams' operations carry values fixed when enqueued, which a replayed CUDA graph cannot
+change): ``scattered[r][c]`` (rank ``r``'s part of my shard, chunk ``c``, is in my ``stage``),
+``reduced[r][c]`` (rank ``r``'s shard, chunk ``c``, is summed in its ``gather``), and a barrier slot.
+
+1. ``S``: bump the call counter; :func:`~triton_dist.kernels.rank_barrier.rank_barrier_kernel`
+   (every rank has finished its previous call, of any method: nobody still reads the buffers
+   written below, and every flag of the previous call was consumed and reset).
+2. ``P``, chunk by chunk: copy my part of shard ``s``, chunk ``c``, into slot ``me`` of rank
+   ``s``'s ``stage``; set ``scattered[me][c] = 1`` on ``s`` (``cuStreamWriteValue64``, after the
+   copy on the same stream, with its system-scope barrier).
+3. ``S``: :func:`all_reduce_ce_reduce_kernel`: per chunk, every program waits for
+   ``scattered[r][c]`` from every peer, sums its tiles of my shard (``x`` for my own part, the
+   ``stage`` slots for the peers') in fp32 in rank order into ``out`` and ``gather``; the program
+   that finishes the chunk last (a ticket: CTA barrier, acq_rel add) resets the chunk's
+   ``scattered`` flags and sets ``reduced[me][c] = 1`` on every peer (release, system scope).
+4. ``Q``, chunk by chunk: wait for ``reduced[s][c]`` (``cuStreamWaitValue64``), reset it, copy
+   chunk ``c`` of shard ``s`` from rank ``s``'s ``gather`` into ``out``.
+5. ``S`` waits for ``P`` and ``Q``.
+
+Buffers: the first half of ``stage`` and of ``gather`` (one region: the barrier of step 1
+replaces the parity halves, which the copies' fixed addresses could not follow). Why a later call
+of another method cannot overwrite what a peer still reads: every peer's pushes into my ``stage``
+landed before my reduce finished (it waited for them), and a peer's pulls from my ``gather`` come
+before its next call; the parity methods write a peer's buffers only after a signal of that
+peer's next call (one-shot reads, never writes, a peer's buffer), and this method only after its
+barrier. No deadlock: the reduce waits only for copies, which wait for nothing on the GPU; the
+pulls wait only for reduces.
+
 Reuse between calls (one-shot, two-shot): the epoch is the context's device call counter and
 buffers alternate halves by its parity (see :mod:`triton_dist.kernels.context` for why that is
 safe and graph-capturable). Every method bumps the same counter, so the argument above holds
@@ -76,7 +110,10 @@ from ..language.signals import _settings
 from ..symmetric import symm_empty
 # The LL word packing and the timed spin are allgather's "ll" helpers (read-only here).
 from .allgather import _ll_flag, _ll_receive, _ll_words
+from ..signals import SignalPad, stream_wait_value64, stream_write_value64
+from ..symmetric import peer_tensor
 from .context import CollectiveContext
+from .rank_barrier import rank_barrier_kernel
 from .tiles import copy_tile, load_tile, store_tile
 
 
@@ -204,6 +241,62 @@ def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, epoch_ptr, sha
                 copy_tile(out + idx, src + idx, idx, n, True)
 
 
+@jit(do_not_specialize=["n", "shard_tiles", "chunk_tiles", "chunks"])
+def all_reduce_ce_reduce_kernel(x, out, stage, gather, flags, tickets, n, shard_tiles, chunk_tiles, chunks,
+                                WORLD: tl.constexpr, MAX_CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
+    """Step 3 of ``"ce_two_shot"`` (module notes): ``out`` and ``gather`` at this rank's shard
+    (elements ``[me * shard, (me + 1) * shard)`` below ``n``, ``shard = shard_tiles * BLOCK``) = the sum over ranks of their part of
+    it (``x`` for this rank, ``stage`` slot ``r`` for rank ``r``), chunk by chunk as the peers'
+    copies land. ``flags``: the context's ``ce_pad`` (``scattered[r][c]`` at ``r * MAX_CHUNKS +
+    c``, ``reduced[r][c]`` at ``(WORLD + r) * MAX_CHUNKS + c``); ``tickets``: ``MAX_CHUNKS`` int32
+    counters, zero between calls."""
+    me = dl.rank()
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    lanes = tl.arange(0, BLOCK)
+    shard = shard_tiles.to(tl.int64) * BLOCK  # a multiple of BLOCK, as the compiler sees: 16-byte vectors
+    start = me.to(tl.int64) * shard
+    own = tl.minimum(tl.maximum(n - start, 0), shard)  # elements of this rank's shard
+    own_tiles = tl.cdiv(own, BLOCK)
+    for c in range(0, chunks):
+        token = dl.wait(flags + ((me + 1) % WORLD) * MAX_CHUNKS + c, 1, "sys", "acquire", 1)
+        for i in tl.static_range(2, WORLD):
+            token = token + dl.wait(flags + ((me + i) % WORLD) * MAX_CHUNKS + c, 1, "sys", "acquire", 1)
+        for t in range(c * chunk_tiles + pid, tl.minimum((c + 1) * chunk_tiles, own_tiles), grid):
+            local = t.to(tl.int64) * BLOCK + lanes
+            if (t.to(tl.int64) + 1) * BLOCK <= own:
+                _sum_shard_tile(x, out, stage, gather, start, local, own, shard, token, WORLD, False)
+            else:
+                _sum_shard_tile(x, out, stage, gather, start, local, own, shard, token, WORLD, True)
+        # The chunk's last program publishes it: the CTA barrier and the acq_rel ticket chain every
+        # program's stores into it, and its system-scope release orders them before the flags.
+        dl.barrier()
+        done = dl.atomic_add(tickets + c, 1, scope="gpu", semantic="acq_rel")
+        if done == grid - 1:
+            dl.atomic_xchg(tickets + c, 0, scope="gpu", semantic="relaxed")
+            for i in tl.static_range(1, WORLD):
+                dl.atomic_xchg(flags + ((me + i) % WORLD) * MAX_CHUNKS + c, 0, scope="gpu", semantic="relaxed")
+            for i in tl.static_range(1, WORLD):
+                dl.notify(flags + (WORLD + me) * MAX_CHUNKS + c, (me + i) % WORLD, 1, "set", "intra_node")
+
+
+@triton.jit
+def _sum_shard_tile(x, out, stage, gather, start, local, own, shard, token, WORLD: tl.constexpr,
+                    MASKED: tl.constexpr):
+    """One tile of :func:`all_reduce_ce_reduce_kernel`: ``local`` offsets inside the shard."""
+    me = dl.rank()
+    acc = tl.zeros(local.shape, tl.float32)
+    for r in tl.static_range(WORLD):
+        if r == me:
+            acc += load_tile(x + start + local, local, own, MASKED).to(tl.float32)
+        else:
+            src = dl.consume_token(stage + r * shard + local, token)
+            acc += load_tile(src, local, own, MASKED).to(tl.float32)
+    result = acc.to(out.dtype.element_ty)
+    store_tile(out + start + local, result, local, own, MASKED)
+    store_tile(gather + start + local, result, local, own, MASKED)
+
+
 @triton.jit
 def _ll_values(vals, out, ELEMS: tl.constexpr):
     """The elements carried by LL words ``vals`` (int64, payload in the low 32 bits), as fp32:
@@ -300,7 +393,13 @@ class AllReduceContext(CollectiveContext):
     CUDA graph and replayed.
     """
 
-    METHODS = ("auto", "one_shot", "two_shot", "ll")
+    METHODS = ("auto", "one_shot", "two_shot", "ll", "ce_two_shot")
+
+    CE_MAX_CHUNKS = 16
+    """``"ce_two_shot"``: the most chunks a shard is cut into (signals per peer)."""
+
+    CE_MIN_CHUNK_BYTES = 2 << 20
+    """``"ce_two_shot"``: the smallest chunk worth its copy-stream operations (a few µs each)."""
 
     LL_MAX_BYTES = 64 * 1024
     """The largest input (bytes per rank) the ``"ll"`` method takes; ``"auto"`` uses ``"ll"`` up to
@@ -331,6 +430,17 @@ class AllReduceContext(CollectiveContext):
         never 0). Zeroed on the current stream; :meth:`ready` synchronises and barriers before any
         peer can write it."""
         self.ll.zero_()
+        # "ce_two_shot" (module notes): scattered/reduced flags, then the barrier's slot.
+        self.ce_pad = SignalPad(2 * self.world * self.CE_MAX_CHUNKS + self.world)
+        self._ce_barrier = 2 * self.world * self.CE_MAX_CHUNKS
+        self.ce_tickets = torch.zeros(self.CE_MAX_CHUNKS, dtype=torch.int32, device=self.calls.device)
+        peers = [r for r in range(self.world) if r != self.rank]
+        self._peer_stage = {r: peer_tensor(self.stage, r) for r in peers}
+        self._peer_gather = {r: peer_tensor(self.gather, r) for r in peers}
+        self._peer_ce_pad = {r: peer_tensor(self.ce_pad.signals, r) for r in peers}
+        self._push = torch.cuda.Stream(device=self.calls.device)
+        self._pull = torch.cuda.Stream(device=self.calls.device)
+        self._started = torch.cuda.Event()
         self.ready()
 
     def _meta(self) -> dict:
@@ -349,6 +459,24 @@ class AllReduceContext(CollectiveContext):
         all_reduce_two_shot_kernel.preload(self.stage, self.gather, self.stage, self.gather, self.pad.signals, n,
                                            self.calls, 3, grid=(1, ), **self._meta())
         ll_reduce_kernel.preload(self.stage, self.gather, self.ll, n, n, self.calls, grid=(1, ), **self._ll_meta())
+        rank_barrier_kernel.preload(self.ce_pad.signals, self.calls, grid=(1, ), **self._barrier_meta())
+        all_reduce_ce_reduce_kernel.preload(self.stage, self.gather, self.stage, self.gather, self.ce_pad.signals,
+                                            self.ce_tickets, n, n, n, n, grid=(1, ), **self._ce_meta())
+
+    def _barrier_meta(self) -> dict:
+        return dict(PHASE=0, PHASES=1, WORLD=self.world, num_warps=1)
+
+    def _ce_meta(self) -> dict:
+        return dict(WORLD=self.world, MAX_CHUNKS=self.CE_MAX_CHUNKS, BLOCK=self.BLOCK, num_warps=self.NUM_WARPS)
+
+    def ce_chunking(self, shard_tiles: int) -> tuple[int, int]:
+        """``(chunk_tiles, chunks)`` of ``"ce_two_shot"`` for shards of ``shard_tiles`` tiles: as
+        many chunks as :attr:`CE_MAX_CHUNKS` allows, none under :attr:`CE_MIN_CHUNK_BYTES` (a
+        fixed rule: the same on every rank)."""
+        tile_bytes = self.BLOCK * self.dtype.itemsize
+        most = max(1, min(self.CE_MAX_CHUNKS, shard_tiles * tile_bytes // self.CE_MIN_CHUNK_BYTES))
+        chunk_tiles = triton.cdiv(shard_tiles, most)
+        return chunk_tiles, triton.cdiv(shard_tiles, chunk_tiles)
 
     def run(self, x, out, method: str) -> None:
         """``out = sum over ranks of x`` with ``method`` ``"one_shot"``, ``"two_shot"`` or ``"ll"``
@@ -356,9 +484,9 @@ class AllReduceContext(CollectiveContext):
         tensors of this dtype, ``x.numel() <= max_numel`` elements (validated by
         :func:`triton_dist.ops.all_reduce`, not here); ``out`` may be ``x``."""
         n = x.numel()
-        if method not in ("one_shot", "two_shot", "ll"):
-            raise ValueError(f"triton_dist AllReduceContext.run: method must be 'one_shot', 'two_shot' or 'll', "
-                             f"got {method!r}")
+        if method not in self.METHODS[1:]:
+            raise ValueError(f"triton_dist AllReduceContext.run: method must be one of {self.METHODS[1:]}, got "
+                             f"{method!r}")
         if n == 0:
             return
         nbytes = n * self.dtype.itemsize
@@ -374,6 +502,11 @@ class AllReduceContext(CollectiveContext):
         if x.data_ptr() % 16:
             x = x.clone()
         target = out if out.data_ptr() % 16 == 0 else x.new_empty(x.shape)
+        if method == "ce_two_shot":
+            self._run_ce_two_shot(x, target, n)
+            if target is not out:
+                out.copy_(target)
+            return
         epoch_ptr = self.next_call()
         meta = self._meta()
         if method == "one_shot":
@@ -389,3 +522,49 @@ class AllReduceContext(CollectiveContext):
             ll_reduce_kernel[grid](x, target, self.ll, n, words, epoch_ptr, **self._ll_meta())
         if target is not out:
             out.copy_(target)
+
+    def _run_ce_two_shot(self, x, out, n: int) -> None:
+        """``"ce_two_shot"`` (module notes: the steps and why they are safe)."""
+        import torch
+
+        me, world = self.rank, self.world
+        stream = torch.cuda.current_stream()
+        shard_tiles = triton.cdiv(n, world * self.BLOCK)
+        shard = shard_tiles * self.BLOCK
+        chunk_tiles, chunks = self.ce_chunking(shard_tiles)
+        chunk = chunk_tiles * self.BLOCK
+        epoch_ptr = self.next_call()
+        rank_barrier_kernel[(1, )](self.ce_pad.signals[self._ce_barrier:], epoch_ptr, **self._barrier_meta())
+        self._started.record(stream)
+        self._push.wait_event(self._started)
+        self._pull.wait_event(self._started)
+        mc = self.CE_MAX_CHUNKS
+
+        def part(s: int, c: int) -> tuple[int, int]:  # chunk c of shard s, as elements of the tensor
+            lo = min(s * shard + c * chunk, n)
+            return lo, min(s * shard + min((c + 1) * chunk, shard), n)
+
+        with torch.cuda.stream(self._push):
+            for c in range(chunks):
+                for i in range(1, world):
+                    s = (me + i) % world
+                    lo, hi = part(s, c)
+                    if hi > lo:
+                        dst = me * shard + lo - s * shard
+                        self._peer_stage[s][dst:dst + hi - lo].copy_(x[lo:hi])
+                    stream_write_value64(self._peer_ce_pad[s], me * mc + c, 1, self._push)
+        all_reduce_ce_reduce_kernel[self.grid(chunk_tiles)](x, out, self.stage, self.gather, self.ce_pad.signals,
+                                                             self.ce_tickets, n, shard_tiles, chunk_tiles, chunks,
+                                                             **self._ce_meta())
+        with torch.cuda.stream(self._pull):
+            for c in range(chunks):
+                for i in range(1, world):
+                    s = (me + i) % world
+                    flag = (world + s) * mc + c
+                    stream_wait_value64(self.ce_pad.signals, flag, 1, self._pull)
+                    stream_write_value64(self.ce_pad.signals, flag, 0, self._pull)
+                    lo, hi = part(s, c)
+                    if hi > lo:
+                        out[lo:hi].copy_(self._peer_gather[s][lo:hi])
+        stream.wait_stream(self._push)
+        stream.wait_stream(self._pull)
