@@ -24,11 +24,12 @@ from __future__ import annotations
 from .runtime import _require_initialized
 
 AUTO_ONE_SHOT_MAX_BYTES = 32 << 20
-"""``all_reduce(method="auto")`` uses one-shot up to this many bytes, ``ce_two_shot`` above
+"""``all_reduce(method="auto")`` uses one-shot up to this many bytes, two-shot above
 (bench/results/h200-x2/allreduce.json, CUDA-graph timing: one-shot ahead up to 32 MiB except a tie
-at 512 KiB, the two-shots from 128 MiB). Measured on two GPUs, where both move the same bytes;
-one-shot moves ``w / 2`` times the bytes of two-shot on ``w`` GPUs, so the threshold is scaled by
-``2 / w`` (not yet measured beyond two GPUs)."""
+at 512 KiB, two-shot from 128 MiB; ``ce_two_shot``, measured later, won at 32 and 256 MiB and lost
+at 128 MiB, by 4-9 % either way, so ``auto`` does not pick it). Measured on two GPUs, where both
+move the same bytes; one-shot moves ``w / 2`` times the bytes of two-shot on ``w`` GPUs, so the
+threshold is scaled by ``2 / w`` (not yet measured beyond two GPUs)."""
 
 AUTO_LL_MAX_BYTES = 32 << 10
 """``all_reduce(method="auto")`` uses ``"ll"`` up to this many bytes (capped by
@@ -141,7 +142,7 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     all-gather; moves ``2 (w-1)/w`` of the bytes per rank), ``"ce_two_shot"`` (two-shot with both
     transfers on copy engines, in chunks that overlap the SMs' sums; for large tensors) or
     ``"auto"`` (``"ll"`` up to :data:`AUTO_LL_MAX_BYTES`, one-shot up to
-    :data:`AUTO_ONE_SHOT_MAX_BYTES`, ``ce_two_shot`` above).
+    :data:`AUTO_ONE_SHOT_MAX_BYTES`, two-shot above).
     Every rank gets bit-identical results (``"ll"`` and ``"one_shot"`` the same bits).
     ``context``: an :class:`~triton_dist.kernels.AllReduceContext` of ``x``'s dtype to use instead
     of a cached one.
@@ -163,7 +164,7 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
         if nbytes <= min(AUTO_LL_MAX_BYTES, context.ll_max_bytes):
             method = "ll"
         else:
-            method = "one_shot" if nbytes <= one_shot_max else "ce_two_shot"
+            method = "one_shot" if nbytes <= one_shot_max else "two_shot"
     context.run(x.view(-1), out.view(-1), method)
     return out
 
