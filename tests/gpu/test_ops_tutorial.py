@@ -13,7 +13,7 @@ _ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 # Every op's context compiles and loads all its kernels on first use: on a cold Triton cache this
 # one test compiled for longer than the suite's 200 s per-test limit (a pytest-timeout at 200 s,
-# inside the allgather context's preload, at 29572ad).
+# inside the allgather context's preload, at d9d294d).
 @pytest.mark.timeout(600)
 def test_ops_tutorial():
     spec = importlib.util.spec_from_file_location("tutorial_05", os.path.join(_ROOT, "tutorials", "05_ops.py"))
