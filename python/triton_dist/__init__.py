@@ -25,6 +25,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Config", "DistributedKernel", "SignalPad", "barrier", "check_symmetric", "device_barrier", "finalize",
     "get_config", "init", "is_initialized", "is_symmetric", "jit", "local_rank", "local_world_size", "peer_tensor",
-    "rank", "stream_copy_2d", "stream_wait_value64", "stream_write_value64", "symm_empty", "symm_zeros", "symmetric_map",
-    "symmetric_map_bytes", "world_size"
+    "rank", "stream_copy_2d", "stream_wait_value64", "stream_write_value64", "symm_empty", "symm_zeros",
+    "symmetric_map", "symmetric_map_bytes", "world_size"
 ]

@@ -10,7 +10,9 @@ class SignalPad:
 
     Each call of an op takes ``epoch = pad.next_epoch()`` (1, 2, 3, ... on every rank alike);
     producers set a flag to the epoch when its tile is ready and consumers wait for ``>= epoch``,
-    so the pad never needs resetting between calls.
+    so the pad never needs resetting between calls. (Flags set by copy streams inside a CUDA graph
+    cannot follow an epoch: those protocols use 0/1 flags that their consumer resets, e.g.
+    ``"fused_ce"`` in :mod:`triton_dist.kernels.gemm_reduce_scatter`.)
     """
 
     def __init__(self, num_signals: int):
@@ -83,10 +85,14 @@ def stream_copy_2d(dst, src, stream=None) -> None:
             raise ValueError(f"triton_dist stream_copy_2d: {name} must be a 2-D CUDA tensor with contiguous rows "
                              f"(stride(1) == 1), got {type(t).__name__} "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else ''}")
+        if t.size(0) > 1 and t.stride(0) < t.size(1):
+            raise ValueError(f"triton_dist stream_copy_2d: {name}'s rows overlap (stride(0) = {t.stride(0)} < "
+                             f"{t.size(1)} elements per row); pass distinct rows")
     if dst.shape != src.shape or dst.dtype != src.dtype:
         raise ValueError(f"triton_dist stream_copy_2d: dst is {tuple(dst.shape)} {dst.dtype}, src "
                          f"{tuple(src.shape)} {src.dtype}; they must match")
     item = src.element_size()
     stream = stream or torch.cuda.current_stream()
+    # A single row's stride may be anything (torch reports 1 for [1, n]): its pitch is the row.
     _core().stream_copy_2d(stream.cuda_stream, dst.data_ptr(), max(dst.stride(0), dst.size(1)) * item, src.data_ptr(),
                            max(src.stride(0), src.size(1)) * item, src.size(1) * item, src.size(0))

@@ -150,7 +150,8 @@ def test_all_reduce_needs_init():
 def _ce_reduce(dt, world=2):
     return compile_for_hopper(allreduce.all_reduce_ce_reduce_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "stage": f"*{dt}", "gather": f"*{dt}", "flags": "*u64",
-                               "tickets": "*i32", "n": "i32", "shard_tiles": "i32", "chunk_tiles": "i32", "chunks": "i32"},
+                               "tickets": "*i32", "n": "i32", "shard_tiles": "i32", "chunk_tiles": "i32",
+                               "chunks": "i32"},
                               dict(WORLD=world, MAX_CHUNKS=16, BLOCK=2048), num_warps=8)
 
 

@@ -161,6 +161,7 @@ def test_fused_tma_producer_waits_for_its_tma_stores_before_each_release(config)
     spins = results(ops_matching(compiled.asm["ttgir"], re.escape(_SPIN)))
     assert len(spins) == 1  # the own tiles' wait for the one peer
 
+
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
 def test_fused_ce_producer_stages_locally_and_counts_chunks(config, world):
@@ -196,24 +197,33 @@ def test_fused_ce_producer_stages_locally_and_counts_chunks(config, world):
 
 @pytest.mark.parametrize("m", [1, 100, 512, 4096, 8192])
 def test_fused_ce_chunks_cover_every_tile_once(m):
-    """The host's chunk count and the kernel's chunk numbering (:func:`gemm._copy_chunk`, mirrored
-    here) agree: every tile of a destination falls in exactly one chunk, chunks are numbered
-    densely from 0, each holds the tile count the kernel expects, and there are at least
-    ``CE_MIN_CHUNKS`` of them where there are that many tiles."""
+    """The host's chunks (count and copy regions) and the kernel's chunk numbering
+    (:func:`gemm._copy_chunk`, mirrored here) agree: every tile of a destination falls in exactly one
+    chunk, whose copy region holds exactly that chunk's tiles; the regions tile ``[0, m) x [0, n)``;
+    each chunk holds the tile count the kernel expects; there are at least ``CE_MIN_CHUNKS`` of
+    them where there are that many tiles, and never more than the signal region has room for."""
     for config, n in (("large", 28672), ("small", 4096), ("large", 2056)):
         c = gemm_module.CONFIGS[config]
         chunk_n, chunks = grs.copy_engine_chunking(m, n, 2, config)
         local_m, num_n = -(-m // c["BM"]), -(-n // c["BN"])
         per_group = -(-num_n // chunk_n)
-        counts = {}
+        tiles_of = {}
         for pid_m in range(local_m):
             for pid_n in range(num_n):
                 chunk = (pid_m // c["GROUP_M"]) * per_group + pid_n // chunk_n
-                counts[chunk] = counts.get(chunk, 0) + 1
-        assert sorted(counts) == list(range(chunks)), (config, n, chunk_n)
-        for chunk, count in counts.items():
+                tiles_of.setdefault(chunk, set()).add((pid_m, pid_n))
+        assert sorted(tiles_of) == list(range(chunks)), (config, n, chunk_n)
+        area = 0
+        for chunk, tiles in tiles_of.items():
             group, j = divmod(chunk, per_group)
             group_m = min(local_m - group * c["GROUP_M"], c["GROUP_M"])
-            assert count == group_m * (min(num_n, (j + 1) * chunk_n) - j * chunk_n)
+            assert len(tiles) == group_m * (min(num_n, (j + 1) * chunk_n) - j * chunk_n)
+            r0, r1, c0, c1 = grs.copy_engine_chunk_region(chunk, m, n, chunk_n, config)
+            assert 0 <= r0 < r1 <= m and 0 <= c0 < c1 <= n
+            in_region = {(pm, pn) for pm in range(local_m) for pn in range(num_n)
+                         if r0 <= pm * c["BM"] < r1 and c0 <= pn * c["BN"] < c1}
+            assert in_region == tiles, (config, n, chunk)
+            area += (r1 - r0) * (c1 - c0)
+        assert area == m * n  # disjoint regions (each holds only its own tiles) covering every element
         groups = -(-local_m // c["GROUP_M"])
-        assert chunks >= min(grs.CE_MIN_CHUNKS, groups * num_n)
+        assert min(grs.CE_MIN_CHUNKS, groups * num_n) <= chunks <= local_m * num_n

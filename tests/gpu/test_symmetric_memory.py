@@ -123,3 +123,40 @@ def test_stream_memory_ops_publish_to_the_peer():
         torch.cuda.synchronize()
         tdist.barrier()  # nobody overwrites `data` before its owner read it
     all_ranks_agree(ok, "data published with stream_write_value64 arrived incomplete")
+
+
+def test_stream_copy_2d_sends_a_tile_column_to_the_peer():
+    """One 2-D copy-engine copy of a strided block (rows of a tile column) into the right
+    neighbour's symmetric matrix, published with stream_write_value64: every element of the block
+    arrives, nothing around it is touched; bad views are refused before any copy."""
+    me, world = tdist.rank(), tdist.world_size()
+    right, left = (me + 1) % world, (me - 1) % world
+    pad = tdist.SignalPad(1)
+    rows, cols = 300, 1000
+    dst = tdist.symm_empty((rows, cols), torch.float32)
+    peer_dst, peer_pad = tdist.peer_tensor(dst, right), tdist.peer_tensor(pad.signals, right)
+    ok = True
+    for it in range(50):
+        epoch = pad.next_epoch()
+        dst.fill_(-1.0)  # poison
+        torch.cuda.synchronize()
+        tdist.barrier()
+        src = torch.randn((rows, cols), generator=rank_generator(it, me), device="cuda")
+        r0, r1, c0, c1 = 17 + it, 250, 64 + it, 777  # odd offsets and widths
+        tdist.stream_copy_2d(peer_dst[r0:r1, c0:c1], src[r0:r1, c0:c1])
+        tdist.stream_write_value64(peer_pad, 0, epoch)
+        tdist.stream_wait_value64(pad.signals, 0, epoch)
+        expected = torch.full((rows, cols), -1.0, device="cuda")
+        sent = torch.randn((rows, cols), generator=rank_generator(it, left), device="cuda")
+        expected[r0:r1, c0:c1] = sent[r0:r1, c0:c1]
+        ok = ok and torch.equal(dst, expected)
+        torch.cuda.synchronize()
+        tdist.barrier()
+    all_ranks_agree(ok, "stream_copy_2d: the block arrived wrong or touched its surroundings")
+    a = torch.zeros((8, 8), device="cuda")
+    with pytest.raises(ValueError, match="contiguous rows"):
+        tdist.stream_copy_2d(a.t(), a)
+    with pytest.raises(ValueError, match="overlap"):
+        tdist.stream_copy_2d(a, torch.zeros(8, device="cuda").expand(8, 8))
+    with pytest.raises(ValueError, match="must match"):
+        tdist.stream_copy_2d(a[:4], a)

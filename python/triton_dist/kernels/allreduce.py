@@ -58,7 +58,7 @@ which is why LL is for latency-bound sizes only. Reuse of the LL buffer between 
 Copy-engine two-shot (``"ce_two_shot"``, :meth:`AllReduceContext._run_ce_two_shot`), meant for the
 largest sizes: two-shot with both transfers on copy engines, in chunks, so that the SMs only add
 and the NVLink traffic of one chunk overlaps the reduction of the one before. Measured on 2 x H200
-at baea078 (bench/results/h200-x2/allreduce.json): 233, 613 and 1134 µs at 32, 128 and 256 MiB,
+at baea078 (bench/results/h200-x2/allreduce_baea078.json): 233, 613 and 1134 µs at 32, 128 and 256 MiB,
 against two-shot's 242, 560 and 1194 and NCCL's 170, 490 and 921: not the win its byte count
 promises (each direction carries one push and one pull of a half, 268 MB at 256 MiB, ~730 µs at
 the measured copy-engine bandwidth); why is not yet known (the pulls' read bandwidth is the first
@@ -87,12 +87,15 @@ change): ``scattered[r][c]`` (rank ``r``'s part of my shard, chunk ``c``, is in 
 
 Buffers: the first half of ``stage`` and of ``gather`` (one region: the barrier of step 1
 replaces the parity halves, which the copies' fixed addresses could not follow). Why a later call
-of another method cannot overwrite what a peer still reads: every peer's pushes into my ``stage``
-landed before my reduce finished (it waited for them), and a peer's pulls from my ``gather`` come
-before its next call; the parity methods write a peer's buffers only after a signal of that
-peer's next call (one-shot reads, never writes, a peer's buffer), and this method only after its
-barrier. No deadlock: the reduce waits only for copies, which wait for nothing on the GPU; the
-pulls wait only for reduces.
+of another method cannot touch what this call still uses: when my call ends, every peer has
+finished reading its ``stage`` for it (my pull stream waited for every ``reduced[s][c]``, empty
+chunks' included, and rank ``s`` raises that flag only after all its programs summed chunk ``c``),
+and every push into my ``stage`` has landed (my reduce waited for them). What is left is the
+peers' pulls from my ``gather``; two-shot, the only other method that writes ``gather``, writes
+mine in its phase 2, after a scatter signal of that call from every rank, i.e. after every puller
+has left this call. No deadlock: the reduce waits only for copies, which wait for nothing on the
+GPU; the pulls wait only for reduces; and every copy-stream operation is queued before the kernel
+that waits for its peers' counterparts.
 
 Reuse between calls (one-shot, two-shot): the epoch is the context's device call counter and
 buffers alternate halves by its parity (see :mod:`triton_dist.kernels.context` for why that is
@@ -112,13 +115,13 @@ from .. import language as dl
 from .. import runtime as _runtime
 from ..distributed_jit import jit
 from ..language.signals import _settings
-from ..symmetric import symm_empty
+from ..signals import SignalPad, stream_wait_value64, stream_write_value64
+from ..symmetric import peer_tensor, symm_empty
 # The LL word packing and the timed spin are allgather's "ll" helpers (read-only here).
 from .allgather import _ll_flag, _ll_receive, _ll_words
-from ..signals import SignalPad, stream_wait_value64, stream_write_value64
-from ..symmetric import peer_tensor
 from .context import CollectiveContext
 from .rank_barrier import rank_barrier_kernel
+from .tickets import last_to_finish
 from .tiles import copy_tile, load_tile, store_tile
 
 
@@ -250,9 +253,9 @@ def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, epoch_ptr, sha
 def all_reduce_ce_reduce_kernel(x, out, stage, gather, flags, tickets, n, shard_tiles, chunk_tiles, chunks,
                                 WORLD: tl.constexpr, MAX_CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
     """Step 3 of ``"ce_two_shot"`` (module notes): ``out`` and ``gather`` at this rank's shard
-    (elements ``[me * shard, (me + 1) * shard)`` below ``n``, ``shard = shard_tiles * BLOCK``) = the sum over ranks of their part of
-    it (``x`` for this rank, ``stage`` slot ``r`` for rank ``r``), chunk by chunk as the peers'
-    copies land. ``flags``: the context's ``ce_pad`` (``scattered[r][c]`` at ``r * MAX_CHUNKS +
+    (elements ``[me * shard, (me + 1) * shard)`` below ``n``, ``shard = shard_tiles * BLOCK``) =
+    the sum over ranks of their part of it (``x`` for this rank, ``stage`` slot ``r`` for rank
+    ``r``), chunk by chunk as the peers' copies land. ``flags``: the context's ``ce_pad`` (``scattered[r][c]`` at ``r * MAX_CHUNKS +
     c``, ``reduced[r][c]`` at ``(WORLD + r) * MAX_CHUNKS + c``); ``tickets``: ``MAX_CHUNKS`` int32
     counters, zero between calls."""
     me = dl.rank()
@@ -273,12 +276,8 @@ def all_reduce_ce_reduce_kernel(x, out, stage, gather, flags, tickets, n, shard_
                 _sum_shard_tile(x, out, stage, gather, start, local, own, shard, token, WORLD, False)
             else:
                 _sum_shard_tile(x, out, stage, gather, start, local, own, shard, token, WORLD, True)
-        # The chunk's last program publishes it: the CTA barrier and the acq_rel ticket chain every
-        # program's stores into it, and its system-scope release orders them before the flags.
-        dl.barrier()
-        done = dl.atomic_add(tickets + c, 1, scope="gpu", semantic="acq_rel")
-        if done == grid - 1:
-            dl.atomic_xchg(tickets + c, 0, scope="gpu", semantic="relaxed")
+        # The chunk's last program publishes it for every program (module tickets), to the peers.
+        if last_to_finish(tickets, c, grid):
             for i in tl.static_range(1, WORLD):
                 dl.atomic_xchg(flags + ((me + i) % WORLD) * MAX_CHUNKS + c, 0, scope="gpu", semantic="relaxed")
             for i in tl.static_range(1, WORLD):
@@ -384,14 +383,16 @@ class AllReduceContext(CollectiveContext):
     ``max_bytes`` bytes of ``dtype`` (float32, bfloat16 or float16), reused across calls.
 
     Methods (:attr:`METHODS`; ``"auto"`` is resolved by :func:`triton_dist.ops.all_reduce`):
-    ``"one_shot"``, ``"two_shot"`` and ``"ll"`` (low-latency protocol, flags inside the data, up to
-    :attr:`ll_max_bytes` = ``min(max_bytes, LL_MAX_BYTES)`` per rank). See the module notes.
+    ``"one_shot"``, ``"two_shot"``, ``"ll"`` (low-latency protocol, flags inside the data, up to
+    :attr:`ll_max_bytes` = ``min(max_bytes, LL_MAX_BYTES)`` per rank) and ``"ce_two_shot"``
+    (copy engines, in chunks). See the module notes.
 
     Collective: every rank creates it with the same arguments, in the same order as its other
     symmetric allocations; creating it compiles and loads every kernel. Ranks must have the same
     GPU model (the grid is sized from the SM count). Memory on the symmetric heap: ``4 *
     max_bytes`` (stage and gather, rounded up to whole tiles) plus the LL buffer, ``2 * world * 2 *
-    ll_max_bytes`` (rounded up to whole LL tiles), plus ``3 * world * max_programs`` signals.
+    ll_max_bytes`` (rounded up to whole LL tiles), plus ``3 * world * max_programs`` signals and
+    ``2 * world * CE_MAX_CHUNKS + world`` more (``ce_pad``).
 
     Call with :meth:`run` (or use :func:`triton_dist.ops.all_reduce`). Every call must be made by
     every rank, in the same order, with the same ``numel`` and method. Calls may be captured in a
@@ -484,8 +485,8 @@ class AllReduceContext(CollectiveContext):
         return chunk_tiles, triton.cdiv(shard_tiles, chunk_tiles)
 
     def run(self, x, out, method: str) -> None:
-        """``out = sum over ranks of x`` with ``method`` ``"one_shot"``, ``"two_shot"`` or ``"ll"``
-        (at most :attr:`ll_max_bytes`), on the current stream. ``x`` and ``out``: contiguous CUDA
+        """``out = sum over ranks of x`` with ``method`` ``"one_shot"``, ``"two_shot"``, ``"ll"``
+        (at most :attr:`ll_max_bytes`) or ``"ce_two_shot"``, on the current stream. ``x`` and ``out``: contiguous CUDA
         tensors of this dtype, ``x.numel() <= max_numel`` elements (validated by
         :func:`triton_dist.ops.all_reduce`, not here); ``out`` may be ``x``."""
         n = x.numel()
@@ -532,6 +533,7 @@ class AllReduceContext(CollectiveContext):
         """``"ce_two_shot"`` (module notes: the steps and why they are safe)."""
         import torch
 
+        x, out = x.view(-1), out.view(-1)  # the copies slice elements
         me, world = self.rank, self.world
         stream = torch.cuda.current_stream()
         shard_tiles = triton.cdiv(n, world * self.BLOCK)
@@ -543,7 +545,7 @@ class AllReduceContext(CollectiveContext):
         self._started.record(stream)
         self._push.wait_event(self._started)
         self._pull.wait_event(self._started)
-        mc = self.CE_MAX_CHUNKS
+        max_chunks = self.CE_MAX_CHUNKS
 
         def part(s: int, c: int) -> tuple[int, int]:  # chunk c of shard s, as elements of the tensor
             lo = min(s * shard + c * chunk, n)
@@ -557,7 +559,7 @@ class AllReduceContext(CollectiveContext):
                     if hi > lo:
                         dst = me * shard + lo - s * shard
                         self._peer_stage[s][dst:dst + hi - lo].copy_(x[lo:hi])
-                    stream_write_value64(self._peer_ce_pad[s], me * mc + c, 1, self._push)
+                    stream_write_value64(self._peer_ce_pad[s], me * max_chunks + c, 1, self._push)
         all_reduce_ce_reduce_kernel[self.grid(chunk_tiles)](x, out, self.stage, self.gather, self.ce_pad.signals,
                                                              self.ce_tickets, n, shard_tiles, chunk_tiles, chunks,
                                                              **self._ce_meta())
@@ -565,7 +567,7 @@ class AllReduceContext(CollectiveContext):
             for c in range(chunks):
                 for i in range(1, world):
                     s = (me + i) % world
-                    flag = (world + s) * mc + c
+                    flag = (world + s) * max_chunks + c
                     stream_wait_value64(self.ce_pad.signals, flag, 1, self._pull)
                     stream_write_value64(self.ce_pad.signals, flag, 0, self._pull)
                     lo, hi = part(s, c)

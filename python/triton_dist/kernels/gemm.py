@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from .. import language as dl
+from .tickets import last_to_finish
 
 DTYPES = ("bfloat16", "float16")
 
@@ -157,15 +158,11 @@ def _copy_chunk(pid_m, pid_n, local_m, num_n, chunk_n, GROUP_M: tl.constexpr):
 @triton.jit
 def _count_chunk_tile(chunk_flags, tickets, index, tiles_in_chunk):
     """One more tile of copy-engine chunk ``index`` (< 0: none) is stored here: the program that
-    stores the chunk's last tile resets its ticket and raises ``chunk_flags[index]`` to 1 for the
-    copy stream. The CTA barrier and the acq_rel ticket chain every program's stores of the chunk
-    into that last program, whose system-scope release then orders them before the flag the copy
-    engine's stream waits for."""
+    stores the chunk's last tile (:func:`~triton_dist.kernels.tickets.last_to_finish`) raises
+    ``chunk_flags[index]`` to 1 for the copy stream, with a system-scope release (the copy engine
+    reads the chunk)."""
     if index >= 0:
-        dl.barrier()
-        done = dl.atomic_add(tickets + index, 1, scope="gpu", semantic="acq_rel")
-        if done == tiles_in_chunk - 1:
-            dl.atomic_xchg(tickets + index, 0, scope="gpu", semantic="relaxed")
+        if last_to_finish(tickets, index, tiles_in_chunk):
             dl.atomic_xchg(chunk_flags + index, 1, scope="sys", semantic="release")
 
 
@@ -385,12 +382,12 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             if REDUCE_OWN:
                 if PEER_COPY_ENGINE:
                     chunk, chunk_tiles = _copy_chunk(pid_m, pid_n, local_m, num_n, chunk_n, GROUP_M)
-                    ready = chunk
+                    ready_index = chunk
                 else:
-                    ready = local_tile
+                    ready_index = local_tile
                 if dest == rank:
                     _sum_own_tile(acc, c_desc + half, out, signals, rows, cols, mask, stride, m_per_rank, rank,
-                                  ready, signal_region, epoch, WORLD)
+                                  ready_index, signal_region, epoch, WORLD)
                 elif PEER_COPY_ENGINE:
                     tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
                 elif PEER_TMA:

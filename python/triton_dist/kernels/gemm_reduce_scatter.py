@@ -80,8 +80,10 @@ No write lands in rows still read: ``d`` copies into my incoming rows only after
 send after my GEMM finished reading them. No flag is lost: ``d`` sets my ready flags of the next
 call only after that ack, which follows the zeroing on ``S``; my GEMM raises a chunk flag again
 only in the next call, after ``S`` waited for the ``P`` that reset it. No deadlock: my GEMM waits
-only for peers' ``P``, which waits for the peers' GEMMs' tiles of other ranks (which never wait)
-and for acks sent at the end of the previous call; no ``P`` operation needs an SM.
+only for peers' ``P``, which waits only for its own GEMM's tiles for other ranks (which never
+wait) and for acks sent at the end of the previous call; no ``P`` operation needs an SM, and the
+host queues ``P``'s work before the GEMM, so a serialised GEMM launch (``CUDA_LAUNCH_BLOCKING``)
+still finds every peer's copies queued.
 
 TMA stores and the release: a TMA store (``cp.async.bulk.tensor``) is a write of the async
 proxy that completes asynchronously; Triton 3.6 only waits for it to have *read* its shared
@@ -91,12 +93,15 @@ of 8 and the stride carries that fact), which ``dl.notify`` covers (CTA barrier,
 atomic): the plain memory model. ``"fused_tma"`` stores the peers' tiles by TMA and, before each
 release, runs ``dl.wait_tma_stores`` in every thread (``cp.async.bulk.wait_group 0`` completes
 the stores of whichever thread Triton elected to issue them, then an async-proxy fence), then
-the CTA barrier and the release: the argument that this publishes the tile to the peer is not
-yet checked on a GPU.
+the CTA barrier and the release (its GPU tests pass; measured no faster than ``"fused"``).
 
-SMs, and why this cannot deadlock: only the consumer ever waits, and it waits only for GEMM
-tiles (this rank's and the peers'); no GEMM waits for anything, so every GEMM program finishes
-whatever else runs on its GPU, and the consumer then finishes. Residency decides speed, not
+SMs, and why this cannot deadlock (``"push"``/``"pull"``): only the consumer ever waits, and it
+waits only for GEMM tiles (this rank's and the peers'); no GEMM waits for anything, so every GEMM
+program finishes whatever else runs on its GPU, and the consumer then finishes. The fused
+variants' own tiles do wait, for peers' tiles that come first in every GEMM's order (and, for
+``"fused_ce"``, for the copy streams, which need no SM); this relies on every GEMM program being
+resident (a persistent grid of at most one program per SM, on a GPU running nothing else that
+holds SMs for as long). Residency decides speed, not
 progress: the GEMM's persistent grid leaves :data:`REDUCE_SMS` SMs free for the consumer, or a
 consumer that could not become resident next to a GEMM program (a 128x256 GEMM program holds
 ~208 KiB of shared memory and most registers of its SM) would only start when the GEMM ends,
@@ -127,10 +132,8 @@ import triton.language as tl
 from .. import language as dl
 from .. import runtime as _runtime
 from ..distributed_jit import DistributedKernel, jit
-from ..signals import SignalPad
-from ..signals import stream_copy_2d, stream_wait_value64, stream_write_value64
-from ..symmetric import peer_tensor as tdist_peer_tensor
-from ..symmetric import symm_empty
+from ..signals import SignalPad, stream_copy_2d, stream_wait_value64, stream_write_value64
+from ..symmetric import peer_tensor, symm_empty
 from . import gemm as _gemm
 from .scratch import GlobalScratch
 
@@ -145,9 +148,9 @@ REDUCE_TILE_ELEMS = 4096
 BN``): 16 per thread at 8 warps, two 16-byte vectors."""
 
 CE_CHUNK_BYTES = 8 << 20
-"""``"fused_ce"``: the copy engine's chunk size to aim for. Each chunk costs the copy stream four
-operations besides the copy (flag wait and reset, the copy, the peer's ready flag), a few µs of
-the stream's time: 8 MiB take ~23 µs over NVLink (354 GB/s)."""
+"""``"fused_ce"``: the copy engine's chunk size to aim for. Each chunk costs the copy stream three
+operations besides the copy (flag wait and reset, the peer's ready flag), a few µs of the stream's
+time: 8 MiB take ~23 µs over NVLink (354 GB/s)."""
 
 CE_MIN_CHUNKS = 8
 """``"fused_ce"``: at least this many chunks per destination (smaller chunks where the peers'
@@ -218,6 +221,17 @@ def copy_engine_chunking(m: int, n: int, itemsize: int, config: str) -> tuple[in
     return chunk_n, groups * triton.cdiv(num_n, chunk_n)
 
 
+def copy_engine_chunk_region(chunk: int, m: int, n: int, chunk_n: int, config: str) -> tuple[int, int, int, int]:
+    """Rows ``[r0, r1)`` and columns ``[c0, c1)`` (within a destination's ``m x n`` rows) of
+    ``"fused_ce"`` chunk ``chunk``: the tiles :func:`~triton_dist.kernels.gemm._copy_chunk` numbers
+    so, clipped to ``m`` and ``n``."""
+    c = _gemm.CONFIGS[config]
+    per_group = triton.cdiv(triton.cdiv(n, c["BN"]), chunk_n)
+    r0 = (chunk // per_group) * c["GROUP_M"] * c["BM"]
+    c0 = (chunk % per_group) * chunk_n * c["BN"]
+    return r0, min(r0 + c["GROUP_M"] * c["BM"], m), c0, min(c0 + chunk_n * c["BN"], n)
+
+
 def _config_blocks() -> tuple[int, int]:
     bms = {c["BM"] for c in _gemm.CONFIGS.values()}
     assert len(bms) == 1, "gemm_reduce_scatter assumes one BM across the GEMM configs"
@@ -230,8 +244,8 @@ class GemmReduceScatterContext:
     columns, ``dtype`` bfloat16 or float16; any ``K``.
 
     Collective: every rank creates it with the same arguments, in the same order as its other
-    symmetric allocations; creating it compiles and loads every kernel (both GEMM configs and both
-    variants, since ``K`` is per call) and ends with a barrier. Symmetric memory: ``4 * max_m * n``
+    symmetric allocations; creating it compiles and loads every kernel (every variant's, for both GEMM
+    configs, since ``K`` is per call) and ends with a barrier. Symmetric memory: ``4 * max_m * n``
     elements (``partials`` and ``"fused_ce"``'s ``ce_rows``) plus ``2 * world * cdiv(max_m /
     world, 128) * cdiv(n, 128) + world`` signals. ``reduce_sms``: SMs
     left to the reduce kernel (default :data:`REDUCE_SMS`). Call with :meth:`run` (or
@@ -279,8 +293,8 @@ class GemmReduceScatterContext:
         self.chunk_flags = torch.zeros(self.world * self.tiles_per_rank, dtype=torch.int64, device=self.device)
         self.tickets = torch.zeros(self.world * self.tiles_per_rank, dtype=torch.int32, device=self.device)
         peers = [r for r in range(self.world) if r != self.rank]
-        self._peer_ce_rows = {r: tdist_peer_tensor(self.ce_rows, r) for r in peers}
-        self._peer_ce_pad = {r: tdist_peer_tensor(self.ce_pad.signals, r) for r in peers}
+        self._peer_ce_rows = {r: peer_tensor(self.ce_rows, r) for r in peers}
+        self._peer_ce_pad = {r: peer_tensor(self.ce_pad.signals, r) for r in peers}
         self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
         """The device-side call counter (this call's epoch once bumped)."""
         self._side = torch.cuda.Stream(device=self.device)
@@ -402,23 +416,15 @@ class GemmReduceScatterContext:
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
         self.calls.add_(1)
         self._bumped.record(stream)
-        self._side.wait_event(self._bumped)
-        tiles = world * triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"])
-        gemm_rs_producer_kernel[(max(1, min(tiles, self.num_sms)), )](
-            a_desc, b_desc, self.ce_rows, big_m, n, k, self.ce_pad.signals, self.calls, me, m, half_elems=self.half,
-            signal_region=region, out=target, chunk_n=chunk_n, chunk_flags=self.chunk_flags, tickets=self.tickets,
-            **_gemm.kernel_meta(config, False, signal_rows=True, world=world, reduce_own=True,
-                                peer_copy_engine=True))
-        outgoing = self.ce_rows[self.half:self.half + big_m * n].view(big_m, n)
-        rows_per_group = c["GROUP_M"] * c["BM"]
-        per_group = triton.cdiv(triton.cdiv(n, c["BN"]), chunk_n)
         side = self._side
+        side.wait_event(self._bumped)
+        # The copy stream's work is queued before the GEMM: its operations only wait on the device,
+        # while a serialised GEMM launch (CUDA_LAUNCH_BLOCKING, a sanitizer) returns only when the
+        # GEMM has finished, which needs every peer's copies, queued the same way.
+        outgoing = self.ce_rows[self.half:self.half + big_m * n].view(big_m, n)
         incoming = {d: rows[:big_m * n].view(big_m, n) for d, rows in self._peer_ce_rows.items()}
         for chunk in range(chunks):
-            r0 = (chunk // per_group) * rows_per_group
-            r1 = min(r0 + rows_per_group, m)
-            c0 = (chunk % per_group) * chunk_n * c["BN"]
-            c1 = min(c0 + chunk_n * c["BN"], n)
+            r0, r1, c0, c1 = copy_engine_chunk_region(chunk, m, n, chunk_n, config)
             for i in range(1, world):
                 d = (me + i) % world
                 if chunk == 0:  # d has read what I sent it last time
@@ -429,6 +435,12 @@ class GemmReduceScatterContext:
                 stream_copy_2d(incoming[d][me * m + r0:me * m + r1, c0:c1], outgoing[d * m + r0:d * m + r1, c0:c1],
                                side)
                 stream_write_value64(self._peer_ce_pad[d], me * region + chunk, 1, side)
+        tiles = world * triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"])
+        gemm_rs_producer_kernel[(max(1, min(tiles, self.num_sms)), )](
+            a_desc, b_desc, self.ce_rows, big_m, n, k, self.ce_pad.signals, self.calls, me, m, half_elems=self.half,
+            signal_region=region, out=target, chunk_n=chunk_n, chunk_flags=self.chunk_flags, tickets=self.tickets,
+            **_gemm.kernel_meta(config, False, signal_rows=True, world=world, reduce_own=True,
+                                peer_copy_engine=True))
         # The GEMM consumed every ready flag of this call: zero them before any peer may set the
         # next call's, which it does only after the acks below.
         self.ce_pad.signals.view(torch.int64)[:self._ack].zero_()
