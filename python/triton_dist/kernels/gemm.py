@@ -268,9 +268,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     (:func:`_copy_chunk`); the chunk's last tile sets ``chunk_flags[d * signal_region + chunk]``
     to 1 (``tickets``: int32 counters of the same layout, zero between calls; counted one tile
     late, like the signals above, so the count's release does not hold the program while its
-    stores drain), and a copy stream
-    holds on that flag, copies the chunk into ``d``'s incoming rows with the copy engine and sets
-    ``signals[rank * signal_region + chunk]`` to 1 on ``d``. An own tile waits for
+    stores drain), and a copy stream holds on that flag, copies the chunk into ``d``'s incoming
+    rows with the copy engine and sets ``signals[rank * signal_region + chunk]`` to 1 on ``d``. An own tile waits for
     ``signals[r * signal_region + chunk] >= 1`` from every peer ``r``, then sums as
     ``REDUCE_OWN``. The host resets the flags between calls
     (:mod:`~triton_dist.kernels.gemm_reduce_scatter`). ``chunk_n``: n-tiles per chunk.
