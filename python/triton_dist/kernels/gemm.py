@@ -167,6 +167,21 @@ def _count_chunk_tile(chunk_flags, tickets, index, tiles_in_chunk):
 
 
 @triton.jit
+def _publish_pending(signals, chunk_flags, tickets, pending_tile, pending_dest, pending_count, epoch,
+                     PEER_TMA: tl.constexpr, PEER_COPY_ENGINE: tl.constexpr):
+    """Publish this program's previous GEMM+ReduceScatter tile, held back one tile so that its
+    stores drained meanwhile: the chunk count of ``PEER_COPY_ENGINE`` (``pending_tile`` is then the
+    chunk's flag, ``pending_count`` its tiles), else the tile's signal (after ``PEER_TMA``'s bulk
+    stores have completed)."""
+    if PEER_TMA:
+        dl.wait_tma_stores()
+    if PEER_COPY_ENGINE:
+        _count_chunk_tile(chunk_flags, tickets, pending_tile, pending_count)
+    else:
+        _signal_pending(signals, pending_tile, pending_dest, epoch)
+
+
+@triton.jit
 def _sum_own_tile(acc, partials, out, signals, rows, cols, mask, stride, m_per_rank, rank, tile, signal_region, epoch,
                   WORLD: tl.constexpr):
     """The fused GEMM+ReduceScatter's own tile: wait for each peer's partial of it, add them to
@@ -371,12 +386,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 first = dest * m_per_rank
             ptrs = base + (first + rows).to(tl.int64)[:, None] * stride + cols[None, :]
             # Before any wait below: a program never waits while holding back a signal.
-            if PEER_TMA:
-                dl.wait_tma_stores()
-            if PEER_COPY_ENGINE:
-                _count_chunk_tile(chunk_flags, tickets, pending_tile, pending_count)
-            else:
-                _signal_pending(signals, pending_tile, pending_dest, epoch)
+            _publish_pending(signals, chunk_flags, tickets, pending_tile, pending_dest, pending_count, epoch,
+                             PEER_TMA, PEER_COPY_ENGINE)
             signal = rank * signal_region + local_tile
             if REDUCE_OWN:
                 if PEER_COPY_ENGINE:
@@ -412,12 +423,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
         else:
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
     if SIGNAL_ROWS:
-        if PEER_TMA:
-            dl.wait_tma_stores()
-        if PEER_COPY_ENGINE:
-            _count_chunk_tile(chunk_flags, tickets, pending_tile, pending_count)
-        else:
-            _signal_pending(signals, pending_tile, pending_dest, epoch)
+        _publish_pending(signals, chunk_flags, tickets, pending_tile, pending_dest, pending_count, epoch, PEER_TMA,
+                         PEER_COPY_ENGINE)
 
 
 def check_context_args(op: str, dtype, *, aligned: str, **sizes) -> None:
