@@ -24,7 +24,7 @@ ranks.
 Every contender's result is checked against the fp32 reference of the gathered inputs first
 (max |error| / max |ref| < 1e-2). Timing: :mod:`triton_dist.bench.timing`, CUDA graphs
 (``graph=True``: every contender but the symm_mem op, whose capturability is not ours to promise),
-fixed counts on every rank, synchronise + barrier per sample, median per rank, MAX over ranks.
+fixed counts on every rank, synchronise, host and GPU barriers per sample, median per rank, MAX over ranks.
 Writes bench/results/<gpu>-x<world>/ag_gemm.json.
 """
 
@@ -184,7 +184,8 @@ def main() -> int:
                          ours_tflops=flop / (times["ours"] * 1e6), of_bound=bound / times["ours"],
                          verified=checks["ours"] and checks["gemm"], checks=checks,  # ce_pull: its own check
                          rel_errors={name: (e if e < 1e30 else None) for name, e in errors.items()},
-                         timing={"iters": iters, "cuda_graph": True, "torch_symm_mem_cuda_graph": False},
+                         timing={"iters": iters, "cuda_graph": True, "torch_symm_mem_cuda_graph": False,
+                                 "gpu_barrier": True},
                          bound_method="max(our gemm alone, min(ops.all_gather, NCCL all_gather))",
                          shape_meaning="[M gathered rows, N per rank, K]"))
         bench.sync_and_barrier()

@@ -1,10 +1,11 @@
-"""AllGather (bf16): ours (sm_push, ce_push, ce_chunked, ll; zero-copy into a symmetric out) vs
+"""AllGather (bf16 and fp32): ours (sm_push, ce_push, ce_chunked, ll; zero-copy into a symmetric out) vs
 torch.distributed.all_gather_into_tensor (NCCL).
 
-    torchrun --nproc-per-node=2 bench/allgather.py [--quick]
+    torchrun --nproc-per-node=2 bench/allgather.py [--quick] [--dtypes bfloat16,float32]
 
-Per-rank input sizes 8 KiB .. 256 MiB in x4 steps (8 KiB .. 128 MiB, then 256 MiB; ``--quick``:
-8 KiB, 256 KiB, 16 MiB, 256 MiB). For each:
+Per-rank input sizes 8 KiB .. 128 MiB in x4 steps, 256 MiB and 1 GB
+(:data:`triton_dist.bench.script.COLLECTIVE_SWEEP_BYTES`; ``--quick``: 8 KiB, 256 KiB, 16 MiB,
+256 MiB), swept once per element type (bf16, then fp32). For each:
 
 - ours: :func:`triton_dist.ops.all_gather` with one context of the largest size into an
   ordinary (torch.empty) ``out``, methods ``sm_push``, ``ce_push``, ``ce_chunked`` and (up to
@@ -17,7 +18,7 @@ Per-rank input sizes 8 KiB .. 256 MiB in x4 steps (8 KiB .. 128 MiB, then 256 Mi
 - ``torch_nccl_us``: ``torch.distributed.all_gather_into_tensor`` on the same data.
 
 Every result is checked once against NCCL before timing (exact equality). Timing:
-:mod:`triton_dist.bench.timing` (fixed counts on every rank, synchronise + barrier per sample,
+:mod:`triton_dist.bench.timing` (fixed counts on every rank, synchronise, host and GPU barriers per sample,
 median per rank, MAX over ranks); small sizes time several back-to-back calls per sample queued
 behind a GPU delay, so host launch latency is not what is measured (the same for every contender).
 
@@ -29,8 +30,8 @@ its link, at best at the measured bidirectional copy-engine put bandwidth (bench
 ``link_fraction`` / ``zero_copy_link_fraction`` = busbw / LINK_GBPS: the share of that peer-copy
 bandwidth reached (the large-message target is >= 0.9); ``zero_copy_algbw_gbps`` /
 ``zero_copy_busbw_gbps`` as above for the zero-copy time. The heap must hold the context
-(``3 * world`` times the largest size) plus the symmetric out (``world`` times): the default 4G
-fits two ranks; pass ``--heap-size`` for more.
+(``3 * world`` times the largest size) plus the symmetric out (``world`` times): the default is
+``4 * world + 4`` GiB; pass ``--heap-size`` for another.
 Writes bench/results/<gpu>-x<world>/allgather.json.
 """
 
@@ -64,21 +65,36 @@ all_ok = bench.script.all_ranks_ok
 
 
 def main() -> int:
+    import os
+
     parser = bench.script.argument_parser(__doc__, HERE / "results")
+    bench.script.add_dtypes_option(parser)
+    world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    # The 1 GB context (3 * world times the largest size) and the symmetric out (world times).
+    parser.set_defaults(heap_size=f"{4 * world_env + 4}G")
     args = parser.parse_args()
 
+    world, rank, device, gpu = bench.script.start(args, log)
+    dtypes = bench.script.parse_dtypes(args)
+    sizes = [8 * KIB, 256 * KIB, 16 * MIB, 256 * MIB] if args.quick else list(bench.script.COLLECTIVE_SWEEP_BYTES)
+    seen = bench.all_gather_floats(float(sum(sizes) + len(sizes) + 1000 * len(dtypes)))
+    if len(set(seen)) != 1:
+        raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
+    records = []
+    for dtype in dtypes:
+        records += sweep(dtype, sizes, 20 if args.quick else 50, world, rank, device, gpu)
+    extra = ("bytes", "method", "sm_push_us", "ce_push_us", "ce_chunked_us", "ll_us", "busbw_gbps", "zero_copy_us",
+             "zero_copy_method", "zero_copy_busbw_gbps", "zero_copy_link_fraction", "torch_nccl_busbw_gbps")
+    return bench.script.finish("allgather", records, args, extra)
+
+
+def sweep(dtype, sizes: list[int], iters: int, world: int, rank: int, device, gpu: str) -> list[dict]:
+    """Every per-rank size of ``sizes`` (bytes) in ``dtype``: checked, then timed; one record each."""
     import torch
     import torch.distributed as dist
 
-    world, rank, device, gpu = bench.script.start(args, log)
-    dtype = torch.bfloat16
-    sizes = ([8 * KIB, 256 * KIB, 16 * MIB, 256 * MIB] if args.quick else
-             [8 * KIB * 4**k for k in range(8)] + [256 * MIB])  # 8 KiB .. 128 MiB in x4 steps, then 256 MiB
-    seen = bench.all_gather_floats(float(sum(sizes) + len(sizes)))
-    if len(set(seen)) != 1:
-        raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
-
-    n_max = max(sizes) // 2
+    dtype_name = str(dtype).replace("torch.", "")
+    n_max = max(sizes) // dtype.itemsize
     ctx = AllGatherContext(max(sizes), dtype)  # collective; preloads every kernel
     g = torch.Generator(device=device)
     g.manual_seed(2000 + rank)
@@ -88,10 +104,9 @@ def main() -> int:
     symm_out_all = tdist.symm_empty((world * n_max, ), dtype)  # collective, like the context
     bench.sync_and_barrier()
 
-    iters = 20 if args.quick else 50
     records = []
     for nbytes in sizes:
-        n = nbytes // 2
+        n = nbytes // dtype.itemsize
         x, out, nccl_out = x_all[:n], out_all[:world * n], nccl_out_all[:world * n]
         ref = torch.empty_like(out)
         dist.all_gather_into_tensor(ref, x)
@@ -117,7 +132,7 @@ def main() -> int:
         bench.sync_and_barrier()
 
         group = max(1, min(16, (4 * MIB) // nbytes))
-        delay = 50.0  # absorbs the ranks' skew leaving the barrier; the graph replays the group
+        delay = 50.0  # the GPU waits while the host queues the sample, so launch latency is outside it
         times = {}
         for name, fn in fns.items():
             times[name] = bench.median_us(fn, warmup=5, iters=iters, group=group, gpu_delay_us=delay, graph=True)
@@ -135,11 +150,12 @@ def main() -> int:
                       sm_zero_copy_us=times["sm_zero_copy"], zero_copy_algbw_gbps=world * nbytes / (zc_us * 1e3),
                       zero_copy_busbw_gbps=bus / (zc_us * 1e3), zero_copy_link_fraction=bus / (zc_us * 1e3) / LINK_GBPS)
         per_method = "  ".join(f"{m} {times[m]:9.2f} us" for m in methods + zero_copy)
-        log(f"{nbytes:>10d} B  {per_method}  NCCL {times['torch_nccl']:9.2f} us  bound {bound:8.2f} us  "
+        log(f"{dtype_name:>8} {nbytes:>10d} B  {per_method}  NCCL {times['torch_nccl']:9.2f} us  "
+            f"bound {bound:8.2f} us  "
             f"link {bus / (ours_us * 1e3) / LINK_GBPS:.2f}"
             + (f" (zero-copy {zc['zero_copy_link_fraction']:.2f})" if zc else "") + f"  checks {checks}")
         records.append(
-            bench.record("all_gather", shape=[n], dtype="bfloat16", world_size=world, gpu=gpu, ours_us=ours_us,
+            bench.record("all_gather", shape=[n], dtype=dtype_name, world_size=world, gpu=gpu, ours_us=ours_us,
                          baselines={"torch_nccl_us": times["torch_nccl"]}, bound_us=bound, bytes=nbytes,
                          method=best, sm_push_us=times["sm_push"], ce_push_us=times["ce_push"],
                          ce_chunked_us=times["ce_chunked"], ll_us=times.get("ll"),
@@ -147,13 +163,12 @@ def main() -> int:
                          link_gbps=LINK_GBPS, link_fraction=bus / (ours_us * 1e3) / LINK_GBPS, **zc,
                          torch_nccl_busbw_gbps=bus / (times["torch_nccl"] * 1e3),
                          verified=all(checks.values()), checks=checks,
-                         timing={"iters": iters, "group": group, "gpu_delay_us": delay, "cuda_graph": True},
+                         timing={"iters": iters, "group": group, "gpu_delay_us": delay, "cuda_graph": True,
+                                 "gpu_barrier": True},
                          bound_method=f"max({ROUND_TRIP_US} us, (w-1)*bytes / {LINK_GBPS} GB/s)"))
 
-    extra = ("bytes", "method", "sm_push_us", "ce_push_us", "ce_chunked_us", "ll_us", "busbw_gbps", "zero_copy_us",
-             "zero_copy_method", "zero_copy_busbw_gbps", "zero_copy_link_fraction", "torch_nccl_busbw_gbps")
-    del ctx, symm_out_all, symm_out  # symmetric memory (ours and torch's) goes before the runtime and the process group
-    return bench.script.finish("allgather", records, args, extra)
+    del ctx, symm_out_all, symm_out  # symmetric memory goes before the next sweep's and the runtime
+    return records
 
 
 if __name__ == "__main__":

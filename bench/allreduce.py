@@ -1,8 +1,10 @@
-"""AllReduce (sum, bf16): ours (ll, one-shot, two-shot) vs torch.distributed (NCCL) vs torch symm_mem.
+"""AllReduce (sum; bf16 and fp32): ours (ll, one-shot, two-shot) vs torch.distributed (NCCL) vs torch symm_mem.
 
-    torchrun --nproc-per-node=2 bench/allreduce.py [--quick]
+    torchrun --nproc-per-node=2 bench/allreduce.py [--quick] [--dtypes bfloat16,float32]
 
-Sizes 8 KiB .. 256 MiB in x4 steps (``--quick``: 8 KiB, 64 KiB, 256 KiB, 4 MiB, 64 MiB). For each:
+Sizes (bytes of the message) 8 KiB .. 128 MiB in x4 steps, 256 MiB and 1 GB
+(:data:`triton_dist.bench.script.COLLECTIVE_SWEEP_BYTES`; ``--quick``: 8 KiB, 64 KiB, 256 KiB,
+4 MiB, 64 MiB), swept once per element type (bf16, then fp32). For each:
 
 - ours: :func:`triton_dist.ops.all_reduce` with one context of the largest size, methods
   ``one_shot``, ``two_shot``, for sizes up to ``AllReduceContext.LL_MAX_BYTES`` ``ll``, and from
@@ -13,7 +15,7 @@ Sizes 8 KiB .. 256 MiB in x4 steps (``--quick``: 8 KiB, 64 KiB, 256 KiB, 4 MiB, 
   ``torch.distributed._symmetric_memory`` buffer (omitted if unavailable or failing).
 
 Every result is checked once against NCCL before timing. Timing: :mod:`triton_dist.bench.timing`
-(fixed counts on every rank, synchronise + barrier per sample, median per rank, MAX over ranks);
+(fixed counts on every rank, synchronise, host and GPU barriers per sample, median per rank, MAX over ranks);
 small sizes time several back-to-back calls per sample queued behind a GPU delay, so host launch
 latency is not what is measured (the same for every contender).
 
@@ -59,20 +61,32 @@ def make_symm_mem_baseline(n_max: int, dtype, device):
 
 def main() -> int:
     parser = bench.script.argument_parser(__doc__, HERE / "results")
+    bench.script.add_dtypes_option(parser)
+    parser.set_defaults(heap_size="12G")  # the 1 GB context: staging and gather buffers, two halves each
     args = parser.parse_args()
 
+    world, rank, device, gpu = bench.script.start(args, log)
+    dtypes = bench.script.parse_dtypes(args)
+    sizes = ([8 * KIB, 64 * KIB, 256 * KIB, 4 * MIB, 64 * MIB] if args.quick else
+             list(bench.script.COLLECTIVE_SWEEP_BYTES))
+    seen = bench.all_gather_floats(float(sum(sizes) + len(sizes) + 1000 * len(dtypes)))
+    if len(set(seen)) != 1:
+        raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
+    records = []
+    for dtype in dtypes:
+        records += sweep(dtype, sizes, 20 if args.quick else 50, world, rank, device, gpu)
+    extra = ("bytes", "method", "ll_us", "one_shot_us", "two_shot_us", "ce_two_shot_us", "busbw_gbps",
+             "torch_nccl_busbw_gbps")
+    return bench.script.finish("allreduce", records, args, extra)
+
+
+def sweep(dtype, sizes: list[int], iters: int, world: int, rank: int, device, gpu: str) -> list[dict]:
+    """Every size of ``sizes`` (bytes) in ``dtype``: checked, then timed; one record each."""
     import torch
     import torch.distributed as dist
 
-    world, rank, device, gpu = bench.script.start(args, log)
-    dtype = torch.bfloat16
-    sizes = ([8 * KIB, 64 * KIB, 256 * KIB, 4 * MIB, 64 * MIB] if args.quick else
-             [8 * KIB * 4**k for k in range(8)] + [256 * MIB])  # 8 KiB .. 128 MiB in x4 steps, then 256 MiB
-    seen = bench.all_gather_floats(float(sum(sizes) + len(sizes)))
-    if len(set(seen)) != 1:
-        raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
-
-    n_max = max(sizes) // 2
+    dtype_name = str(dtype).replace("torch.", "")
+    n_max = max(sizes) // dtype.itemsize
     ctx = AllReduceContext(max(sizes), dtype)  # collective; preloads every kernel
     symm = make_symm_mem_baseline(n_max, dtype, device)
     symm_ok = all_ok(symm is not None)
@@ -87,10 +101,9 @@ def main() -> int:
         symm[0].copy_(x_all)
     bench.sync_and_barrier()
 
-    iters = 20 if args.quick else 50
     records = []
     for nbytes in sizes:
-        n = nbytes // 2
+        n = nbytes // dtype.itemsize
         x, out = x_all[:n], out_all[:n]
         ref = x.float()
         dist.all_reduce(ref)
@@ -126,7 +139,7 @@ def main() -> int:
         bench.sync_and_barrier()
 
         group = max(1, min(16, (4 * MIB) // nbytes))
-        delay = 50.0  # absorbs the ranks' skew leaving the barrier; the graph replays the group
+        delay = 50.0  # the GPU waits while the host queues the sample, so launch latency is outside it
         times = {}
         for name, fn in fns.items():
             if name == "torch_symm_mem" and not checks.get(name):
@@ -138,12 +151,12 @@ def main() -> int:
         ours_us = times[best]
         bus = 2 * (world - 1) / world * nbytes
         bound = bus / (LINK_GBPS * 1e3) + ROUND_TRIP_US
-        log(f"{nbytes:>10d} B  ll {times.get('ll', float('nan')):9.2f} us  one-shot {times['one_shot']:9.2f} us  "
-            f"two-shot {times['two_shot']:9.2f} us  ce-two-shot {times.get('ce_two_shot', float('nan')):9.2f} us  "
-            f"NCCL {times['torch_nccl']:9.2f} us  symm_mem {times.get('torch_symm_mem', float('nan')):9.2f} us  "
-            f"checks {checks}")
+        log(f"{dtype_name:>8} {nbytes:>10d} B  ll {times.get('ll', float('nan')):9.2f} us  "
+            f"one-shot {times['one_shot']:9.2f} us  two-shot {times['two_shot']:9.2f} us  "
+            f"ce-two-shot {times.get('ce_two_shot', float('nan')):9.2f} us  NCCL {times['torch_nccl']:9.2f} us  "
+            f"symm_mem {times.get('torch_symm_mem', float('nan')):9.2f} us  checks {checks}")
         records.append(
-            bench.record("all_reduce", shape=[n], dtype="bfloat16", world_size=world, gpu=gpu, ours_us=ours_us,
+            bench.record("all_reduce", shape=[n], dtype=dtype_name, world_size=world, gpu=gpu, ours_us=ours_us,
                          baselines={"torch_nccl_us": times["torch_nccl"],
                                     "torch_symm_mem_us": times.get("torch_symm_mem")},
                          bound_us=bound, bytes=nbytes, busbw_gbps=bus / (ours_us * 1e3),
@@ -151,13 +164,12 @@ def main() -> int:
                          one_shot_us=times["one_shot"], two_shot_us=times["two_shot"], ll_us=times.get("ll"),
                          ce_two_shot_us=times.get("ce_two_shot"),
                          verified=all(checks[name] for name in mine), checks=checks,
-                         timing={"iters": iters, "group": group, "gpu_delay_us": delay, "cuda_graph": True},
+                         timing={"iters": iters, "group": group, "gpu_delay_us": delay, "cuda_graph": True,
+                                 "gpu_barrier": True},
                          bound_method=f"2(w-1)/w*bytes / {LINK_GBPS} GB/s + {ROUND_TRIP_US} us"))
 
-    extra = ("bytes", "method", "ll_us", "one_shot_us", "two_shot_us", "ce_two_shot_us", "busbw_gbps",
-             "torch_nccl_busbw_gbps")
-    del symm, ctx  # symmetric memory (ours and torch's) goes before the runtime and the process group
-    return bench.script.finish("allreduce", records, args, extra)
+    del symm, ctx  # symmetric memory (ours and torch's) goes before the next sweep's, the runtime and the process group
+    return records
 
 
 if __name__ == "__main__":

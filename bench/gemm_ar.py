@@ -148,7 +148,7 @@ def main() -> int:
                          all_reduce_nccl_us=times["ar_nccl"], of_bound=bound / times["ours"],
                          verified=all(checks.values()), checks=checks,
                          rel_errors={name: (e if e < 1e30 else None) for name, e in errors.items()},
-                         timing={"iters": iters, "cuda_graph": True},
+                         timing={"iters": iters, "cuda_graph": True, "gpu_barrier": True},
                          bound_method="max(our gemm alone, min(ops.all_reduce, NCCL all_reduce))",
                          shape_meaning="[M, N, K per rank]"))
         bench.sync_and_barrier()

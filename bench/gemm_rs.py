@@ -169,7 +169,8 @@ def main() -> int:
                          ours_tflops=flop / (times["ours"] * 1e6), of_bound=bound / times["ours"],
                          verified=all(checks[v] for v in ("ours", "gemm", *_VARIANTS)), checks=checks,
                          rel_errors={name: (e if e < 1e30 else None) for name, e in errors.items()},
-                         timing={"iters": iters, "cuda_graph": True, "torch_symm_mem_cuda_graph": False},
+                         timing={"iters": iters, "cuda_graph": True, "torch_symm_mem_cuda_graph": False,
+                                 "gpu_barrier": True},
                          bound_method="max(our gemm alone, min(ops.reduce_scatter, NCCL reduce_scatter_tensor))",
                          shape_meaning="[M rows in total, N, K per rank]"))
         bench.sync_and_barrier()

@@ -1,9 +1,10 @@
-"""ReduceScatter (sum, bf16): ours (push, ring, ll) vs torch.distributed.reduce_scatter_tensor (NCCL).
+"""ReduceScatter (sum; bf16 and fp32): ours (push, ring, ll) vs torch.distributed.reduce_scatter_tensor (NCCL).
 
-    torchrun --nproc-per-node=2 bench/reduce_scatter.py [--quick]
+    torchrun --nproc-per-node=2 bench/reduce_scatter.py [--quick] [--dtypes bfloat16,float32]
 
-Input sizes (the whole input, all ``world`` shards): 8 KiB, 256 KiB, then 1 MiB .. 256 MiB in x4
-steps (``--quick``: 256 KiB, 4 MiB, 64 MiB). For each:
+Input sizes (the whole input, all ``world`` shards) 8 KiB .. 128 MiB in x4 steps, 256 MiB and 1 GB
+(:data:`triton_dist.bench.script.COLLECTIVE_SWEEP_BYTES`; ``--quick``: 256 KiB, 4 MiB, 64 MiB),
+swept once per element type (bf16, then fp32). For each:
 
 - ours: :func:`triton_dist.ops.reduce_scatter` with one context of the largest size, methods
   ``push``, ``ring`` and (inputs up to its limit) ``ll``; ``ours_us`` is the fastest, each is also
@@ -11,7 +12,7 @@ steps (``--quick``: 256 KiB, 4 MiB, 64 MiB). For each:
 - ``torch_nccl_us``: ``torch.distributed.reduce_scatter_tensor`` (NCCL) on the same data.
 
 Every result is checked once against an fp32 NCCL reference before timing. Timing:
-:mod:`triton_dist.bench.timing` (fixed counts on every rank, synchronise + barrier per sample,
+:mod:`triton_dist.bench.timing` (fixed counts on every rank, synchronise, host and GPU barriers per sample,
 median per rank, MAX over ranks); small sizes time several back-to-back calls per sample queued
 behind a GPU delay, so host launch latency is not what is measured (the same for every contender).
 
@@ -49,19 +50,29 @@ all_ok = bench.script.all_ranks_ok
 
 def main() -> int:
     parser = bench.script.argument_parser(__doc__, HERE / "results")
+    bench.script.add_dtypes_option(parser)
+    parser.set_defaults(heap_size="12G")  # the 1 GB context's staging buffers
     args = parser.parse_args()
 
+    world, rank, device, gpu = bench.script.start(args, log)
+    dtypes = bench.script.parse_dtypes(args)
+    sizes = [256 * KIB, 4 * MIB, 64 * MIB] if args.quick else list(bench.script.COLLECTIVE_SWEEP_BYTES)
+    seen = bench.all_gather_floats(float(sum(sizes) + len(sizes) + 1000 * len(dtypes)))
+    if len(set(seen)) != 1:
+        raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
+    records = []
+    for dtype in dtypes:
+        records += sweep(dtype, sizes, 20 if args.quick else 50, world, rank, device, gpu)
+    extra = ("bytes", "method", "push_us", "ring_us", "ll_us", "busbw_gbps", "torch_nccl_busbw_gbps")
+    return bench.script.finish("reduce_scatter", records, args, extra)
+
+
+def sweep(dtype, sizes: list[int], iters: int, world: int, rank: int, device, gpu: str) -> list[dict]:
+    """Every input size of ``sizes`` (bytes) in ``dtype``: checked, then timed; one record each."""
     import torch
     import torch.distributed as dist
 
-    world, rank, device, gpu = bench.script.start(args, log)
-    dtype = torch.bfloat16
-    sizes = ([256 * KIB, 4 * MIB, 64 * MIB] if args.quick else
-             [8 * KIB, 256 * KIB] + [MIB * 4**k for k in range(5)])  # then 1 MiB .. 256 MiB in x4 steps
-    seen = bench.all_gather_floats(float(sum(sizes) + len(sizes)))
-    if len(set(seen)) != 1:
-        raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
-
+    dtype_name = str(dtype).replace("torch.", "")
     n_max = max(sizes) // dtype.itemsize
     n_max -= n_max % world
     ctx = ReduceScatterContext(n_max * dtype.itemsize, dtype)  # collective; preloads every kernel
@@ -72,7 +83,6 @@ def main() -> int:
     nccl_out = torch.empty_like(out_all)
     bench.sync_and_barrier()
 
-    iters = 20 if args.quick else 50
     records = []
     for nbytes in sizes:
         n = nbytes // dtype.itemsize
@@ -101,7 +111,7 @@ def main() -> int:
         bench.sync_and_barrier()
 
         group = max(1, min(16, (4 * MIB) // nbytes))
-        delay = 50.0  # absorbs the ranks' skew leaving the barrier; the graph replays the group
+        delay = 50.0  # the GPU waits while the host queues the sample, so launch latency is outside it
         times = {}
         for name, fn in fns.items():
             times[name] = bench.median_us(fn, warmup=5, iters=iters, group=group, gpu_delay_us=delay, graph=True)
@@ -109,21 +119,21 @@ def main() -> int:
         ours_us = times[best]
         bus = (world - 1) / world * nbytes
         bound = max(ROUND_TRIP_US, bus / (LINK_GBPS * 1e3))
-        log(f"{nbytes:>10d} B  push {times['push']:9.2f} us  ring {times['ring']:9.2f} us  "
+        log(f"{dtype_name:>8} {nbytes:>10d} B  push {times['push']:9.2f} us  ring {times['ring']:9.2f} us  "
             f"ll {times.get('ll', float('nan')):9.2f} us  "
             f"NCCL {times['torch_nccl']:9.2f} us  bound {bound:8.2f} us  checks {checks}")
         records.append(
-            bench.record("reduce_scatter", shape=[n], dtype="bfloat16", world_size=world, gpu=gpu, ours_us=ours_us,
+            bench.record("reduce_scatter", shape=[n], dtype=dtype_name, world_size=world, gpu=gpu, ours_us=ours_us,
                          baselines={"torch_nccl_us": times["torch_nccl"]}, bound_us=bound, bytes=nbytes,
                          busbw_gbps=bus / (ours_us * 1e3), torch_nccl_busbw_gbps=bus / (times["torch_nccl"] * 1e3),
                          method=best, push_us=times["push"], ring_us=times["ring"], ll_us=times.get("ll"),
                          verified=all(checks[name] for name in methods), checks=checks,
-                         timing={"iters": iters, "group": group, "gpu_delay_us": delay, "cuda_graph": True},
+                         timing={"iters": iters, "group": group, "gpu_delay_us": delay, "cuda_graph": True,
+                                 "gpu_barrier": True},
                          bound_method=f"max({ROUND_TRIP_US} us, (w-1)/w*bytes / {LINK_GBPS} GB/s)"))
 
-    extra = ("bytes", "method", "push_us", "ring_us", "ll_us", "busbw_gbps", "torch_nccl_busbw_gbps")
-    del ctx  # symmetric memory (ours and torch's) goes before the runtime and the process group
-    return bench.script.finish("reduce_scatter", records, args, extra)
+    del ctx  # symmetric memory goes before the next sweep's and the runtime
+    return records
 
 
 if __name__ == "__main__":

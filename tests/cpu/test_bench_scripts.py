@@ -33,3 +33,32 @@ def test_overlap_shapes_split_evenly(world):
     for quick in (False, True):
         for _, m, n, k in gemm_ar._shapes(quick):
             assert (k // world) % 8 == 0 and n % 8 == 0 and 1 <= m <= max(gemm_ar.ROWS)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_collective_sweep_fits_the_contexts(world):
+    """Every swept size is a whole number of elements of each dtype, splits into ``world`` equal
+    shards (reduce-scatter) and stays under the contexts' element limit."""
+    from triton_dist.bench.script import COLLECTIVE_SWEEP_BYTES
+    from triton_dist.kernels.context import MAX_NUMEL
+
+    assert min(COLLECTIVE_SWEEP_BYTES) == 8 << 10 and max(COLLECTIVE_SWEEP_BYTES) == 10**9
+    for nbytes in COLLECTIVE_SWEEP_BYTES:
+        for itemsize in (2, 4):
+            assert nbytes % (itemsize * world) == 0 and nbytes // itemsize < MAX_NUMEL
+
+
+def test_dtypes_option():
+    import argparse
+
+    pytest.importorskip("torch")
+    import torch
+
+    from triton_dist.bench import script
+
+    parser = argparse.ArgumentParser()
+    script.add_dtypes_option(parser)
+    assert script.parse_dtypes(parser.parse_args([])) == [torch.bfloat16, torch.float32]
+    assert script.parse_dtypes(parser.parse_args(["--dtypes", "float32"])) == [torch.float32]
+    with pytest.raises(SystemExit, match="int8"):
+        script.parse_dtypes(parser.parse_args(["--dtypes", "bfloat16,int8"]))

@@ -10,15 +10,17 @@ from triton_dist.tools import plot_results
 pytest.importorskip("matplotlib")
 
 
-def _collective(bytes_, ours, nccl, extra):
-    return {"op": "all_reduce", "shape": [bytes_ // 2], "dtype": "bfloat16", "world_size": 2, "gpu": "h200",
+def _collective(bytes_, ours, nccl, extra, dtype="bfloat16"):
+    return {"op": "all_reduce", "shape": [bytes_ // 2], "dtype": dtype, "world_size": 2, "gpu": "h200",
             "ours_us": ours, "baselines": {"torch_nccl_us": nccl}, "bound_us": 3.0, "commit": "abc", "bytes": bytes_,
             **extra}
 
 
 def test_every_known_benchmark_is_plotted(tmp_path):
     sweep = [_collective(8192, 8.0, 10.0, {"ll_us": 8.0, "one_shot_us": 9.0}),
-             _collective(1 << 20, 20.0, 40.0, {"ll_us": None, "one_shot_us": 20.0, "two_shot_us": 25.0})]
+             _collective(1 << 20, 20.0, 40.0, {"ll_us": None, "one_shot_us": 20.0, "two_shot_us": 25.0}),
+             _collective(8192, 9.0, 11.0, {"one_shot_us": 9.0}, dtype="float32"),
+             _collective(1 << 20, 30.0, 45.0, {"one_shot_us": 30.0}, dtype="float32")]
     (tmp_path / "allreduce.json").write_text(json.dumps(sweep))
     overlap = [{"op": "gemm_rs", "shape": [8192, 8192, 4096], "model": "m", "dtype": "bfloat16", "world_size": 2,
                 "gpu": "h200", "ours_us": 100.0, "baselines": {"torch_nccl_us": 120.0, "torch_symm_mem_us": None},

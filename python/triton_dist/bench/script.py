@@ -70,6 +70,31 @@ def guard(args: argparse.Namespace) -> None:
 
 KIB, MIB = 1 << 10, 1 << 20
 
+COLLECTIVE_SWEEP_BYTES = tuple(8 * KIB * 4**k for k in range(8)) + (256 * MIB, 10**9)
+"""The collectives' message sizes: 8 KiB .. 128 MiB in x4 steps, 256 MiB and 1 GB. The top is 10^9
+bytes, not 2^30: 2^30 bytes of bf16 are 2^29 elements, one past the contexts' element limit
+(:data:`triton_dist.kernels.context.MAX_NUMEL`)."""
+
+COLLECTIVE_DTYPES = ("bfloat16", "float32")
+"""The collectives' element types, each swept on its own (``--dtypes`` picks some)."""
+
+
+def add_dtypes_option(parser: argparse.ArgumentParser) -> None:
+    """``--dtypes bfloat16,float32``: the element types a collective benchmark sweeps."""
+    parser.add_argument("--dtypes", default=",".join(COLLECTIVE_DTYPES),
+                        help=f"comma-separated element types (default {','.join(COLLECTIVE_DTYPES)})")
+
+
+def parse_dtypes(args: argparse.Namespace) -> list:
+    """The torch dtypes of ``--dtypes``; a clear error for a name torch lacks or we do not sweep."""
+    import torch
+
+    names = [name.strip() for name in args.dtypes.split(",") if name.strip()]
+    unknown = [name for name in names if name not in COLLECTIVE_DTYPES + ("float16", )]
+    if not names or unknown:
+        raise SystemExit(f"--dtypes: {unknown or names} not among bfloat16, float32, float16")
+    return [getattr(torch, name) for name in names]
+
 # Floors measured by bench/language_floors.py on 2 x H200 (bench/results/h200-x2/language_floors.json):
 LINK_GBPS = 384.0
 """Peer put bandwidth with both GPUs pushing (copy engine, 1 GiB), GB/s."""

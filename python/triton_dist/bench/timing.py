@@ -4,10 +4,14 @@ Method:
 
 - ``warmup`` calls first (compilation, module loading, NCCL communicator set-up), bracketed by a
   synchronise + barrier so that no rank is still compiling while another one times.
-- Then ``iters`` samples. Before each sample every rank synchronises its GPU and passes a host
-  barrier (triton_dist's when it is initialised, else torch.distributed's), so ranks start each
-  sample together; CUDA events are recorded on the current stream around ``group`` back-to-back
-  calls and the sample is ``elapsed / group``.
+- Then ``iters`` samples. Before each sample every rank synchronises its GPU, passes a host
+  barrier (triton_dist's when it is initialised, else torch.distributed's) and then, on its
+  stream, a GPU barrier across the ranks (:func:`gpu_barrier`); CUDA events are recorded on the
+  current stream around ``group`` back-to-back calls and the sample is ``elapsed / group``.
+  Why the GPU barrier: the host barrier releases the ranks several µs apart (tens when a host is
+  busy), and a collective on the early rank then spends that skew waiting for the late one inside
+  its timed region. That skew, not the op, made single samples of tens-of-µs collectives move by up
+  to 2.5x between runs. After a GPU barrier the ranks start within about one link latency.
 - Counts are fixed, never adapted to the measured time: every rank must make the same number of
   calls, or a distributed kernel on one rank waits for a peer that has stopped calling (deadlock).
 - Each rank takes the median of its samples; the reported value is the MAX over ranks (an op is
@@ -61,6 +65,23 @@ def sync_and_barrier() -> None:
         torch.cuda.synchronize()
 
 
+def gpu_barrier() -> None:
+    """Stream-ordered barrier across the ranks on the current stream: the next work on it starts
+    after every rank's GPU reached its barrier (triton_dist's ``device_barrier`` when initialised,
+    else a one-element NCCL all-reduce; nothing on one rank). Collective."""
+    from ..runtime import device_barrier, is_initialized, world_size
+
+    if is_initialized():
+        if world_size() > 1:
+            device_barrier()
+        return
+    dist = _distributed()
+    if dist is not None and dist.get_world_size() > 1:
+        import torch
+
+        dist.all_reduce(torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device())))
+
+
 def _gpu_delay(us: float) -> None:
     import torch
 
@@ -102,6 +123,8 @@ def sample_us(fn: Callable[[], object], *, warmup: int = 5, iters: int = 50, gro
             sync_and_barrier()
         if gpu_delay_us > 0:
             _gpu_delay(gpu_delay_us)
+        if barrier:
+            gpu_barrier()  # after the delay: the ranks leave the delay as far apart as the host barrier left them
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         if graph:

@@ -5,7 +5,8 @@
 Writes, next to the JSON (or into ``--out``), one PNG per benchmark found:
 
 - collectives (``allreduce``, ``allgather``, ``reduce_scatter``): latency and bus bandwidth
-  against message size, ours (each method) against NCCL and torch symmetric memory;
+  against message size, ours (each method) against NCCL and torch symmetric memory, one row of
+  plots per element type;
 - overlapped GEMMs (``ag_gemm``, ``gemm_rs``, ``gemm_ar``): per shape, the speedup over torch + NCCL of ours and
   of torch's fused symm_mem op, and ours as a fraction of the bound (max(GEMM alone, transfer
   alone)).
@@ -46,6 +47,7 @@ def _series(records: list[dict]) -> dict[str, list[float | None]]:
 
 
 def plot_collective(name: str, records: list[dict], out: Path) -> Path:
+    """One row per element type: latency (left) and bus bandwidth (right) against size."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,23 +55,27 @@ def plot_collective(name: str, records: list[dict], out: Path) -> Path:
 
     factor, what = COLLECTIVES[name]
     world = records[0]["world_size"]
-    sizes = [r["bytes"] for r in records]
-    fig, (lat, bw) = plt.subplots(1, 2, figsize=(13, 5))
-    for label, times in _series(records).items():
-        points = [(s, t) for s, t in zip(sizes, times) if t]
-        if not points:
-            continue
-        style = dict(linestyle="--", color="grey") if label == "bound" else dict(marker="o", markersize=3)
-        xs, ts = zip(*points)
-        lat.plot(xs, ts, label=label, **style)
-        bw.plot(xs, [factor(world) * s / (t * 1e3) for s, t in points], label=label, **style)
-    for ax, ylabel in ((lat, "latency (us)"), (bw, "bus bandwidth (GB/s)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(f"{what} ({records[0]['dtype']})")
-        ax.set_ylabel(ylabel)
-        ax.grid(True, which="both", alpha=0.3)
-    lat.set_yscale("log")
-    lat.legend(fontsize=8)
+    by_dtype: dict[str, list[dict]] = {}
+    for r in records:
+        by_dtype.setdefault(r["dtype"], []).append(r)
+    fig, axes = plt.subplots(len(by_dtype), 2, figsize=(13, 5 * len(by_dtype)), squeeze=False)
+    for (dtype, rows), (lat, bw) in zip(by_dtype.items(), axes):
+        sizes = [r["bytes"] for r in rows]
+        for label, times in _series(rows).items():
+            points = [(s, t) for s, t in zip(sizes, times) if t]
+            if not points:
+                continue
+            style = dict(linestyle="--", color="grey") if label == "bound" else dict(marker="o", markersize=3)
+            xs, ts = zip(*points)
+            lat.plot(xs, ts, label=label, **style)
+            bw.plot(xs, [factor(world) * s / (t * 1e3) for s, t in points], label=label, **style)
+        for ax, ylabel in ((lat, "latency (us)"), (bw, "bus bandwidth (GB/s)")):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel(f"{what} ({dtype})")
+            ax.set_ylabel(ylabel)
+            ax.grid(True, which="both", alpha=0.3)
+        lat.set_yscale("log")
+        lat.legend(fontsize=8)
     fig.suptitle(f"{name} on {world} x {records[0]['gpu']} (commit {records[0].get('commit')}, CUDA-graph timing, "
                  f"median, max over ranks)")
     fig.tight_layout()
