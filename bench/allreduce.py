@@ -105,7 +105,7 @@ def sweep(dtype, sizes: list[int], iters: int, world: int, rank: int, device, gp
     for nbytes in sizes:
         n = nbytes // dtype.itemsize
         x, out = x_all[:n], out_all[:n]
-        ref = x.float()
+        ref = x.to(torch.float32, copy=True)  # x.float() of an fp32 x is x itself, and NCCL sums in place
         dist.all_reduce(ref)
         ref = ref.to(dtype)
 
