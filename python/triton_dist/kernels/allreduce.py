@@ -18,9 +18,11 @@ Two-shot (:func:`all_reduce_two_shot_kernel`), bandwidth-bound sizes. The tensor
 ``WORLD`` shards of ``shard_tiles`` tiles; rank ``s`` reduces shard ``s``:
 
 1. scatter: program ``p`` pushes its tiles of shard ``s`` into rank ``s``'s staging slot for this
-   rank (stores through ``dl.symm_at``) and notifies signal ``(me, p)`` of region 1 on rank ``s``;
+   rank (stores through ``dl.symm_at``) and notifies signal ``(me, p)`` of region 1 on rank ``s``,
+   for every peer ``s`` (its own shard stays in ``x``);
 2. reduce: it waits for region-1 signal ``(r, p)`` from every peer, sums its tiles of its own shard
-   over the ``WORLD`` slots (fp32, rank order), writes the result into its own output and into
+   over the ranks (fp32, rank order; its own part read from ``x``, the peers' from the ``WORLD - 1``
+   staging slots), writes the result into its own output and into
    every peer's gather buffer, and notifies region-2 signal ``(me, p)`` on every peer;
 3. gather: it waits for region-2 signal ``(r, p)`` from every peer and copies shard ``r``'s tiles
    from the gather buffer into the output.
@@ -173,15 +175,19 @@ def all_reduce_one_shot_kernel(x, out, stage, signals, n, epoch_ptr, WORLD: tl.c
 
 
 @triton.jit
-def _reduce_two_shot_tile(out, stage, gather, half, shard, local, idx, n, token, WORLD: tl.constexpr,
+def _reduce_two_shot_tile(x, out, stage, gather, half, shard, local, idx, n, token, WORLD: tl.constexpr,
                           MASKED: tl.constexpr):
-    """``local``: the tile's offsets inside a shard; ``idx``: inside the tensor (``n`` elements)."""
+    """``local``: the tile's offsets inside a shard; ``idx``: inside the tensor (``n`` elements).
+    This rank's own part comes straight from ``x``, the peers' from their staging slots."""
     me = dl.rank()
     acc = tl.zeros(idx.shape, tl.float32)
     slot = half + local
     for r in tl.static_range(WORLD):
-        src = dl.consume_token(stage + slot + r * shard, token)
-        acc += load_tile(src, idx, n, MASKED).to(tl.float32)
+        if r == me:
+            acc += load_tile(x + idx, idx, n, MASKED).to(tl.float32)
+        else:
+            src = dl.consume_token(stage + slot + r * shard, token)
+            acc += load_tile(src, idx, n, MASKED).to(tl.float32)
     result = acc.to(out.dtype.element_ty)
     store_tile(out + idx, result, idx, n, MASKED)
     for r in tl.static_range(1, WORLD):
@@ -206,9 +212,10 @@ def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, epoch_ptr, sha
     sig_scatter = signals + WORLD * MAX_PROGRAMS
     sig_gather = signals + 2 * WORLD * MAX_PROGRAMS
 
-    # 1. Scatter: shard s of this rank's input goes to rank s's staging slot `me` (own shard first,
-    # locally), each destination signalled as soon as its tiles are stored.
-    for r in tl.static_range(WORLD):
+    # 1. Scatter: shard s of this rank's input goes to rank s's staging slot `me`, each destination
+    # signalled as soon as its tiles are stored. The own shard stays in x: staging it would cost
+    # a local copy of 1/WORLD of the tensor before the first NVLink store.
+    for r in tl.static_range(1, WORLD):
         s = (me + r) % WORLD
         dst = tl.multiple_of(dl.symm_at(stage, s), 16) + half + me * shard
         for t in range(pid, shard_tiles, grid):
@@ -218,9 +225,8 @@ def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, epoch_ptr, sha
                 copy_tile(dst + local, x + idx, idx, n, False)
             else:
                 copy_tile(dst + local, x + idx, idx, n, True)
-        if r != 0:
-            dl.notify(sig_scatter + me * MAX_PROGRAMS + pid, s, epoch, "set", "intra_node")
-    tl.debug_barrier()
+        dl.notify(sig_scatter + me * MAX_PROGRAMS + pid, s, epoch, "set", "intra_node")
+    tl.debug_barrier()  # in place (out is x): every thread's reads of x precede any write of out
 
     # 2. Reduce this rank's shard over the WORLD slots, send the result to every rank.
     token = dl.wait(sig_scatter + ((me + 1) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
@@ -230,9 +236,9 @@ def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, epoch_ptr, sha
         local = t.to(tl.int64) * BLOCK + lanes
         idx = me * shard + local
         if me * shard + (t.to(tl.int64) + 1) * BLOCK <= n:
-            _reduce_two_shot_tile(out, stage, gather, half, shard, local, idx, n, token, WORLD, False)
+            _reduce_two_shot_tile(x, out, stage, gather, half, shard, local, idx, n, token, WORLD, False)
         else:
-            _reduce_two_shot_tile(out, stage, gather, half, shard, local, idx, n, token, WORLD, True)
+            _reduce_two_shot_tile(x, out, stage, gather, half, shard, local, idx, n, token, WORLD, True)
     for r in tl.static_range(1, WORLD):
         dl.notify(sig_gather + me * MAX_PROGRAMS + pid, (me + r) % WORLD, epoch, "set", "intra_node")
 
