@@ -24,18 +24,24 @@ from __future__ import annotations
 from .runtime import _require_initialized
 
 AUTO_ONE_SHOT_MAX_BYTES = 32 << 20
-"""``all_reduce(method="auto")`` uses one-shot up to this many bytes, two-shot above
-(bench/results/h200-x2/allreduce.json, CUDA-graph timing: one-shot ahead up to 32 MiB except a tie
-at 512 KiB, two-shot from 128 MiB; ``ce_two_shot``, measured later, won at 32 and 256 MiB and lost
-at 128 MiB, by 4-9 % either way, so ``auto`` does not pick it). Measured on two GPUs, where both
-move the same bytes; one-shot moves ``w / 2`` times the bytes of two-shot on ``w`` GPUs, so the
-threshold is scaled by ``2 / w`` (not yet measured beyond two GPUs)."""
+"""``all_reduce(method="auto")`` uses one-shot up to this many bytes, two-shot above. Measured on
+2 x H200 (bench/results/h200-x2/allreduce.json at 9740a80, CUDA-graph timing): one-shot ahead up to
+512 KiB; from 2 to 32 MiB the two trade places between dtypes and runs (bf16: two-shot ahead at 2
+and 8 MiB; fp32: one-shot ahead at both; a tie at 32 MiB in both), two-shot ahead from 128 MiB.
+On two GPUs both move the same bytes; one-shot moves ``w / 2`` times the bytes of two-shot on
+``w`` GPUs, so the threshold is scaled by ``2 / w`` (not yet measured beyond two GPUs)."""
+
+AUTO_CE_TWO_SHOT_MIN_BYTES = 512 << 20
+"""``all_reduce(method="auto")`` uses ``"ce_two_shot"`` (copy engines) from this many bytes. In the
+run above it lost to two-shot at 256 MiB (1133 against 958 us, bf16) and won or tied at 1 GB
+(bf16 2983 against 3411 us, fp32 3138 against 3139); 512 MiB, the threshold, was not measured.
+Its transfers also leave the SMs to concurrent kernels (only the additions run on them)."""
 
 AUTO_LL_MAX_BYTES = 32 << 10
 """``all_reduce(method="auto")`` uses ``"ll"`` up to this many bytes (capped by
-``AllReduceContext.LL_MAX_BYTES``): bench/results/h200-x2/allreduce.json (CUDA-graph timing, bf16)
-has ll ahead of one-shot at 8 KiB (8.1 against 9.2 us) and 32 KiB (6.3 against 7.5 us); sizes
-between 32 and 64 KiB were not measured."""
+``AllReduceContext.LL_MAX_BYTES``): in bench/results/h200-x2/allreduce.json (9740a80, CUDA-graph
+timing) ll is ahead of one-shot at 8 KiB (bf16 6.9 against 7.1 us, fp32 6.7 against 8.7) and
+32 KiB (5.6 against 8.1, 5.2 against 8.0); sizes between 32 and 64 KiB were not measured."""
 
 MIN_CONTEXT_BYTES = 1 << 20
 """Contexts created on first use hold at least this many bytes (then powers of two)."""
@@ -142,7 +148,8 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     all-gather; moves ``2 (w-1)/w`` of the bytes per rank), ``"ce_two_shot"`` (two-shot with both
     transfers on copy engines, in chunks that overlap the SMs' sums; for large tensors) or
     ``"auto"`` (``"ll"`` up to :data:`AUTO_LL_MAX_BYTES`, one-shot up to
-    :data:`AUTO_ONE_SHOT_MAX_BYTES`, two-shot above).
+    :data:`AUTO_ONE_SHOT_MAX_BYTES`, two-shot above, ``"ce_two_shot"`` from
+    :data:`AUTO_CE_TWO_SHOT_MIN_BYTES`).
     Every rank gets bit-identical results (``"ll"`` and ``"one_shot"`` the same bits).
     ``context``: an :class:`~triton_dist.kernels.AllReduceContext` of ``x``'s dtype to use instead
     of a cached one.
@@ -159,14 +166,19 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     if method == "auto":
         from .runtime import world_size
 
-        nbytes = x.numel() * x.element_size()
-        one_shot_max = AUTO_ONE_SHOT_MAX_BYTES * 2 // max(2, world_size())
-        if nbytes <= min(AUTO_LL_MAX_BYTES, context.ll_max_bytes):
-            method = "ll"
-        else:
-            method = "one_shot" if nbytes <= one_shot_max else "two_shot"
+        method = auto_all_reduce_method(x.numel() * x.element_size(), world_size(), context.ll_max_bytes)
     context.run(x.view(-1), out.view(-1), method)
     return out
+
+
+def auto_all_reduce_method(nbytes: int, world: int, ll_max_bytes: int) -> str:
+    """The method ``all_reduce(method="auto")`` runs for ``nbytes`` per rank on ``world`` ranks with
+    a context whose ``"ll"`` takes up to ``ll_max_bytes`` (the thresholds above)."""
+    if nbytes <= min(AUTO_LL_MAX_BYTES, ll_max_bytes):
+        return "ll"
+    if nbytes <= AUTO_ONE_SHOT_MAX_BYTES * 2 // max(2, world):
+        return "one_shot"
+    return "two_shot" if nbytes < AUTO_CE_TWO_SHOT_MIN_BYTES else "ce_two_shot"
 
 
 def all_gather(x, *, out=None, method: str = "auto", context=None):

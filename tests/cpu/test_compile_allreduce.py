@@ -140,6 +140,20 @@ def test_methods_and_ll_limit():
     assert ctx.LL_MAX_BYTES < ops.AUTO_ONE_SHOT_MAX_BYTES
 
 
+def test_auto_method_by_size_and_world():
+    from triton_dist import ops
+
+    ll = allreduce.AllReduceContext.LL_MAX_BYTES
+    pick = ops.auto_all_reduce_method
+    assert pick(8 << 10, 2, ll) == "ll" and pick(32 << 10, 2, ll) == "ll"
+    assert pick(8 << 10, 2, 0) == "one_shot"  # a context too small for ll
+    assert pick(64 << 10, 2, ll) == "one_shot" and pick(32 << 20, 2, ll) == "one_shot"
+    assert pick((32 << 20) + 2, 2, ll) == "two_shot" and pick(16 << 20, 8, ll) == "two_shot"  # 2 / w scaling
+    assert pick(8 << 20, 8, ll) == "one_shot"
+    assert pick((512 << 20) - 2, 2, ll) == "two_shot" and pick(512 << 20, 2, ll) == "ce_two_shot"
+    assert pick(10**9, 8, ll) == "ce_two_shot"
+
+
 def test_all_reduce_needs_init():
     from triton_dist import ops
 
