@@ -7,9 +7,10 @@ Sizes (bytes of the message) 8 KiB .. 128 MiB in x4 steps, 256 MiB and 1 GB
 4 MiB, 64 MiB), swept once per element type (bf16, then fp32). For each:
 
 - ours: :func:`triton_dist.ops.all_reduce` with one context of the largest size, methods
-  ``one_shot``, ``two_shot``, for sizes up to ``AllReduceContext.LL_MAX_BYTES`` ``ll``, and from
+  ``one_shot``, ``two_shot``, ``ring``, for sizes up to ``AllReduceContext.LL_MAX_BYTES``
+  ``ll``, and from
   2 MiB ``ce_two_shot``; ``ours_us`` is the fastest, each is also recorded (``one_shot_us``,
-  ``two_shot_us``, ``ll_us``, ``ce_two_shot_us``: null where not run; ``method``);
+  ``two_shot_us``, ``ring_us``, ``ll_us``, ``ce_two_shot_us``: null where not run; ``method``);
 - ``torch_nccl_us``: ``torch.distributed.all_reduce`` (NCCL) on the same data;
 - ``torch_symm_mem_us``: ``torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group_name)`` on a
   ``torch.distributed._symmetric_memory`` buffer (omitted if unavailable or failing).
@@ -75,7 +76,7 @@ def main() -> int:
     records = []
     for dtype in dtypes:
         records += sweep(dtype, sizes, 20 if args.quick else 50, world, rank, device, gpu)
-    extra = ("bytes", "method", "ll_us", "one_shot_us", "two_shot_us", "ce_two_shot_us", "busbw_gbps",
+    extra = ("bytes", "method", "ll_us", "one_shot_us", "two_shot_us", "ce_two_shot_us", "ring_us", "busbw_gbps",
              "torch_nccl_busbw_gbps")
     return bench.script.finish("allreduce", records, args, extra)
 
@@ -112,7 +113,7 @@ def sweep(dtype, sizes: list[int], iters: int, world: int, rank: int, device, gp
         def ours(method, x=x, out=out):
             return lambda: ops.all_reduce(x, out=out, method=method, context=ctx)
 
-        mine = (("one_shot", "two_shot") + (("ll", ) if nbytes <= ctx.ll_max_bytes else ()) +
+        mine = (("one_shot", "two_shot", "ring") + (("ll", ) if nbytes <= ctx.ll_max_bytes else ()) +
                 (("ce_two_shot", ) if nbytes >= CE_MIN_BYTES else ()))
         fns = {name: ours(name) for name in mine}
         fns["torch_nccl"] = lambda t=nccl_all[:n]: dist.all_reduce(t)
@@ -153,7 +154,8 @@ def sweep(dtype, sizes: list[int], iters: int, world: int, rank: int, device, gp
         bound = bus / (LINK_GBPS * 1e3) + ROUND_TRIP_US
         log(f"{dtype_name:>8} {nbytes:>10d} B  ll {times.get('ll', float('nan')):9.2f} us  "
             f"one-shot {times['one_shot']:9.2f} us  two-shot {times['two_shot']:9.2f} us  "
-            f"ce-two-shot {times.get('ce_two_shot', float('nan')):9.2f} us  NCCL {times['torch_nccl']:9.2f} us  "
+            f"ce-two-shot {times.get('ce_two_shot', float('nan')):9.2f} us  ring {times['ring']:9.2f} us  "
+            f"NCCL {times['torch_nccl']:9.2f} us  "
             f"symm_mem {times.get('torch_symm_mem', float('nan')):9.2f} us  checks {checks}")
         records.append(
             bench.record("all_reduce", shape=[n], dtype=dtype_name, world_size=world, gpu=gpu, ours_us=ours_us,
@@ -162,6 +164,7 @@ def sweep(dtype, sizes: list[int], iters: int, world: int, rank: int, device, gp
                          bound_us=bound, bytes=nbytes, busbw_gbps=bus / (ours_us * 1e3),
                          torch_nccl_busbw_gbps=bus / (times["torch_nccl"] * 1e3), method=best,
                          one_shot_us=times["one_shot"], two_shot_us=times["two_shot"], ll_us=times.get("ll"),
+                         ring_us=times["ring"],
                          ce_two_shot_us=times.get("ce_two_shot"),
                          verified=all(checks[name] for name in mine), checks=checks,
                          timing={"iters": iters, "group": group, "gpu_delay_us": delay, "cuda_graph": True,

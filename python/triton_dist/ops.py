@@ -146,8 +146,10 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     rank; at most :attr:`AllReduceContext.LL_MAX_BYTES <triton_dist.kernels.AllReduceContext>`),
     ``"one_shot"`` (every rank reads every rank's data), ``"two_shot"`` (reduce-scatter then
     all-gather; moves ``2 (w-1)/w`` of the bytes per rank), ``"ce_two_shot"`` (two-shot with both
-    transfers on copy engines, in chunks that overlap the SMs' sums; for large tensors) or
-    ``"auto"`` (``"ll"`` up to :data:`AUTO_LL_MAX_BYTES`, one-shot up to
+    transfers on copy engines, in chunks that overlap the SMs' sums; for large tensors),
+    ``"ring"`` (reduce-scatter then all-gather around the ring ``r -> r + 1``, fp32 partials; for
+    machines whose GPUs are not all linked to each other; its first call allocates an fp32 inbox,
+    so make it outside CUDA graph capture) or ``"auto"`` (``"ll"`` up to :data:`AUTO_LL_MAX_BYTES`, one-shot up to
     :data:`AUTO_ONE_SHOT_MAX_BYTES`, two-shot above, ``"ce_two_shot"`` from
     :data:`AUTO_CE_TWO_SHOT_MIN_BYTES`).
     Every rank gets bit-identical results (``"ll"`` and ``"one_shot"`` the same bits).

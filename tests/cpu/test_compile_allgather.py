@@ -176,9 +176,36 @@ def test_ext_pad_layout_is_disjoint():
         assert end == allgather._ext_signals(world, mp)
 
 
+def _ring(dt, world=2, aligned=True):
+    from triton_dist.kernels import ring
+
+    return compile_for_hopper(ring.all_gather_ring_kernel,
+                              {"x": f"*{dt}", "out": f"*{dt}", "gathered": f"*{dt}", "signals": "*u64", "n": "i32",
+                               "epoch_ptr": "*i64"},
+                              dict(WORLD=world, SLOT=4 * 2048, MAX_PROGRAMS=128, BLOCK=2048, ALIGNED=aligned),
+                              num_warps=8).asm["ptx"]
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+def test_ring_compiles_with_one_wait_and_notify_per_step(dt, world):
+    ptx = _ring(dt, world)
+    _common(ptx)
+    assert ptx.count(_SPIN) == 2 * (world - 1), ptx.count(_SPIN)
+    assert len(re.findall(_RELEASE, ptx)) == world - 1
+    assert re.search(r"ld\.global(\.[a-z0-9]+)*\.v4\.b32", ptx)
+    assert re.search(r"st\.global(\.[a-z0-9]+)*\.v4\.b32", ptx)
+
+
+def test_ring_signals_follow_the_ce_acks_inside_the_pad():
+    for world, mp in ((2, 132), (4, 1), (8, 128)):
+        assert allgather._ring_base(world, mp) == allgather._ce_ack_base(world, mp) + world
+        assert allgather._ring_base(world, mp) + (world - 1) * mp <= allgather._signals_per_program(world) * mp
+
+
 def test_methods_and_auto_placeholders():
     assert allgather.AllGatherContext.METHODS == ("auto", "sm_push", "ce_push", "ll", "ce_chunked", "ce_zero_copy",
-                                                  "sm_zero_copy")
+                                                  "sm_zero_copy", "ring")
     assert set(allgather.AllGatherContext.ZERO_COPY_METHODS) < set(allgather.AllGatherContext.METHODS)
     assert allgather.AUTO_LL_MAX_BYTES <= allgather.LL_MAX_BYTES < allgather.AUTO_SM_MAX_BYTES
     assert allgather.CE_CHUNK_BYTES % (2048 * 4) == 0 and allgather.CE_MAX_CHUNKS >= 2

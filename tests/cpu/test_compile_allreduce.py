@@ -65,6 +65,26 @@ def test_two_shot_compiles(dt):
     _check(_two_shot(dt), waits=2, notifies=2)
 
 
+def _ring(dt, world=2):
+    return compile_for_hopper(allreduce.all_reduce_ring_kernel,
+                              {"x": f"*{dt}", "out": f"*{dt}", "inbox": "*fp32", "gather": f"*{dt}",
+                               "signals": "*u64", "n": "i32", "epoch_ptr": "*i64", "shard_tiles": "i32"},
+                              dict(_META, WORLD=world), num_warps=8).asm["ptx"]
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+def test_ring_compiles_with_a_wait_and_notify_per_step(dt, world):
+    """world - 1 reduce-scatter steps, then world - 1 all-gather steps, one signal each."""
+    _check(_ring(dt, world), waits=2 * (world - 1), notifies=2 * (world - 1))
+
+
+def test_ring_partials_travel_in_fp32():
+    ptx = _ring("bf16")
+    assert re.search(r"add(\.rn)?\.f32", ptx)
+    assert re.search(r"st\.global(\.[a-z0-9]+)*\.v4\.(b32|f32)", ptx)
+
+
 def test_world_of_four_waits_and_notifies_per_peer():
     _check(_one_shot("bf16", world=4), waits=3, notifies=3)
     _check(_two_shot("bf16", world=4), waits=6, notifies=6)
@@ -133,7 +153,7 @@ def test_ll_accumulates_in_fp32_like_one_shot(dt):
 
 def test_methods_and_ll_limit():
     ctx = allreduce.AllReduceContext
-    assert ctx.METHODS == ("auto", "one_shot", "two_shot", "ll", "ce_two_shot")
+    assert ctx.METHODS == ("auto", "one_shot", "two_shot", "ll", "ce_two_shot", "ring")
     assert ctx.LL_MAX_BYTES == 64 * 1024
     from triton_dist import ops
 

@@ -1,4 +1,4 @@
-"""triton_dist.ops.all_reduce (one-shot, two-shot, ll, ce_two_shot) against torch.distributed.all_reduce."""
+"""triton_dist.ops.all_reduce (one-shot, two-shot, ll, ce_two_shot, ring) against torch.distributed.all_reduce."""
 
 import random
 
@@ -13,7 +13,7 @@ from triton_dist.kernels import AllReduceContext
 
 # 4099 * 1031 elements: several ce_two_shot chunks per shard (CE_MIN_CHUNK_BYTES), a short last one.
 _SIZES = [1, 7, 4099 * 3, 1000003, 4099 * 1031]
-_METHODS = ["one_shot", "two_shot", "ll", "ce_two_shot"]
+_METHODS = ["one_shot", "two_shot", "ll", "ce_two_shot", "ring"]
 _LL_MAX = AllReduceContext.LL_MAX_BYTES
 
 

@@ -1,7 +1,7 @@
 """AllGather over the ranks of one node: every rank's ``x`` (``n`` elements, the same ``n`` on
 every rank), concatenated in rank order into ``out`` (``world * n`` elements).
 
-Three ways to move the data, one context (:class:`AllGatherContext`):
+Several ways to move the data, one context (:class:`AllGatherContext`):
 
 ``"sm_push"`` (:func:`all_gather_push_kernel`): the tensor is cut into ``BLOCK``-element tiles;
 program ``p`` of a grid of ``G`` programs owns tiles ``p, p + G, ...`` (the same on every rank,
@@ -115,6 +115,11 @@ every rank's ``out``). They share the counter ``zc_calls`` (``k``) and use ``pad
    that uses a zero-copy method. ``"auto"`` decides on ``out`` being symmetric on the calling
    rank: if some ranks pass a symmetric ``out`` and others not, the ranks pick different
    protocols and wait for each other forever (or until the configured wait timeout traps).
+
+``"ring"`` (:func:`~triton_dist.kernels.ring.all_gather_ring_kernel`, for machines without a full
+mesh): ``WORLD - 1`` steps in which each rank forwards to rank ``me + 1`` the chunk it received
+at the step before, through ``gathered`` (halves and tiles as ``sm_push``, its own signal region);
+the schedule and why the halves stay safe are in :mod:`triton_dist.kernels.ring`.
 """
 
 from __future__ import annotations
@@ -130,6 +135,7 @@ from ..language.signals import _settings, _timed_out
 from ..signals import SignalPad
 from ..symmetric import peer_tensor, symm_empty
 from .context import CollectiveContext
+from .ring import all_gather_ring_kernel
 from .tiles import load_tile, store_tile
 
 LL_MAX_BYTES = 64 * 1024
@@ -178,7 +184,8 @@ there (sm_zero_copy 814 against ce_push 996 us at 256 MiB per rank): ``auto`` wo
 the calling rank's ``out`` alone, and ranks passing different kinds of ``out`` would pick
 different protocols and wait for each other. Ask for ``method="sm_zero_copy"`` explicitly."""
 
-# Pad layout: [0, W*MP) sm_push ready signals (r, p); then W ce_push ready signals; then W acks.
+# Pad layout: [0, W*MP) sm_push ready signals (r, p); then W ce_push ready signals; then W acks;
+# then (W-1)*MP ring signals (k, p) (:mod:`triton_dist.kernels.ring`).
 # Second pad (``pad_ext``, the methods added after the first GPU run):
 #   [0, W)                ce_zero_copy "ready to receive into out"  (index r: from rank r)
 #   [W, 2W)               ce_zero_copy "my data is in your out"
@@ -217,6 +224,15 @@ def _ce_ready_base(world, max_programs):
 
 def _ce_ack_base(world, max_programs):
     return world * max_programs + world
+
+
+def _ring_base(world, max_programs):
+    return world * max_programs + 2 * world
+
+
+def _signals_per_program(world):
+    """The pad's size per program slot: the layout above fits for any ``max_programs >= 1``."""
+    return 4 * world
 
 
 # --------------------------------------------------------------------------------------------
@@ -542,7 +558,10 @@ class AllGatherContext(CollectiveContext):
     messages), ``"ll"`` (low-latency protocol, flags inside the data, up to :data:`LL_MAX_BYTES`
     per rank), ``"ce_chunked"`` (``ce_push`` in chunks, the copy-out overlapped with the
     transfer), ``"ce_zero_copy"`` / ``"sm_zero_copy"`` (``out`` must be symmetric, the same
-    layout on every rank: peers write into it directly, no staging) and ``"auto"`` (``ll`` up to
+    layout on every rank: peers write into it directly, no staging), ``"ring"`` (around the ring
+    ``r -> r + 1`` through ``gathered``, :mod:`triton_dist.kernels.ring`: for machines without a
+    full mesh; never chosen by ``"auto"``, since every machine measured so far is one) and
+    ``"auto"`` (``ll`` up to
     :data:`AUTO_LL_MAX_BYTES`, ``sm_push`` up to :data:`AUTO_SM_MAX_BYTES`; above,
     ``ce_zero_copy`` when ``out`` is symmetric, else ``ce_chunked`` (:data:`AUTO_CE_CHUNKED`)).
     See the module notes for each protocol. ``ce_chunk_bytes``: ``ce_chunked``'s smallest chunk
@@ -552,7 +571,7 @@ class AllGatherContext(CollectiveContext):
     symmetric allocations; creating it compiles and loads every kernel. Memory on the symmetric
     heap: ``gathered`` ``2 * world * max_bytes`` (sm_push), ``ce`` ``world * max_bytes``
     (ce_push), ``ll`` ``2 * world * 2 * min(max_bytes, LL_MAX_BYTES)`` (all rounded up to whole
-    tiles), plus ``3 * world * max_programs`` signals and ``pad_ext``'s ``2 * world * (1 +
+    tiles), plus ``4 * world * max_programs`` signals and ``pad_ext``'s ``2 * world * (1 +
     max_programs) + world * CE_MAX_CHUNKS``.
 
     Call with :meth:`run` (or :func:`triton_dist.ops.all_gather`). Every call must be made by every
@@ -560,7 +579,7 @@ class AllGatherContext(CollectiveContext):
     graph and replayed.
     """
 
-    METHODS = ("auto", "sm_push", "ce_push", "ll", "ce_chunked", "ce_zero_copy", "sm_zero_copy")
+    METHODS = ("auto", "sm_push", "ce_push", "ll", "ce_chunked", "ce_zero_copy", "sm_zero_copy", "ring")
     ZERO_COPY_METHODS = ("ce_zero_copy", "sm_zero_copy")
     """The methods that need a symmetric ``out`` (see :meth:`run`)."""
 
@@ -577,7 +596,8 @@ class AllGatherContext(CollectiveContext):
         max_numel = max(1, max_bytes // itemsize)
         world = _runtime.world_size() if _runtime.is_initialized() else 1
         slot = triton.cdiv(max_numel, self.BLOCK) * self.BLOCK
-        super().__init__("AllGatherContext", dtype, max_numel, {"gathered": world * slot}, 3 * world, max_programs)
+        super().__init__("AllGatherContext", dtype, max_numel, {"gathered": world * slot},
+                         _signals_per_program(world), max_programs)
         self.slot_numel = slot
         """Elements per rank slot of ``gathered`` (and of ``ce``)."""
         self.ce = symm_empty((world * slot, ), dtype)
@@ -632,6 +652,9 @@ class AllGatherContext(CollectiveContext):
         return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
                     num_warps=self.NUM_WARPS)
 
+    def _ring_signals(self):
+        return self.pad.signals[_ring_base(self.world, self.max_programs):]
+
     def _ce_meta(self, phase: int) -> dict:
         return dict(PHASE=phase, WORLD=self.world, READY=_ce_ready_base(self.world, self.max_programs),
                     ACK=_ce_ack_base(self.world, self.max_programs), num_warps=1)
@@ -661,6 +684,8 @@ class AllGatherContext(CollectiveContext):
         n = max(2, self.max_numel)  # the int type (i32) real calls have
         for aligned in (False, True):
             all_gather_push_kernel.preload(self.gathered, self.gathered, self.gathered, self.pad.signals, n,
+                                           self.calls, grid=(1, ), **self._push_meta(aligned))
+            all_gather_ring_kernel.preload(self.gathered, self.gathered, self.gathered, self._ring_signals(), n,
                                            self.calls, grid=(1, ), **self._push_meta(aligned))
         all_gather_ll_kernel.preload(self.gathered, self.gathered, self.ll, n, n, self.calls, grid=(1, ),
                                      **self._ll_meta())
@@ -746,6 +771,10 @@ class AllGatherContext(CollectiveContext):
         if method == "sm_push":
             grid = self.grid(triton.cdiv(n, self.BLOCK))
             all_gather_push_kernel[grid](x, target, self.gathered, self.pad.signals, n, epoch_ptr,
+                                         **self._push_meta(n % ALIGN_ELEMENTS == 0))
+        elif method == "ring":
+            grid = self.grid(triton.cdiv(n, self.BLOCK))
+            all_gather_ring_kernel[grid](x, target, self.gathered, self._ring_signals(), n, epoch_ptr,
                                          **self._push_meta(n % ALIGN_ELEMENTS == 0))
         else:
             words = triton.cdiv(nbytes, 4)

@@ -1,4 +1,5 @@
-"""AllReduce (sum) over the ranks of one node: one-shot and two-shot, from tiles and signals.
+"""AllReduce (sum) over the ranks of one node: one-shot, two-shot, LL, copy-engine two-shot and
+ring, from tiles and signals.
 
 Both kernels split the tensor into ``BLOCK``-element tiles and give program ``p`` of a grid of
 ``G`` programs the tiles ``p, p + G, p + 2G, ...``. Every rank launches the same grid for the same
@@ -99,7 +100,27 @@ has left this call. No deadlock: the reduce waits only for copies, which wait fo
 GPU; the pulls wait only for reduces; and every copy-stream operation is queued before the kernel
 that waits for its peers' counterparts.
 
-Reuse between calls (one-shot, two-shot): the epoch is the context's device call counter and
+Ring (:func:`all_reduce_ring_kernel`), for machines whose GPUs are not all linked to each other:
+data moves only from rank ``r`` to rank ``r + 1``. Shards as two-shot's; two halves in one kernel:
+
+1. reduce-scatter, ``WORLD - 1`` steps: at step ``k`` program ``p`` sends its tiles of the
+   partial of shard ``(me - k - 1) mod WORLD`` (x's part, plus, after step 0, the partial of the
+   same shard that arrived at step ``k - 1``) in fp32 into slot ``k`` of rank ``me + 1``'s
+   ``ring_inbox``, notifies ring signal ``(k, p)`` there and waits for its own. After the last
+   step slot ``WORLD - 2`` holds shard ``me`` summed over every other rank; adding x's part gives
+   the result, rounded once into ``out``;
+2. all-gather of the reduced shards around the same ring through ``gather``
+   (:func:`~triton_dist.kernels.ring.ring_all_gather_steps`).
+
+Each shard is summed by one rank and copied to the others, so every rank gets the same bits; the
+order of the additions is the ring's, so not the bits of one-shot. ``ring_inbox`` (this method's
+alone) has one region, not two halves: a rank writes rank ``me + 1``'s inbox in a ring call only
+after finishing every earlier call, and finishing a call of any method needs data or a signal
+that rank ``me + 1`` sends in that call (the ring: its reduced shard, at the last all-gather
+step), i.e. after rank ``me + 1`` finished its earlier calls, and with them its last read of the
+inbox. ``gather`` alternates halves like two-shot's (the argument below).
+
+Reuse between calls (one-shot, two-shot, ring's ``gather``): the epoch is the context's device call counter and
 buffers alternate halves by its parity (see :mod:`triton_dist.kernels.context` for why that is
 safe and graph-capturable). Every method bumps the same counter, so the argument above holds
 across methods.
@@ -123,6 +144,7 @@ from ..symmetric import peer_tensor, symm_empty
 from .allgather import _ll_flag, _ll_receive, _ll_words
 from .context import CollectiveContext
 from .rank_barrier import rank_barrier_kernel
+from .ring import ring_all_gather_steps
 from .tickets import last_to_finish
 from .tiles import copy_tile, load_tile, store_tile
 
@@ -253,6 +275,70 @@ def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, epoch_ptr, sha
                 copy_tile(out + idx, src + idx, idx, n, False)
             else:
                 copy_tile(out + idx, src + idx, idx, n, True)
+
+
+@triton.jit
+def _ring_partial_tile(x, inbox, theirs, c, k, shard, local, valid, token, FIRST: tl.constexpr,
+                       MASKED: tl.constexpr):
+    """Ring step ``k``: the next rank's inbox slot ``k`` gets x's part of chunk ``c``, plus (after
+    step 0) the partial of chunk ``c`` that arrived in slot ``k - 1``; fp32."""
+    acc = load_tile(x + c * shard + local, local, valid, MASKED).to(tl.float32)
+    if not FIRST:
+        acc += load_tile(dl.consume_token(inbox + (k - 1) * shard + local, token), local, valid, MASKED)
+    store_tile(theirs + k * shard + local, acc, local, valid, MASKED)
+
+
+@triton.jit
+def _ring_final_tile(x, out, inbox, me, k, shard, local, valid, token, MASKED: tl.constexpr):
+    """This rank's chunk: the partial summed over every other rank (slot ``k``) plus x's part."""
+    acc = load_tile(dl.consume_token(inbox + k * shard + local, token), local, valid, MASKED)
+    acc += load_tile(x + me * shard + local, local, valid, MASKED).to(tl.float32)
+    store_tile(out + me * shard + local, acc.to(out.dtype.element_ty), local, valid, MASKED)
+
+
+@jit(do_not_specialize=["n", "shard_tiles"])
+def all_reduce_ring_kernel(x, out, inbox, gather, signals, n, epoch_ptr, shard_tiles, WORLD: tl.constexpr,
+                           HALF: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
+    """``out = sum over ranks of x`` around the ring ``r -> r + 1``: a ring reduce-scatter (fp32
+    partials in ``inbox``, symmetric, ``(WORLD - 1)`` slots of ``shard``, one region), then the
+    ring all-gather of :mod:`triton_dist.kernels.ring` through ``gather`` (half ``epoch % 2``).
+    Shards as two-shot's. ``signals``: the ring regions of the context's pad, ``2 * (WORLD - 1) *
+    MAX_PROGRAMS`` signals (reduce-scatter steps, then all-gather steps)."""
+    epoch = tl.load(epoch_ptr)
+    me = dl.rank()
+    nxt = (me + 1) % WORLD
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    lanes = tl.arange(0, BLOCK)
+    shard = shard_tiles.to(tl.int64) * BLOCK
+    theirs = tl.multiple_of(dl.symm_at(inbox, nxt), 16)  # symm_at loses the alignment fact
+
+    # 1. Reduce-scatter: at step k, send the partial of chunk (me - k - 1) mod WORLD.
+    token = tl.zeros((), tl.int32)
+    for k in tl.static_range(WORLD - 1):
+        c = ((me + 2 * WORLD - k - 1) % WORLD).to(tl.int64)
+        valid = tl.minimum(shard, n - c * shard)  # <= 0: an empty chunk past the end of x
+        for t in range(pid, shard_tiles, grid):
+            local = t.to(tl.int64) * BLOCK + lanes
+            if (t.to(tl.int64) + 1) * BLOCK <= valid:
+                _ring_partial_tile(x, inbox, theirs, c, k, shard, local, valid, token, k == 0, False)
+            else:
+                _ring_partial_tile(x, inbox, theirs, c, k, shard, local, valid, token, k == 0, True)
+        dl.notify(signals + k * MAX_PROGRAMS + pid, nxt, epoch, "set", "intra_node")
+        token = dl.wait(signals + k * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+    valid = tl.minimum(shard, n - me.to(tl.int64) * shard)
+    for t in range(pid, shard_tiles, grid):
+        local = t.to(tl.int64) * BLOCK + lanes
+        if (t.to(tl.int64) + 1) * BLOCK <= valid:
+            _ring_final_tile(x, out, inbox, me.to(tl.int64), WORLD - 2, shard, local, valid, token, False)
+        else:
+            _ring_final_tile(x, out, inbox, me.to(tl.int64), WORLD - 2, shard, local, valid, token, True)
+    tl.debug_barrier()  # the reduced chunk, stored by every thread, is read back by others below
+
+    # 2. All-gather the reduced chunks around the same ring.
+    half = (epoch % 2).to(tl.int64) * HALF
+    ring_all_gather_steps(out + me.to(tl.int64) * shard, out, gather, signals + (WORLD - 1) * MAX_PROGRAMS, epoch,
+                          half, shard, shard, n.to(tl.int64), shard_tiles, WORLD, MAX_PROGRAMS, BLOCK, False)
 
 
 @jit(do_not_specialize=["n", "shard_tiles", "chunk_tiles", "chunks"])
@@ -390,22 +476,24 @@ class AllReduceContext(CollectiveContext):
 
     Methods (:attr:`METHODS`; ``"auto"`` is resolved by :func:`triton_dist.ops.all_reduce`):
     ``"one_shot"``, ``"two_shot"``, ``"ll"`` (low-latency protocol, flags inside the data, up to
-    :attr:`ll_max_bytes` = ``min(max_bytes, LL_MAX_BYTES)`` per rank) and ``"ce_two_shot"``
-    (copy engines, in chunks). See the module notes.
+    :attr:`ll_max_bytes` = ``min(max_bytes, LL_MAX_BYTES)`` per rank), ``"ce_two_shot"``
+    (copy engines, in chunks) and ``"ring"`` (for machines without a full mesh; never chosen by
+    ``"auto"``). See the module notes.
 
     Collective: every rank creates it with the same arguments, in the same order as its other
     symmetric allocations; creating it compiles and loads every kernel. Ranks must have the same
     GPU model (the grid is sized from the SM count). Memory on the symmetric heap: ``4 *
     max_bytes`` (stage and gather, rounded up to whole tiles) plus the LL buffer, ``2 * world * 2 *
-    ll_max_bytes`` (rounded up to whole LL tiles), plus ``3 * world * max_programs`` signals and
-    ``2 * world * CE_MAX_CHUNKS + world`` more (``ce_pad``).
+    ll_max_bytes`` (rounded up to whole LL tiles), plus ``(5 * world - 2) * max_programs`` signals
+    and ``2 * world * CE_MAX_CHUNKS + world`` more (``ce_pad``); the first ``"ring"`` call adds the
+    ring's fp32 inbox, ``4 (world - 1) / world * max_numel`` bytes (rounded up to whole tiles).
 
     Call with :meth:`run` (or use :func:`triton_dist.ops.all_reduce`). Every call must be made by
     every rank, in the same order, with the same ``numel`` and method. Calls may be captured in a
     CUDA graph and replayed.
     """
 
-    METHODS = ("auto", "one_shot", "two_shot", "ll", "ce_two_shot")
+    METHODS = ("auto", "one_shot", "two_shot", "ll", "ce_two_shot", "ring")
 
     CE_MAX_CHUNKS = 16
     """``"ce_two_shot"``: the most chunks a shard is cut into (signals per peer)."""
@@ -430,8 +518,9 @@ class AllReduceContext(CollectiveContext):
         max_numel = max(1, max_bytes // itemsize)
         world = _runtime.world_size() if _runtime.is_initialized() else 1
         half = world * triton.cdiv(max_numel, world * self.BLOCK) * self.BLOCK
-        super().__init__("AllReduceContext", dtype, max_numel, {"stage": half, "gather": half}, 3 * world,
-                         max_programs)
+        # Signals per program slot: one-shot's region, two-shot's two, the ring's 2 (world - 1) steps.
+        super().__init__("AllReduceContext", dtype, max_numel, {"stage": half, "gather": half},
+                         3 * world + 2 * (world - 1), max_programs)
         self.half = self.halves["stage"]
         self.ll_max_bytes = min(self.max_bytes, self.LL_MAX_BYTES)
         """The largest input (bytes per rank) this context's ``"ll"`` method takes."""
@@ -453,6 +542,9 @@ class AllReduceContext(CollectiveContext):
         self._push = torch.cuda.Stream(device=self.calls.device)
         self._pull = torch.cuda.Stream(device=self.calls.device)
         self._started = torch.cuda.Event()
+        self.ring_inbox = None
+        """``"ring"``'s fp32 partials (symmetric, one region of ``world - 1`` shards), allocated by
+        the first ``"ring"`` call: the other methods need no fp32 buffer."""
         self.ready()
 
     def _meta(self) -> dict:
@@ -474,6 +566,27 @@ class AllReduceContext(CollectiveContext):
         rank_barrier_kernel.preload(self.ce_pad.signals, self.calls, grid=(1, ), **self._barrier_meta())
         all_reduce_ce_reduce_kernel.preload(self.stage, self.gather, self.stage, self.gather, self.ce_pad.signals,
                                             self.ce_tickets, n, n, n, n, grid=(1, ), **self._ce_meta())
+        import torch
+
+        fp32 = torch.empty(4, dtype=torch.float32, device=self.calls.device)  # the ring inbox's type
+        all_reduce_ring_kernel.preload(self.stage, self.gather, fp32, self.gather, self._ring_signals(), n,
+                                       self.calls, 3, grid=(1, ), **self._meta())
+
+    def _ring_signals(self):
+        """The ring's ``2 (world - 1) * max_programs`` signals, after two-shot's regions."""
+        return self.pad.signals[3 * self.world * self.max_programs:]
+
+    def _ring_inbox(self):
+        """:attr:`ring_inbox`, allocated on first use (collective, like every call)."""
+        if self.ring_inbox is None:
+            import torch
+
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("triton_dist all_reduce: the first method='ring' call of a context allocates its "
+                                   "symmetric inbox, which cannot happen during CUDA graph capture; make one "
+                                   "uncaptured 'ring' call first")
+            self.ring_inbox = symm_empty(((self.world - 1) * (self.half // self.world), ), torch.float32)
+        return self.ring_inbox
 
     def _barrier_meta(self) -> dict:
         return dict(PHASE=0, PHASES=1, WORLD=self.world, num_warps=1)
@@ -492,9 +605,10 @@ class AllReduceContext(CollectiveContext):
 
     def run(self, x, out, method: str) -> None:
         """``out = sum over ranks of x`` with ``method`` ``"one_shot"``, ``"two_shot"``, ``"ll"``
-        (at most :attr:`ll_max_bytes`) or ``"ce_two_shot"``, on the current stream. ``x`` and ``out``: contiguous CUDA
-        tensors of this dtype, ``x.numel() <= max_numel`` elements (validated by
-        :func:`triton_dist.ops.all_reduce`, not here); ``out`` may be ``x``."""
+        (at most :attr:`ll_max_bytes`), ``"ce_two_shot"`` or ``"ring"``, on the current stream.
+        ``x`` and ``out``: contiguous CUDA tensors of this dtype, ``x.numel() <= max_numel``
+        elements (validated by :func:`triton_dist.ops.all_reduce`, not here); ``out`` may be
+        ``x``."""
         n = x.numel()
         if method not in self.METHODS[1:]:
             raise ValueError(f"triton_dist AllReduceContext.run: method must be one of {self.METHODS[1:]}, got "
@@ -519,6 +633,7 @@ class AllReduceContext(CollectiveContext):
             if target is not out:
                 out.copy_(target)
             return
+        inbox = self._ring_inbox() if method == "ring" else None
         epoch_ptr = self.next_call()
         meta = self._meta()
         if method == "one_shot":
@@ -528,6 +643,10 @@ class AllReduceContext(CollectiveContext):
             shard_tiles = triton.cdiv(n, self.world * self.BLOCK)
             all_reduce_two_shot_kernel[self.grid(shard_tiles)](x, target, self.stage, self.gather, self.pad.signals,
                                                                n, epoch_ptr, shard_tiles, **meta)
+        elif method == "ring":
+            shard_tiles = triton.cdiv(n, self.world * self.BLOCK)
+            all_reduce_ring_kernel[self.grid(shard_tiles)](x, target, inbox, self.gather, self._ring_signals(), n,
+                                                           epoch_ptr, shard_tiles, **meta)
         else:
             words = triton.cdiv(nbytes, 4)
             grid = self.grid(triton.cdiv(words, self.LL_BLOCK))
