@@ -1,5 +1,5 @@
-"""AllGather (bf16 and fp32): ours (sm_push, ce_push, ce_chunked, ring, ll; zero-copy into a symmetric out) vs
-torch.distributed.all_gather_into_tensor (NCCL).
+"""AllGather (bf16 and fp32): ours (sm_push, ce_push, ce_chunked, ce_pull, ring, ll; zero-copy into a
+symmetric out) vs torch.distributed.all_gather_into_tensor (NCCL).
 
     torchrun --nproc-per-node=2 bench/allgather.py [--quick] [--dtypes bfloat16,float32]
 
@@ -8,9 +8,10 @@ Per-rank input sizes 8 KiB .. 128 MiB in x4 steps, 256 MiB and 1 GB
 256 MiB), swept once per element type (bf16, then fp32). For each:
 
 - ours: :func:`triton_dist.ops.all_gather` with one context of the largest size into an
-  ordinary (torch.empty) ``out``, methods ``sm_push``, ``ce_push``, ``ce_chunked``, ``ring`` and
-  (up to ``LL_MAX_BYTES`` per rank) ``ll``; ``ours_us`` is the fastest, each is also recorded
-  (``sm_push_us``, ``ce_push_us``, ``ce_chunked_us``, ``ring_us``, ``ll_us``, ``method``);
+  ordinary (torch.empty) ``out``, methods ``sm_push``, ``ce_push``, ``ce_chunked``, ``ce_pull``,
+  ``ring`` and (up to ``LL_MAX_BYTES`` per rank) ``ll``; ``ours_us`` is the fastest, each is also
+  recorded (``sm_push_us``, ``ce_push_us``, ``ce_chunked_us``, ``ce_pull_us``, ``ring_us``,
+  ``ll_us``, ``method``);
 - zero-copy (from :data:`ZERO_COPY_MIN_BYTES` per rank): the same call into a symmetric ``out``
   (``tdist.symm_empty``), methods ``ce_zero_copy`` and ``sm_zero_copy`` (``ce_zero_copy_us``,
   ``sm_zero_copy_us``; ``zero_copy_us`` the faster, ``zero_copy_method``). Not in ``ours_us``:
@@ -83,9 +84,9 @@ def main() -> int:
     records = []
     for dtype in dtypes:
         records += sweep(dtype, sizes, 20 if args.quick else 50, world, rank, device, gpu)
-    extra = ("bytes", "method", "sm_push_us", "ce_push_us", "ce_chunked_us", "ring_us", "ll_us", "busbw_gbps",
-             "zero_copy_us",
-             "zero_copy_method", "zero_copy_busbw_gbps", "zero_copy_link_fraction", "torch_nccl_busbw_gbps")
+    extra = ("bytes", "method", "sm_push_us", "ce_push_us", "ce_chunked_us", "ce_pull_us", "ring_us", "ll_us",
+             "busbw_gbps", "zero_copy_us", "zero_copy_method", "zero_copy_busbw_gbps", "zero_copy_link_fraction",
+             "torch_nccl_busbw_gbps")
     return bench.script.finish("allgather", records, args, extra)
 
 
@@ -117,7 +118,7 @@ def sweep(dtype, sizes: list[int], iters: int, world: int, rank: int, device, gp
         def ours(method, x=x, out=out):
             return lambda: ops.all_gather(x, out=out, method=method, context=ctx)
 
-        methods = ["sm_push", "ce_push", "ce_chunked", "ring"] + (["ll"] if nbytes <= LL_MAX_BYTES else [])
+        methods = ["sm_push", "ce_push", "ce_chunked", "ce_pull", "ring"] + (["ll"] if nbytes <= LL_MAX_BYTES else [])
         zero_copy = ["ce_zero_copy", "sm_zero_copy"] if nbytes >= ZERO_COPY_MIN_BYTES else []
         fns = {m: ours(m) for m in methods}
         fns.update({m: ours(m, out=symm_out) for m in zero_copy})
@@ -159,6 +160,7 @@ def sweep(dtype, sizes: list[int], iters: int, world: int, rank: int, device, gp
             bench.record("all_gather", shape=[n], dtype=dtype_name, world_size=world, gpu=gpu, ours_us=ours_us,
                          baselines={"torch_nccl_us": times["torch_nccl"]}, bound_us=bound, bytes=nbytes,
                          method=best, sm_push_us=times["sm_push"], ce_push_us=times["ce_push"], ring_us=times["ring"],
+                         ce_pull_us=times["ce_pull"],
                          ce_chunked_us=times["ce_chunked"], ll_us=times.get("ll"),
                          algbw_gbps=world * nbytes / (ours_us * 1e3), busbw_gbps=bus / (ours_us * 1e3),
                          link_gbps=LINK_GBPS, link_fraction=bus / (ours_us * 1e3) / LINK_GBPS, **zc,

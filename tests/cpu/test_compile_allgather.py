@@ -168,7 +168,8 @@ def test_ext_pad_layout_is_disjoint():
         regions = [(allgather._zc_ready_base(world), world), (allgather._zc_done_base(world), world),
                    (allgather._chunk_ready_base(world), world * allgather.CE_MAX_CHUNKS),
                    (allgather._smz_ready_base(world, mp), world * mp),
-                   (allgather._smz_done_base(world, mp), world * mp)]
+                   (allgather._smz_done_base(world, mp), world * mp),
+                   (allgather._published_base(world, mp), world), (allgather._pulled_base(world, mp), world)]
         end = 0
         for start, size in regions:
             assert start == end
@@ -205,7 +206,7 @@ def test_ring_signals_follow_the_ce_acks_inside_the_pad():
 
 def test_methods_and_auto_placeholders():
     assert allgather.AllGatherContext.METHODS == ("auto", "sm_push", "ce_push", "ll", "ce_chunked", "ce_zero_copy",
-                                                  "sm_zero_copy", "ring")
+                                                  "sm_zero_copy", "ring", "ce_pull")
     assert set(allgather.AllGatherContext.ZERO_COPY_METHODS) < set(allgather.AllGatherContext.METHODS)
     assert allgather.AUTO_LL_MAX_BYTES <= allgather.LL_MAX_BYTES < allgather.AUTO_SM_MAX_BYTES
     assert allgather.CE_CHUNK_BYTES % (2048 * 4) == 0 and allgather.CE_MAX_CHUNKS >= 2

@@ -1,6 +1,6 @@
-"""triton_dist.ops.all_gather (sm_push, ce_push, ll, ring, ce_chunked, ce_zero_copy, sm_zero_copy,
-auto) against torch.distributed.all_gather_into_tensor: exact equality, back-to-back calls, CUDA
-graph replay, symmetric outputs, bad inputs."""
+"""triton_dist.ops.all_gather (sm_push, ce_push, ll, ring, ce_pull, ce_chunked, ce_zero_copy,
+sm_zero_copy, auto) against torch.distributed.all_gather_into_tensor: exact equality, back-to-back
+calls, CUDA graph replay, symmetric outputs, bad inputs."""
 
 import gc
 import random
@@ -17,7 +17,7 @@ from triton_dist.kernels.allgather import (AUTO_CE_CHUNKED, AUTO_SM_MAX_BYTES, A
                                           LL_MAX_BYTES)
 
 _SIZES = [1, 7, 4099 * 3, 1000003]
-_METHODS = ["sm_push", "ce_push", "ll", "ring", "auto"]
+_METHODS = ["sm_push", "ce_push", "ll", "ring", "ce_pull", "auto"]
 _DTYPES = [torch.float32, torch.bfloat16]
 
 

@@ -116,6 +116,25 @@ every rank's ``out``). They share the counter ``zc_calls`` (``k``) and use ``pad
    rank: if some ranks pass a symmetric ``out`` and others not, the ranks pick different
    protocols and wait for each other forever (or until the configured wait timeout traps).
 
+``"ce_pull"`` (copy engine, pull mode; :meth:`AllGatherContext._run_ce_pull`): each rank publishes
+its ``x`` in slot ``me`` of its own ``ce`` buffer and every rank's copy engine reads the peers'
+slots straight into ``out``, over NVLink. Counter ``pull_calls`` (``k``), signals ``published``
+and ``pulled`` in ``pad_ext``, the signal kernel of ``ce_push`` with those regions:
+
+1. wait until every peer has signalled ``pulled[r] >= k - 1`` (it copied out this rank's previous
+   data), then copy ``x`` into slot ``me`` of the local ``ce`` (and, on the side stream, into
+   ``out``'s own slot);
+2. notify ``published[me] = k`` on every peer, wait for ``published[r] >= k`` from every peer;
+3. copy slot ``r`` of rank ``r``'s ``ce`` into ``out`` for every peer ``r``;
+4. notify ``pulled[me] = k`` on every peer.
+
+   The ordering argument is ``ce_push``'s, with the copies reading instead of writing: the notify
+   of step 2 is released after the publishing copy completed (stream order), the peer's copy of
+   step 3 follows its acquire; the notify of step 4 follows the reading copies. No cycle: step 1
+   of call ``k`` needs only signals of call ``k - 1``. Slot ``me`` of rank ``me``'s ``ce`` is used
+   by no other method (``ce_push`` and ``ce_chunked`` write a rank's slots of its peers, and read
+   those), so ``ce_pull`` mixes freely with them.
+
 ``"ring"`` (:func:`~triton_dist.kernels.ring.all_gather_ring_kernel`, for machines without a full
 mesh): ``WORLD - 1`` steps in which each rank forwards to rank ``me + 1`` the chunk it received
 at the step before, through ``gathered`` (halves and tiles as ``sm_push``, its own signal region);
@@ -192,6 +211,8 @@ different protocols and wait for each other. Ask for ``method="sm_zero_copy"`` e
 #   [2W, 2W + W*CMAX)     ce_chunked chunk ready (r * CMAX + c: chunk c of rank r is in my ce slot r)
 #   then W*MP             sm_zero_copy ready to receive (r * MP + p)
 #   then W*MP             sm_zero_copy done (r * MP + p)
+#   then W                ce_pull "my data is published in my ce slot"  (index r: from rank r)
+#   then W                ce_pull "I have copied your data out"
 
 
 def _zc_ready_base(world):
@@ -214,8 +235,16 @@ def _smz_done_base(world, max_programs):
     return 2 * world + world * CE_MAX_CHUNKS + world * max_programs
 
 
-def _ext_signals(world, max_programs):
+def _published_base(world, max_programs):
     return 2 * world + world * CE_MAX_CHUNKS + 2 * world * max_programs
+
+
+def _pulled_base(world, max_programs):
+    return _published_base(world, max_programs) + world
+
+
+def _ext_signals(world, max_programs):
+    return _pulled_base(world, max_programs) + world
 
 
 def _ce_ready_base(world, max_programs):
@@ -560,7 +589,9 @@ class AllGatherContext(CollectiveContext):
     transfer), ``"ce_zero_copy"`` / ``"sm_zero_copy"`` (``out`` must be symmetric, the same
     layout on every rank: peers write into it directly, no staging), ``"ring"`` (around the ring
     ``r -> r + 1`` through ``gathered``, :mod:`triton_dist.kernels.ring`: for machines without a
-    full mesh; never chosen by ``"auto"``, since every machine measured so far is one) and
+    full mesh; never chosen by ``"auto"``, since every machine measured so far is one),
+    ``"ce_pull"`` (copy engine, each rank reads the peers' published inputs; not chosen by
+    ``"auto"`` until measured) and
     ``"auto"`` (``ll`` up to
     :data:`AUTO_LL_MAX_BYTES`, ``sm_push`` up to :data:`AUTO_SM_MAX_BYTES`; above,
     ``ce_zero_copy`` when ``out`` is symmetric, else ``ce_chunked`` (:data:`AUTO_CE_CHUNKED`)).
@@ -569,17 +600,17 @@ class AllGatherContext(CollectiveContext):
 
     Collective: every rank creates it with the same arguments, in the same order as its other
     symmetric allocations; creating it compiles and loads every kernel. Memory on the symmetric
-    heap: ``gathered`` ``2 * world * max_bytes`` (sm_push), ``ce`` ``world * max_bytes``
-    (ce_push), ``ll`` ``2 * world * 2 * min(max_bytes, LL_MAX_BYTES)`` (all rounded up to whole
-    tiles), plus ``4 * world * max_programs`` signals and ``pad_ext``'s ``2 * world * (1 +
-    max_programs) + world * CE_MAX_CHUNKS``.
+    heap: ``gathered`` ``2 * world * max_bytes`` (sm_push, ring), ``ce`` ``world * max_bytes``
+    (ce_push, ce_chunked, ce_pull), ``ll`` ``2 * world * 2 * min(max_bytes, LL_MAX_BYTES)`` (all
+    rounded up to whole tiles), plus ``4 * world * max_programs`` signals and ``pad_ext``'s
+    ``2 * world * (2 + max_programs) + world * CE_MAX_CHUNKS``.
 
     Call with :meth:`run` (or :func:`triton_dist.ops.all_gather`). Every call must be made by every
     rank, in the same order, with the same ``numel`` and method. Calls may be captured in a CUDA
     graph and replayed.
     """
 
-    METHODS = ("auto", "sm_push", "ce_push", "ll", "ce_chunked", "ce_zero_copy", "sm_zero_copy", "ring")
+    METHODS = ("auto", "sm_push", "ce_push", "ll", "ce_chunked", "ce_zero_copy", "sm_zero_copy", "ring", "ce_pull")
     ZERO_COPY_METHODS = ("ce_zero_copy", "sm_zero_copy")
     """The methods that need a symmetric ``out`` (see :meth:`run`)."""
 
@@ -619,6 +650,8 @@ class AllGatherContext(CollectiveContext):
         """Signals of ``ce_chunked``, ``ce_zero_copy`` and ``sm_zero_copy`` (layout: module source)."""
         self.zc_calls = torch.zeros(1, dtype=torch.int64, device=self.calls.device)
         """The device-side count of zero-copy calls (``ce_zero_copy`` and ``sm_zero_copy``)."""
+        self.pull_calls = torch.zeros(1, dtype=torch.int64, device=self.calls.device)
+        """The device-side count of ``ce_pull`` calls (its ``k``)."""
         self._send = torch.cuda.Stream(device=self.calls.device)
         """``ce_chunked``: the copies into peers' ``ce`` buffers."""
         self._notify = torch.cuda.Stream(device=self.calls.device)
@@ -665,6 +698,12 @@ class AllGatherContext(CollectiveContext):
         base = _zc_ready_base(self.world) if region == "ready" else _zc_done_base(self.world)
         return dict(PHASE=1, WORLD=self.world, READY=base, ACK=0, num_warps=1)
 
+    def _pull_meta(self, phase: int) -> dict:
+        """``all_gather_ce_signal_kernel`` on ``pad_ext`` for ``ce_pull``: "ready" is "published",
+        "ack" is "pulled"."""
+        return dict(PHASE=phase, WORLD=self.world, READY=_published_base(self.world, self.max_programs),
+                    ACK=_pulled_base(self.world, self.max_programs), num_warps=1)
+
     def _chunk_signal_meta(self) -> dict:
         return dict(WORLD=self.world, CHUNK_READY=_chunk_ready_base(self.world), MAX_CHUNKS=CE_MAX_CHUNKS,
                     num_warps=1)
@@ -694,6 +733,8 @@ class AllGatherContext(CollectiveContext):
         ext = self.pad_ext.signals
         for region in ("ready", "done"):
             all_gather_ce_signal_kernel.preload(ext, self.zc_calls, grid=(1, ), **self._zc_meta(region))
+        for phase in (0, 1, 2):
+            all_gather_ce_signal_kernel.preload(ext, self.pull_calls, grid=(1, ), **self._pull_meta(phase))
         all_gather_ce_chunk_signal_kernel.preload(ext, self.ce_calls, 2, grid=(1, ), **self._chunk_signal_meta())
         for aligned in (False, True):
             all_gather_ce_copy_out_kernel.preload(self.gathered, self.ce, ext, n, n, self.ce_calls, grid=(1, ),
@@ -754,6 +795,9 @@ class AllGatherContext(CollectiveContext):
         if method == "ce_chunked":
             self._run_ce_chunked(x, out.view(-1), n)
             return
+        if method == "ce_pull":
+            self._run_ce_pull(x, out.view(-1), n)
+            return
         if method == "ce_zero_copy":
             self._run_ce_zero_copy(x, out.view(-1), n)
             return
@@ -803,6 +847,26 @@ class AllGatherContext(CollectiveContext):
             r = (me + k) % self.world
             out[r * n:(r + 1) * n].copy_(self.ce[r * slot:r * slot + n])
         all_gather_ce_signal_kernel[(1, )](self.pad.signals, self.ce_calls, **self._ce_meta(2))
+        stream.wait_stream(self._side)
+
+    def _run_ce_pull(self, x, out, n: int) -> None:
+        """The ``ce_pull`` method (see the module notes for the protocol and its ordering)."""
+        import torch
+
+        me, slot = self.rank, self.slot_numel
+        stream = torch.cuda.current_stream()
+        self.pull_calls.add_(1)
+        self._side.wait_stream(stream)
+        with torch.cuda.stream(self._side):
+            out[me * n:(me + 1) * n].copy_(x)
+        ext = self.pad_ext.signals
+        all_gather_ce_signal_kernel[(1, )](ext, self.pull_calls, **self._pull_meta(0))
+        self.ce[me * slot:me * slot + n].copy_(x)
+        all_gather_ce_signal_kernel[(1, )](ext, self.pull_calls, **self._pull_meta(1))
+        for k in range(1, self.world):
+            r = (me + k) % self.world
+            out[r * n:(r + 1) * n].copy_(self._ce_peers[r][r * slot:r * slot + n])
+        all_gather_ce_signal_kernel[(1, )](ext, self.pull_calls, **self._pull_meta(2))
         stream.wait_stream(self._side)
 
     # ---------------------------------------------------------------- added after the first GPU run
