@@ -67,7 +67,7 @@ def test_two_shot_compiles(dt):
 
 def _ring(dt, world=2):
     return compile_for_hopper(allreduce.all_reduce_ring_kernel,
-                              {"x": f"*{dt}", "out": f"*{dt}", "inbox": "*fp32", "gather": f"*{dt}",
+                              {"x": f"*{dt}", "out": f"*{dt}", "inbox": "*fp32", "stage": f"*{dt}",
                                "signals": "*u64", "n": "i32", "epoch_ptr": "*i64", "shard_tiles": "i32"},
                               dict(_META, WORLD=world), num_warps=8).asm["ptx"]
 

@@ -49,9 +49,9 @@ with ``ld.relaxed.sys`` on every word of a tile until every flag is this call's,
 payload. The buffer holds ``2x`` the payload and alternates halves by epoch parity like the others;
 it is zeroed at creation and flags are never 0, so a stale word never matches.
 
-Reuse between calls (``sm_push``, ``ll``): the epoch is the context's device call counter and
-buffers alternate halves by its parity (see :mod:`triton_dist.kernels.context`). Inputs and
-outputs need not be symmetric; only the context's buffers are.
+Reuse between calls (``sm_push``, ``ll``, ``ring``): the epoch is the context's device call
+counter and buffers alternate halves by its parity (see :mod:`triton_dist.kernels.context`).
+Inputs and outputs need not be symmetric; only the context's buffers are.
 
 Methods added after the first GPU run (``ce_push`` spent ~30 % of its time on the copy-out from
 ``ce`` into ``out`` after the transfer, at 256 MiB per rank); they passed their tests on 2 x H200

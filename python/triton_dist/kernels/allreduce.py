@@ -47,8 +47,9 @@ which is why LL is for latency-bound sizes only. Reuse of the LL buffer between 
 
 - halves: call ``e`` writes half ``e % 2``. A rank starts call ``e + 2`` only after finishing call
   ``e + 1`` (stream order), and call ``e + 1``, of any method, does not finish before it received
-  data or a signal from every peer's call ``e + 1``, which every peer sends only after finishing
-  its call ``e`` (stream order again). So no peer still reads half ``e % 2`` for call ``e`` when
+  data or a signal from every peer's call ``e + 1`` (directly, or for the ring through the chain
+  of ranks: its last step carries what rank ``me + 1`` sent at its first), which every peer sends
+  only after finishing its call ``e`` (stream order again). So no peer still reads half ``e % 2`` for call ``e`` when
   this rank writes it for call ``e + 2``, and no word of call ``e + 2`` can reach a rank that has
   not finished reading call ``e``'s.
 - flags: call ``e`` writes flag ``e mod (2^32 - 1) + 1``, never 0 (the buffer is zeroed at
@@ -109,21 +110,28 @@ data moves only from rank ``r`` to rank ``r + 1``. Shards as two-shot's; two hal
    ``ring_inbox``, notifies ring signal ``(k, p)`` there and waits for its own. After the last
    step slot ``WORLD - 2`` holds shard ``me`` summed over every other rank; adding x's part gives
    the result, rounded once into ``out``;
-2. all-gather of the reduced shards around the same ring through ``gather``
-   (:func:`~triton_dist.kernels.ring.ring_all_gather_steps`).
+2. all-gather of the reduced shards around the same ring through ``stage`` (half ``epoch % 2``;
+   :func:`~triton_dist.kernels.ring.ring_all_gather_steps`).
 
 Each shard is summed by one rank and copied to the others, so every rank gets the same bits; the
 order of the additions is the ring's, so not the bits of one-shot. ``ring_inbox`` (this method's
-alone) has one region, not two halves: a rank writes rank ``me + 1``'s inbox in a ring call only
-after finishing every earlier call, and finishing a call of any method needs data or a signal
-that rank ``me + 1`` sends in that call (the ring: its reduced shard, at the last all-gather
-step), i.e. after rank ``me + 1`` finished its earlier calls, and with them its last read of the
-inbox. ``gather`` alternates halves like two-shot's (the argument below).
+alone) has one region, not two halves. Program ``p`` of rank ``me + 1`` reads its tiles of the
+inbox for the last time in a call just before it sends its reduced tiles on (all-gather step 0);
+they reach program ``p`` of rank ``me`` by the last all-gather step of that call, so rank ``me``
+finishes the call (every program of it) only after that read, and writes the inbox again only in
+a later ring call. Calls of other methods in between change nothing: they leave the inbox alone.
 
-Reuse between calls (one-shot, two-shot, ring's ``gather``): the epoch is the context's device call counter and
-buffers alternate halves by its parity (see :mod:`triton_dist.kernels.context` for why that is
-safe and graph-capturable). Every method bumps the same counter, so the argument above holds
-across methods.
+Why the all-gather goes through ``stage`` and not ``gather``: its step 0 writes into rank
+``me + 1``'s buffer without waiting for anyone, which is what two-shot's scatter does to
+``stage`` (safe under the parity argument below, and after ``"ce_two_shot"``, whose note says
+that when a call ends every peer has finished reading its ``stage``). Into ``gather`` it would not
+be safe after ``"ce_two_shot"`` on three or more ranks: a third rank may still be pulling rank
+``me + 1``'s ``gather`` for that call.
+
+Reuse between calls (one-shot, two-shot, the ring's ``stage``): the epoch is the context's
+device call counter and buffers alternate halves by its parity (see
+:mod:`triton_dist.kernels.context` for why that is safe and graph-capturable). Every method
+bumps the same counter, so the argument above holds across methods.
 
 Inputs and outputs need not be symmetric; only the staging, gather and LL buffers are.
 Accumulation is fp32 for every dtype; staging and gather buffers hold the input dtype.
@@ -297,11 +305,11 @@ def _ring_final_tile(x, out, inbox, me, k, shard, local, valid, token, MASKED: t
 
 
 @jit(do_not_specialize=["n", "shard_tiles"])
-def all_reduce_ring_kernel(x, out, inbox, gather, signals, n, epoch_ptr, shard_tiles, WORLD: tl.constexpr,
+def all_reduce_ring_kernel(x, out, inbox, stage, signals, n, epoch_ptr, shard_tiles, WORLD: tl.constexpr,
                            HALF: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
     """``out = sum over ranks of x`` around the ring ``r -> r + 1``: a ring reduce-scatter (fp32
     partials in ``inbox``, symmetric, ``(WORLD - 1)`` slots of ``shard``, one region), then the
-    ring all-gather of :mod:`triton_dist.kernels.ring` through ``gather`` (half ``epoch % 2``).
+    ring all-gather of :mod:`triton_dist.kernels.ring` through ``stage`` (half ``epoch % 2``).
     Shards as two-shot's. ``signals``: the ring regions of the context's pad, ``2 * (WORLD - 1) *
     MAX_PROGRAMS`` signals (reduce-scatter steps, then all-gather steps)."""
     epoch = tl.load(epoch_ptr)
@@ -337,7 +345,7 @@ def all_reduce_ring_kernel(x, out, inbox, gather, signals, n, epoch_ptr, shard_t
 
     # 2. All-gather the reduced chunks around the same ring.
     half = (epoch % 2).to(tl.int64) * HALF
-    ring_all_gather_steps(out + me.to(tl.int64) * shard, out, gather, signals + (WORLD - 1) * MAX_PROGRAMS, epoch,
+    ring_all_gather_steps(out + me.to(tl.int64) * shard, out, stage, signals + (WORLD - 1) * MAX_PROGRAMS, epoch,
                           half, shard, shard, n.to(tl.int64), shard_tiles, WORLD, MAX_PROGRAMS, BLOCK, False)
 
 
@@ -486,7 +494,9 @@ class AllReduceContext(CollectiveContext):
     max_bytes`` (stage and gather, rounded up to whole tiles) plus the LL buffer, ``2 * world * 2 *
     ll_max_bytes`` (rounded up to whole LL tiles), plus ``(5 * world - 2) * max_programs`` signals
     and ``2 * world * CE_MAX_CHUNKS + world`` more (``ce_pad``); the first ``"ring"`` call adds the
-    ring's fp32 inbox, ``4 (world - 1) / world * max_numel`` bytes (rounded up to whole tiles).
+    ring's fp32 inbox, ``4 (world - 1) / world * max_numel`` bytes (rounded up to whole tiles),
+    a symmetric allocation like the ones above: collective, in the same order on every rank, which
+    holds because every rank makes the same calls in the same order.
 
     Call with :meth:`run` (or use :func:`triton_dist.ops.all_reduce`). Every call must be made by
     every rank, in the same order, with the same ``numel`` and method. Calls may be captured in a
@@ -569,7 +579,7 @@ class AllReduceContext(CollectiveContext):
         import torch
 
         fp32 = torch.empty(4, dtype=torch.float32, device=self.calls.device)  # the ring inbox's type
-        all_reduce_ring_kernel.preload(self.stage, self.gather, fp32, self.gather, self._ring_signals(), n,
+        all_reduce_ring_kernel.preload(self.stage, self.gather, fp32, self.stage, self._ring_signals(), n,
                                        self.calls, 3, grid=(1, ), **self._meta())
 
     def _ring_signals(self):
@@ -645,7 +655,7 @@ class AllReduceContext(CollectiveContext):
                                                                n, epoch_ptr, shard_tiles, **meta)
         elif method == "ring":
             shard_tiles = triton.cdiv(n, self.world * self.BLOCK)
-            all_reduce_ring_kernel[self.grid(shard_tiles)](x, target, inbox, self.gather, self._ring_signals(), n,
+            all_reduce_ring_kernel[self.grid(shard_tiles)](x, target, inbox, self.stage, self._ring_signals(), n,
                                                            epoch_ptr, shard_tiles, **meta)
         else:
             words = triton.cdiv(nbytes, 4)
