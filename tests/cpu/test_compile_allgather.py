@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from triton_dist.kernels import allgather
+from triton_dist.kernels import allgather, ring
 from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls, without_wait_timeout_report
 
 _SPIN = "ld.acquire.sys.global.u64"
@@ -17,8 +17,9 @@ _ANY_ATOMIC = r"\batom\.|\bred\."
 _DTYPES = {"fp32": 4, "bf16": 2}
 
 
-def _push(dt, world=2, aligned=True):
-    return compile_for_hopper(allgather.all_gather_push_kernel,
+def _push(dt, world=2, aligned=True, kernel=allgather.all_gather_push_kernel):
+    """``kernel``: sm_push's, or the ring's (the same signature)."""
+    return compile_for_hopper(kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "gathered": f"*{dt}", "signals": "*u64", "n": "i32",
                                "epoch_ptr": "*i64"},
                               dict(WORLD=world, SLOT=4 * 2048, MAX_PROGRAMS=128, BLOCK=2048, ALIGNED=aligned),
@@ -177,20 +178,10 @@ def test_ext_pad_layout_is_disjoint():
         assert end == allgather._ext_signals(world, mp)
 
 
-def _ring(dt, world=2, aligned=True):
-    from triton_dist.kernels import ring
-
-    return compile_for_hopper(ring.all_gather_ring_kernel,
-                              {"x": f"*{dt}", "out": f"*{dt}", "gathered": f"*{dt}", "signals": "*u64", "n": "i32",
-                               "epoch_ptr": "*i64"},
-                              dict(WORLD=world, SLOT=4 * 2048, MAX_PROGRAMS=128, BLOCK=2048, ALIGNED=aligned),
-                              num_warps=8).asm["ptx"]
-
-
 @pytest.mark.parametrize("world", [2, 4, 8])
 @pytest.mark.parametrize("dt", ["fp32", "bf16"])
 def test_ring_compiles_with_one_wait_and_notify_per_step(dt, world):
-    ptx = _ring(dt, world)
+    ptx = _push(dt, world, kernel=ring.all_gather_ring_kernel)
     _common(ptx)
     assert ptx.count(_SPIN) == 2 * (world - 1), ptx.count(_SPIN)
     assert len(re.findall(_RELEASE, ptx)) == world - 1

@@ -116,7 +116,7 @@ every rank's ``out``). They share the counter ``zc_calls`` (``k``) and use ``pad
    rank: if some ranks pass a symmetric ``out`` and others not, the ranks pick different
    protocols and wait for each other forever (or until the configured wait timeout traps).
 
-``"ce_pull"`` (copy engine, pull mode; :meth:`AllGatherContext._run_ce_pull`): each rank publishes
+``"ce_pull"`` (copy engine, pull mode; :meth:`AllGatherContext._run_ce`): each rank publishes
 its ``x`` in slot ``me`` of its own ``ce`` buffer and every rank's copy engine reads the peers'
 slots straight into ``out``, over NVLink. Counter ``pull_calls`` (``k``), signals ``published``
 and ``pulled`` in ``pad_ext``, the signal kernel of ``ce_push`` with those regions:
@@ -796,7 +796,7 @@ class AllGatherContext(CollectiveContext):
             self._run_ce_chunked(x, out.view(-1), n)
             return
         if method == "ce_pull":
-            self._run_ce_pull(x, out.view(-1), n)
+            self._run_ce(x, out.view(-1), n, pull=True)
             return
         if method == "ce_zero_copy":
             self._run_ce_zero_copy(x, out.view(-1), n)
@@ -827,46 +827,31 @@ class AllGatherContext(CollectiveContext):
         if target is not out:
             out.copy_(target)
 
-    def _run_ce(self, x, out, n: int) -> None:
-        """The ``ce_push`` method (see the module notes for the protocol and its ordering)."""
+    def _run_ce(self, x, out, n: int, pull: bool = False) -> None:
+        """``ce_push``, or with ``pull`` ``ce_pull`` (see the module notes for the protocols and
+        their ordering): the same three signal phases around two rounds of copies; push writes
+        this rank's input into every peer's ``ce`` and copies out its own, pull publishes it in its
+        own ``ce`` and copies out every peer's."""
         import torch
 
         me, slot = self.rank, self.slot_numel
         stream = torch.cuda.current_stream()
-        self.ce_calls.add_(1)
+        counter, signals, meta = ((self.pull_calls, self.pad_ext.signals, self._pull_meta) if pull else
+                                  (self.ce_calls, self.pad.signals, self._ce_meta))
+        peers = [(me + k) % self.world for k in range(1, self.world)]
+        counter.add_(1)
         # Own slot of out on a side stream, overlapping the peer copies (joined before returning).
         self._side.wait_stream(stream)
         with torch.cuda.stream(self._side):
             out[me * n:(me + 1) * n].copy_(x)
-        all_gather_ce_signal_kernel[(1, )](self.pad.signals, self.ce_calls, **self._ce_meta(0))
-        for k in range(1, self.world):
-            r = (me + k) % self.world
+        all_gather_ce_signal_kernel[(1, )](signals, counter, **meta(0))
+        for r in ([me] if pull else peers):
             self._ce_peers[r][me * slot:me * slot + n].copy_(x)
-        all_gather_ce_signal_kernel[(1, )](self.pad.signals, self.ce_calls, **self._ce_meta(1))
-        for k in range(1, self.world):
-            r = (me + k) % self.world
-            out[r * n:(r + 1) * n].copy_(self.ce[r * slot:r * slot + n])
-        all_gather_ce_signal_kernel[(1, )](self.pad.signals, self.ce_calls, **self._ce_meta(2))
-        stream.wait_stream(self._side)
-
-    def _run_ce_pull(self, x, out, n: int) -> None:
-        """The ``ce_pull`` method (see the module notes for the protocol and its ordering)."""
-        import torch
-
-        me, slot = self.rank, self.slot_numel
-        stream = torch.cuda.current_stream()
-        self.pull_calls.add_(1)
-        self._side.wait_stream(stream)
-        with torch.cuda.stream(self._side):
-            out[me * n:(me + 1) * n].copy_(x)
-        ext = self.pad_ext.signals
-        all_gather_ce_signal_kernel[(1, )](ext, self.pull_calls, **self._pull_meta(0))
-        self.ce[me * slot:me * slot + n].copy_(x)
-        all_gather_ce_signal_kernel[(1, )](ext, self.pull_calls, **self._pull_meta(1))
-        for k in range(1, self.world):
-            r = (me + k) % self.world
-            out[r * n:(r + 1) * n].copy_(self._ce_peers[r][r * slot:r * slot + n])
-        all_gather_ce_signal_kernel[(1, )](ext, self.pull_calls, **self._pull_meta(2))
+        all_gather_ce_signal_kernel[(1, )](signals, counter, **meta(1))
+        for r in peers:
+            source = self._ce_peers[r] if pull else self.ce
+            out[r * n:(r + 1) * n].copy_(source[r * slot:r * slot + n])
+        all_gather_ce_signal_kernel[(1, )](signals, counter, **meta(2))
         stream.wait_stream(self._side)
 
     # ---------------------------------------------------------------- added after the first GPU run
