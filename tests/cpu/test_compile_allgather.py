@@ -21,8 +21,8 @@ def _push(dt, world=2, aligned=True, kernel=allgather.all_gather_push_kernel):
     """``kernel``: sm_push's, or the ring's (the same signature)."""
     return compile_for_hopper(kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "gathered": f"*{dt}", "signals": "*u64", "n": "i32",
-                               "epoch_ptr": "*i64"},
-                              dict(WORLD=world, SLOT=4 * 2048, MAX_PROGRAMS=128, BLOCK=2048, ALIGNED=aligned),
+                               "epoch_ptr": "*i64", "slot_tiles": "i32"},
+                              dict(WORLD=world, MAX_PROGRAMS=128, BLOCK=2048, ALIGNED=aligned),
                               num_warps=8).asm["ptx"]
 
 
@@ -109,8 +109,8 @@ def _chunk_signal(world=2):
 def _copy_out(dt, world=2, aligned=True):
     return compile_for_hopper(allgather.all_gather_ce_copy_out_kernel,
                               {"out": f"*{dt}", "ce": f"*{dt}", "signals": "*u64", "n": "i32", "chunk": "i32",
-                               "k_ptr": "*i64"},
-                              dict(WORLD=world, SLOT=4 * 2048, CHUNK_READY=2 * world,
+                               "k_ptr": "*i64", "slot_tiles": "i32"},
+                              dict(WORLD=world, CHUNK_READY=2 * world,
                                    MAX_CHUNKS=allgather.CE_MAX_CHUNKS, BLOCK=2048, ALIGNED=aligned),
                               num_warps=8).asm["ptx"]
 

@@ -11,7 +11,7 @@ import pytest
 from triton_dist.kernels import allreduce
 from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls, without_wait_timeout_report
 
-_META = {"WORLD": 2, "HALF": 4 * 2048, "MAX_PROGRAMS": 128, "BLOCK": 2048}
+_META = {"WORLD": 2, "MAX_PROGRAMS": 128, "BLOCK": 2048}
 _SPIN = "ld.acquire.sys.global.u64"
 _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
 
@@ -19,13 +19,15 @@ _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.e
 def _one_shot(dt, world=2):
     return compile_for_hopper(allreduce.all_reduce_one_shot_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "stage": f"*{dt}", "signals": "*u64", "n": "i32",
-                               "epoch_ptr": "*i64"}, dict(_META, WORLD=world), num_warps=8).asm["ptx"]
+                               "epoch_ptr": "*i64", "half_tiles": "i32"}, dict(_META, WORLD=world),
+                              num_warps=8).asm["ptx"]
 
 
 def _two_shot(dt, world=2):
     return compile_for_hopper(allreduce.all_reduce_two_shot_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "stage": f"*{dt}", "gather": f"*{dt}",
-                               "signals": "*u64", "n": "i32", "epoch_ptr": "*i64", "shard_tiles": "i32"},
+                               "signals": "*u64", "n": "i32", "epoch_ptr": "*i64", "shard_tiles": "i32",
+                               "half_tiles": "i32"},
                               dict(_META, WORLD=world), num_warps=8).asm["ptx"]
 
 
@@ -68,7 +70,8 @@ def test_two_shot_compiles(dt):
 def _ring(dt, world=2):
     return compile_for_hopper(allreduce.all_reduce_ring_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "inbox": "*fp32", "stage": f"*{dt}",
-                               "signals": "*u64", "n": "i32", "epoch_ptr": "*i64", "shard_tiles": "i32"},
+                               "signals": "*u64", "n": "i32", "epoch_ptr": "*i64", "shard_tiles": "i32",
+                               "half_tiles": "i32"},
                               dict(_META, WORLD=world), num_warps=8).asm["ptx"]
 
 

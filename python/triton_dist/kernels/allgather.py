@@ -269,20 +269,20 @@ def _signals_per_program(world):
 
 
 @triton.jit
-def _push_tile(x, out, gathered, half, offs, n, stride, me, WORLD: tl.constexpr, SLOT: tl.constexpr,
-               MASKED: tl.constexpr):
+def _push_tile(x, out, gathered, half, offs, n, stride, me, slot, WORLD: tl.constexpr, MASKED: tl.constexpr):
     v = load_tile(x + offs, offs, n, MASKED)
     store_tile(out + me.to(tl.int64) * stride + offs, v, offs, n, MASKED)
     for r in tl.static_range(WORLD):
         dst = tl.multiple_of(dl.symm_at(gathered, (me + r) % WORLD), 16)  # symm_at loses the alignment fact
-        store_tile(dst + half + me.to(tl.int64) * SLOT + offs, v, offs, n, MASKED)
+        store_tile(dst + half + me.to(tl.int64) * slot + offs, v, offs, n, MASKED)
 
 
-@jit(do_not_specialize=["n"])
-def all_gather_push_kernel(x, out, gathered, signals, n, epoch_ptr, WORLD: tl.constexpr, SLOT: tl.constexpr,
+@jit(do_not_specialize=["n", "slot_tiles"])
+def all_gather_push_kernel(x, out, gathered, signals, n, epoch_ptr, slot_tiles, WORLD: tl.constexpr,
                            MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     """``out[r * n:(r + 1) * n] = x of rank r`` for every rank. ``gathered``: symmetric, ``2 *
-    WORLD * SLOT`` elements of x's dtype (half ``epoch % 2``, slot ``r`` = rank ``r``'s data);
+    WORLD`` slots of ``slot_tiles * BLOCK`` elements of x's dtype (half ``epoch % 2``, slot ``r`` =
+    rank ``r``'s data; sizes are arguments, so contexts of every size share one compiled kernel);
     ``signals``: the context's pad (region 0: ``WORLD * MAX_PROGRAMS``); ``epoch_ptr``: the
     context's device call counter. ``ALIGNED``: ``n % ALIGN_ELEMENTS == 0``."""
     epoch = tl.load(epoch_ptr)
@@ -290,7 +290,8 @@ def all_gather_push_kernel(x, out, gathered, signals, n, epoch_ptr, WORLD: tl.co
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK)
-    half = (epoch % 2).to(tl.int64) * (WORLD * SLOT)
+    slot_numel = slot_tiles.to(tl.int64) * BLOCK
+    half = (epoch % 2).to(tl.int64) * WORLD * slot_numel
     tiles = tl.cdiv(n, BLOCK)
     if ALIGNED:
         stride = ((n // 8) * 8).to(tl.int64)  # == n; tells the compiler slots of out are aligned
@@ -301,9 +302,9 @@ def all_gather_push_kernel(x, out, gathered, signals, n, epoch_ptr, WORLD: tl.co
     for t in range(pid, tiles, grid):
         offs = t.to(tl.int64) * BLOCK + lanes
         if (t.to(tl.int64) + 1) * BLOCK <= n:
-            _push_tile(x, out, gathered, half, offs, n, stride, me, WORLD, SLOT, False)
+            _push_tile(x, out, gathered, half, offs, n, stride, me, slot_numel, WORLD, False)
         else:
-            _push_tile(x, out, gathered, half, offs, n, stride, me, WORLD, SLOT, True)
+            _push_tile(x, out, gathered, half, offs, n, stride, me, slot_numel, WORLD, True)
     for r in tl.static_range(1, WORLD):
         dl.notify(signals + me * MAX_PROGRAMS + pid, (me + r) % WORLD, epoch, "set", "intra_node")
 
@@ -311,7 +312,7 @@ def all_gather_push_kernel(x, out, gathered, signals, n, epoch_ptr, WORLD: tl.co
     for k in tl.static_range(1, WORLD):
         src = (me + k) % WORLD
         token = dl.wait(signals + src * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
-        slot = dl.consume_token(gathered + half + src.to(tl.int64) * SLOT, token)
+        slot = dl.consume_token(gathered + half + src.to(tl.int64) * slot_numel, token)
         dst = out + src.to(tl.int64) * stride
         for t in range(pid, tiles, grid):
             offs = t.to(tl.int64) * BLOCK + lanes
@@ -328,7 +329,7 @@ def all_gather_push_kernel(x, out, gathered, signals, n, epoch_ptr, WORLD: tl.co
 @jit
 def all_gather_ce_signal_kernel(signals, k_ptr, PHASE: tl.constexpr, WORLD: tl.constexpr, READY: tl.constexpr,
                                 ACK: tl.constexpr):
-    """One program. ``k_ptr``: the context's device count of ``ce_push`` calls (this call's ``k``).
+    """One program. ``k_ptr``: the calling method's device call counter (this call's ``k``).
     ``PHASE`` 0: wait for ``ack[r] >= k - 1`` from every peer (it finished reading this rank's
     previous data); 1: notify ``ready[me] = k`` on every peer, then wait for ``ready[r] >= k`` from
     every peer; 2: notify ``ack[me] = k`` on every peer. ``READY``/``ACK``: pad offsets."""
@@ -363,14 +364,15 @@ def all_gather_ce_chunk_signal_kernel(signals, k_ptr, c, WORLD: tl.constexpr, CH
         dl.notify(signals + CHUNK_READY + me * MAX_CHUNKS + c, (me + r) % WORLD, k, "set", "intra_node")
 
 
-@jit(do_not_specialize=["n", "chunk"])
-def all_gather_ce_copy_out_kernel(out, ce, signals, n, chunk, k_ptr, WORLD: tl.constexpr, SLOT: tl.constexpr,
+@jit(do_not_specialize=["n", "chunk", "slot_tiles"])
+def all_gather_ce_copy_out_kernel(out, ce, signals, n, chunk, k_ptr, slot_tiles, WORLD: tl.constexpr,
                                   CHUNK_READY: tl.constexpr, MAX_CHUNKS: tl.constexpr, BLOCK: tl.constexpr,
                                   ALIGNED: tl.constexpr):
-    """``out[r * n + i] = ce[r * SLOT + i]`` for every peer ``r``, chunk by chunk (``chunk``
-    elements, a multiple of ``BLOCK``), each chunk as soon as ``chunk_ready[r][c] >= k``: runs
-    while the later chunks are still on the link. ``k_ptr``: ``ce_calls``; ``signals``:
-    ``pad_ext``. Program ``p`` copies tiles ``first + p, first + p + G, ...`` of each chunk."""
+    """``out[r * n + i] = ce[r * slot + i]`` (``slot = slot_tiles * BLOCK``) for every peer ``r``,
+    chunk by chunk (``chunk`` elements, a multiple of ``BLOCK``), each chunk as soon as
+    ``chunk_ready[r][c] >= k``: runs while the later chunks are still on the link. ``k_ptr``:
+    ``ce_calls``; ``signals``: ``pad_ext``. Program ``p`` copies tiles ``first + p, first + p + G,
+    ...`` of each chunk."""
     k = tl.load(k_ptr)
     me = dl.rank()
     pid = tl.program_id(0)
@@ -389,7 +391,7 @@ def all_gather_ce_copy_out_kernel(out, ce, signals, n, chunk, k_ptr, WORLD: tl.c
         for j in tl.static_range(1, WORLD):
             src = (me + j) % WORLD
             token = dl.wait(signals + CHUNK_READY + src * MAX_CHUNKS + c, 1, "sys", "acquire", k)
-            slot = dl.consume_token(ce + src.to(tl.int64) * SLOT, token)
+            slot = dl.consume_token(ce + src.to(tl.int64) * slot_tiles.to(tl.int64) * BLOCK, token)
             dst = out + src.to(tl.int64) * stride
             for t in range(first + pid, last, grid):
                 offs = t.to(tl.int64) * BLOCK + lanes
@@ -593,8 +595,9 @@ class AllGatherContext(CollectiveContext):
     ``"ce_pull"`` (copy engine, each rank reads the peers' published inputs; not chosen by
     ``"auto"`` until measured) and
     ``"auto"`` (``ll`` up to
-    :data:`AUTO_LL_MAX_BYTES`, ``sm_push`` up to :data:`AUTO_SM_MAX_BYTES`; above,
-    ``ce_zero_copy`` when ``out`` is symmetric, else ``ce_chunked`` (:data:`AUTO_CE_CHUNKED`)).
+    :data:`AUTO_LL_MAX_BYTES`, ``sm_push`` up to :data:`AUTO_SM_MAX_BYTES`; above, ``ce_push``, or
+    ``ce_chunked`` / ``ce_zero_copy`` where :data:`AUTO_CE_CHUNKED` / :data:`AUTO_ZERO_COPY` say
+    so; both are False now: :meth:`method_for`).
     See the module notes for each protocol. ``ce_chunk_bytes``: ``ce_chunked``'s smallest chunk
     (tests use small ones to get many chunks from small inputs).
 
@@ -647,7 +650,8 @@ class AllGatherContext(CollectiveContext):
         """``"ce_chunked"``'s smallest chunk in bytes (:data:`CE_CHUNK_BYTES` unless given; the
         same on every rank)."""
         self.pad_ext = SignalPad(_ext_signals(self.world, self.max_programs))
-        """Signals of ``ce_chunked``, ``ce_zero_copy`` and ``sm_zero_copy`` (layout: module source)."""
+        """Signals of ``ce_chunked``, ``ce_zero_copy``, ``sm_zero_copy`` and ``ce_pull`` (layout:
+        module source)."""
         self.zc_calls = torch.zeros(1, dtype=torch.int64, device=self.calls.device)
         """The device-side count of zero-copy calls (``ce_zero_copy`` and ``sm_zero_copy``)."""
         self.pull_calls = torch.zeros(1, dtype=torch.int64, device=self.calls.device)
@@ -679,7 +683,7 @@ class AllGatherContext(CollectiveContext):
     # ---------------------------------------------------------------- kernels
 
     def _push_meta(self, aligned: bool) -> dict:
-        return self.meta(SLOT=self.slot_numel, ALIGNED=aligned)
+        return self.meta(ALIGNED=aligned)
 
     def _ll_meta(self) -> dict:
         return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
@@ -709,7 +713,7 @@ class AllGatherContext(CollectiveContext):
                     num_warps=1)
 
     def _copy_out_meta(self, aligned: bool) -> dict:
-        return dict(WORLD=self.world, SLOT=self.slot_numel, CHUNK_READY=_chunk_ready_base(self.world),
+        return dict(WORLD=self.world, CHUNK_READY=_chunk_ready_base(self.world),
                     MAX_CHUNKS=CE_MAX_CHUNKS, BLOCK=self.BLOCK, ALIGNED=aligned, num_warps=self.NUM_WARPS)
 
     def _zero_copy_meta(self, aligned: bool) -> dict:
@@ -719,13 +723,15 @@ class AllGatherContext(CollectiveContext):
 
     def preload(self) -> None:
         """Compile and load every kernel with the specialisation of real calls (16-byte aligned
-        tensors of this dtype; ``n`` and ``words`` unspecialised 32-bit ints)."""
+        tensors of this dtype; ``n``, ``words`` and ``slot_tiles`` unspecialised 32-bit ints: one
+        compiled kernel serves contexts of every size)."""
         n = max(2, self.max_numel)  # the int type (i32) real calls have
+        slot_tiles = self.slot_numel // self.BLOCK
         for aligned in (False, True):
             all_gather_push_kernel.preload(self.gathered, self.gathered, self.gathered, self.pad.signals, n,
-                                           self.calls, grid=(1, ), **self._push_meta(aligned))
+                                           self.calls, slot_tiles, grid=(1, ), **self._push_meta(aligned))
             all_gather_ring_kernel.preload(self.gathered, self.gathered, self.gathered, self._ring_signals(), n,
-                                           self.calls, grid=(1, ), **self._push_meta(aligned))
+                                           self.calls, slot_tiles, grid=(1, ), **self._push_meta(aligned))
         all_gather_ll_kernel.preload(self.gathered, self.gathered, self.ll, n, n, self.calls, grid=(1, ),
                                      **self._ll_meta())
         for phase in (0, 1, 2):
@@ -737,8 +743,8 @@ class AllGatherContext(CollectiveContext):
             all_gather_ce_signal_kernel.preload(ext, self.pull_calls, grid=(1, ), **self._pull_meta(phase))
         all_gather_ce_chunk_signal_kernel.preload(ext, self.ce_calls, 2, grid=(1, ), **self._chunk_signal_meta())
         for aligned in (False, True):
-            all_gather_ce_copy_out_kernel.preload(self.gathered, self.ce, ext, n, n, self.ce_calls, grid=(1, ),
-                                                  **self._copy_out_meta(aligned))
+            all_gather_ce_copy_out_kernel.preload(self.gathered, self.ce, ext, n, n, self.ce_calls, slot_tiles,
+                                                  grid=(1, ), **self._copy_out_meta(aligned))
             all_gather_zero_copy_kernel.preload(self.gathered, self.gathered, ext, n, self.zc_calls, grid=(1, ),
                                                 **self._zero_copy_meta(aligned))
 
@@ -815,11 +821,11 @@ class AllGatherContext(CollectiveContext):
         if method == "sm_push":
             grid = self.grid(triton.cdiv(n, self.BLOCK))
             all_gather_push_kernel[grid](x, target, self.gathered, self.pad.signals, n, epoch_ptr,
-                                         **self._push_meta(n % ALIGN_ELEMENTS == 0))
+                                         self.slot_numel // self.BLOCK, **self._push_meta(n % ALIGN_ELEMENTS == 0))
         elif method == "ring":
             grid = self.grid(triton.cdiv(n, self.BLOCK))
             all_gather_ring_kernel[grid](x, target, self.gathered, self._ring_signals(), n, epoch_ptr,
-                                         **self._push_meta(n % ALIGN_ELEMENTS == 0))
+                                         self.slot_numel // self.BLOCK, **self._push_meta(n % ALIGN_ELEMENTS == 0))
         else:
             words = triton.cdiv(nbytes, 4)
             grid = self.grid(triton.cdiv(words, LL_BLOCK))
@@ -918,6 +924,7 @@ class AllGatherContext(CollectiveContext):
         # enqueued first would block every rank's host before any rank had sent anything.
         grid = (max(1, min(CE_COPY_PROGRAMS, self.max_programs, chunk // self.BLOCK)), )
         all_gather_ce_copy_out_kernel[grid](target, self.ce, self.pad_ext.signals, n, chunk, self.ce_calls,
+                                            self.slot_numel // self.BLOCK,
                                             **self._copy_out_meta(n % ALIGN_ELEMENTS == 0))
         # The copy-out has read every peer's data: acknowledge (the peers' next ce call may write).
         all_gather_ce_signal_kernel[(1, )](self.pad.signals, self.ce_calls, **self._ce_meta(2))

@@ -166,18 +166,19 @@ def _reduce_one_shot_tile(out, stage, half, offs, n, token, WORLD: tl.constexpr,
     store_tile(out + offs, acc.to(out.dtype.element_ty), offs, n, MASKED)
 
 
-@jit(do_not_specialize=["n"])
-def all_reduce_one_shot_kernel(x, out, stage, signals, n, epoch_ptr, WORLD: tl.constexpr, HALF: tl.constexpr,
+@jit(do_not_specialize=["n", "half_tiles"])
+def all_reduce_one_shot_kernel(x, out, stage, signals, n, epoch_ptr, half_tiles, WORLD: tl.constexpr,
                                MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
-    """``out = sum over ranks of x`` (``n`` elements). ``stage``: symmetric, ``2 * HALF``
-    elements of x's dtype; ``signals``: the context's pad (region 0: ``WORLD * MAX_PROGRAMS``);
-    ``epoch_ptr``: the context's device call counter."""
+    """``out = sum over ranks of x`` (``n`` elements). ``stage``: symmetric, two halves of
+    ``half_tiles * BLOCK`` elements of x's dtype (sizes are arguments, so contexts of every size
+    share one compiled kernel); ``signals``: the context's pad (region 0: ``WORLD *
+    MAX_PROGRAMS``); ``epoch_ptr``: the context's device call counter."""
     epoch = tl.load(epoch_ptr)
     me = dl.rank()
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK)
-    half = (epoch % 2).to(tl.int64) * HALF
+    half = (epoch % 2).to(tl.int64) * half_tiles * BLOCK
     tiles = tl.cdiv(n, BLOCK)
 
     # 1. Publish this rank's slice: local stores, then one release signal on every peer.
@@ -225,19 +226,20 @@ def _reduce_two_shot_tile(x, out, stage, gather, half, shard, local, idx, n, tok
         store_tile(peer_gather + half + idx, result, idx, n, MASKED)
 
 
-@jit(do_not_specialize=["n", "shard_tiles"])
-def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, epoch_ptr, shard_tiles, WORLD: tl.constexpr,
-                               HALF: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
+@jit(do_not_specialize=["n", "shard_tiles", "half_tiles"])
+def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, epoch_ptr, shard_tiles, half_tiles,
+                               WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
     """``out = sum over ranks of x`` by reduce-scatter then all-gather. Shard ``s`` is elements
     ``[s * shard, (s + 1) * shard)``, ``shard = shard_tiles * BLOCK``. ``stage`` and ``gather``:
-    symmetric, ``2 * HALF`` elements each (a half holds ``WORLD`` shards); ``signals``: regions 1
-    and 2 of the context's pad; ``epoch_ptr``: the context's device call counter."""
+    symmetric, two halves of ``half_tiles * BLOCK`` elements each (a half holds ``WORLD``
+    shards); ``signals``: regions 1 and 2 of the context's pad; ``epoch_ptr``: the context's
+    device call counter."""
     epoch = tl.load(epoch_ptr)
     me = dl.rank()
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     lanes = tl.arange(0, BLOCK)
-    half = (epoch % 2).to(tl.int64) * HALF
+    half = (epoch % 2).to(tl.int64) * half_tiles * BLOCK
     shard = shard_tiles.to(tl.int64) * BLOCK
     sig_scatter = signals + WORLD * MAX_PROGRAMS
     sig_gather = signals + 2 * WORLD * MAX_PROGRAMS
@@ -304,9 +306,9 @@ def _ring_final_tile(x, out, inbox, me, k, shard, local, valid, token, MASKED: t
     store_tile(out + me * shard + local, acc.to(out.dtype.element_ty), local, valid, MASKED)
 
 
-@jit(do_not_specialize=["n", "shard_tiles"])
-def all_reduce_ring_kernel(x, out, inbox, stage, signals, n, epoch_ptr, shard_tiles, WORLD: tl.constexpr,
-                           HALF: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
+@jit(do_not_specialize=["n", "shard_tiles", "half_tiles"])
+def all_reduce_ring_kernel(x, out, inbox, stage, signals, n, epoch_ptr, shard_tiles, half_tiles,
+                           WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
     """``out = sum over ranks of x`` around the ring ``r -> r + 1``: a ring reduce-scatter (fp32
     partials in ``inbox``, symmetric, ``(WORLD - 1)`` slots of ``shard``, one region), then the
     ring all-gather of :mod:`triton_dist.kernels.ring` through ``stage`` (half ``epoch % 2``).
@@ -344,7 +346,7 @@ def all_reduce_ring_kernel(x, out, inbox, stage, signals, n, epoch_ptr, shard_ti
     tl.debug_barrier()  # the reduced chunk, stored by every thread, is read back by others below
 
     # 2. All-gather the reduced chunks around the same ring.
-    half = (epoch % 2).to(tl.int64) * HALF
+    half = (epoch % 2).to(tl.int64) * half_tiles * BLOCK
     ring_all_gather_steps(out + me.to(tl.int64) * shard, out, stage, signals + (WORLD - 1) * MAX_PROGRAMS, epoch,
                           half, shard, shard, n.to(tl.int64), shard_tiles, WORLD, MAX_PROGRAMS, BLOCK, False)
 
@@ -558,7 +560,7 @@ class AllReduceContext(CollectiveContext):
         self.ready()
 
     def _meta(self) -> dict:
-        return self.meta(HALF=self.half)
+        return self.meta()
 
     def _ll_meta(self) -> dict:
         return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=self.LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
@@ -566,12 +568,14 @@ class AllReduceContext(CollectiveContext):
 
     def preload(self) -> None:
         """Compile and load every kernel with the specialisation of real calls (16-byte aligned
-        tensors of this dtype; ``n``, ``words`` and ``shard_tiles`` unspecialised 32-bit ints)."""
+        tensors of this dtype; ``n``, ``words``, ``shard_tiles`` and ``half_tiles`` unspecialised
+        32-bit ints: one compiled kernel serves contexts of every size)."""
         n = max(2, self.max_numel)  # the int type (i32) real calls have
+        half_tiles = self.half // self.BLOCK
         all_reduce_one_shot_kernel.preload(self.stage, self.gather, self.stage, self.pad.signals, n, self.calls,
-                                           grid=(1, ), **self._meta())
+                                           half_tiles, grid=(1, ), **self._meta())
         all_reduce_two_shot_kernel.preload(self.stage, self.gather, self.stage, self.gather, self.pad.signals, n,
-                                           self.calls, 3, grid=(1, ), **self._meta())
+                                           self.calls, 3, half_tiles, grid=(1, ), **self._meta())
         ll_reduce_kernel.preload(self.stage, self.gather, self.ll, n, n, self.calls, grid=(1, ), **self._ll_meta())
         rank_barrier_kernel.preload(self.ce_pad.signals, self.calls, grid=(1, ), **self._barrier_meta())
         all_reduce_ce_reduce_kernel.preload(self.stage, self.gather, self.stage, self.gather, self.ce_pad.signals,
@@ -580,7 +584,7 @@ class AllReduceContext(CollectiveContext):
 
         fp32 = torch.empty(4, dtype=torch.float32, device=self.calls.device)  # the ring inbox's type
         all_reduce_ring_kernel.preload(self.stage, self.gather, fp32, self.stage, self._ring_signals(), n,
-                                       self.calls, 3, grid=(1, ), **self._meta())
+                                       self.calls, 3, half_tiles, grid=(1, ), **self._meta())
 
     def _ring_signals(self):
         """The ring's ``2 (world - 1) * max_programs`` signals, after two-shot's regions."""
@@ -648,15 +652,17 @@ class AllReduceContext(CollectiveContext):
         meta = self._meta()
         if method == "one_shot":
             grid = self.grid(triton.cdiv(n, self.BLOCK))
-            all_reduce_one_shot_kernel[grid](x, target, self.stage, self.pad.signals, n, epoch_ptr, **meta)
+            all_reduce_one_shot_kernel[grid](x, target, self.stage, self.pad.signals, n, epoch_ptr,
+                                             self.half // self.BLOCK, **meta)
         elif method == "two_shot":
             shard_tiles = triton.cdiv(n, self.world * self.BLOCK)
             all_reduce_two_shot_kernel[self.grid(shard_tiles)](x, target, self.stage, self.gather, self.pad.signals,
-                                                               n, epoch_ptr, shard_tiles, **meta)
+                                                               n, epoch_ptr, shard_tiles, self.half // self.BLOCK,
+                                                               **meta)
         elif method == "ring":
             shard_tiles = triton.cdiv(n, self.world * self.BLOCK)
             all_reduce_ring_kernel[self.grid(shard_tiles)](x, target, inbox, self.stage, self._ring_signals(), n,
-                                                           epoch_ptr, shard_tiles, **meta)
+                                                           epoch_ptr, shard_tiles, self.half // self.BLOCK, **meta)
         else:
             words = triton.cdiv(nbytes, 4)
             grid = self.grid(triton.cdiv(words, self.LL_BLOCK))

@@ -85,18 +85,19 @@ def ring_all_gather_steps(own, out, received, signals, epoch, half, chunk_stride
             token = dl.wait(signals + k * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
 
 
-@jit(do_not_specialize=["n"])
-def all_gather_ring_kernel(x, out, gathered, signals, n, epoch_ptr, WORLD: tl.constexpr, SLOT: tl.constexpr,
+@jit(do_not_specialize=["n", "slot_tiles"])
+def all_gather_ring_kernel(x, out, gathered, signals, n, epoch_ptr, slot_tiles, WORLD: tl.constexpr,
                            MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     """``out[r * n:(r + 1) * n] = x of rank r`` around the ring. ``gathered``: symmetric, ``2 *
-    WORLD * SLOT`` elements of x's dtype (half ``epoch % 2``, slot ``r`` = rank ``r``'s data);
-    ``signals``: ``(WORLD - 1) * MAX_PROGRAMS`` signals of the context's pad; ``epoch_ptr``: the
-    context's device call counter. ``ALIGNED``: ``n % 8 == 0``."""
+    WORLD`` slots of ``slot_tiles * BLOCK`` elements of x's dtype (half ``epoch % 2``, slot ``r`` =
+    rank ``r``'s data); ``signals``: ``(WORLD - 1) * MAX_PROGRAMS`` signals of the context's pad;
+    ``epoch_ptr``: the context's device call counter. ``ALIGNED``: ``n % 8 == 0``."""
     epoch = tl.load(epoch_ptr)
     if ALIGNED:
         stride = ((n // 8) * 8).to(tl.int64)  # == n; tells the compiler slots of out are aligned
     else:
         stride = n.to(tl.int64)
-    half = (epoch % 2).to(tl.int64) * (WORLD * SLOT)
-    ring_all_gather_steps(x, out, gathered, signals, epoch, half, stride, SLOT, WORLD * stride, tl.cdiv(n, BLOCK),
+    slot = slot_tiles.to(tl.int64) * BLOCK
+    half = (epoch % 2).to(tl.int64) * WORLD * slot
+    ring_all_gather_steps(x, out, gathered, signals, epoch, half, stride, slot, WORLD * stride, tl.cdiv(n, BLOCK),
                           WORLD, MAX_PROGRAMS, BLOCK, True)
