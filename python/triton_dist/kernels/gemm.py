@@ -122,12 +122,13 @@ def kernel_meta(config: str, wait_for_rows: bool, *, signal_rows: bool = False, 
 
 
 @triton.jit
-def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
-    """Grouped ordering: ``GROUP_M`` m-tiles share the n-tiles they walk, so B stays in L2."""
-    per_group = GROUP_M * num_n
+def _tile_coords(tile, num_m, num_n, group_size):
+    """Grouped ordering: ``group_size`` m-tiles share the n-tiles they walk, so B stays in L2
+    (a constexpr ``GROUP_M`` from every caller but AllGather+GEMM's, which may shrink it)."""
+    per_group = group_size * num_n
     group = tile // per_group
-    first_m = group * GROUP_M
-    group_m = tl.minimum(num_m - first_m, GROUP_M)
+    first_m = group * group_size
+    group_m = tl.minimum(num_m - first_m, group_size)
     pid_m = first_m + (tile % per_group) % group_m
     pid_n = (tile % per_group) // group_m
     return pid_m, pid_n
@@ -352,10 +353,17 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 local_tile = tile // WORLD
             pid_m, pid_n = _tile_coords(local_tile, local_m, num_n, GROUP_M)
             off_m = dest * m_per_rank + pid_m * BM
+        elif WAIT_FOR_ROWS:
+            # Groups no taller than one rank's rows: the first group is then this rank's own rows
+            # for every n, as the rotation by `shift` intends. A group spanning two ranks' rows
+            # (M = 1024 on two GPUs: 4 m-tiles a rank, GROUP_M = 8) put the peer's rows into the
+            # first wave, whose programs then all waited for the transfer.
+            group_size = tl.maximum(tl.minimum(m_per_rank // BM, GROUP_M), 1)
+            pid_m, pid_n = _tile_coords(tile, num_m, num_n, group_size)
+            pid_m = (pid_m + shift) % num_m
+            off_m = pid_m * BM
         else:
             pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
-            if WAIT_FOR_ROWS:
-                pid_m = (pid_m + shift) % num_m
             off_m = pid_m * BM
         off_n = pid_n * BN
         if WAIT_FOR_ROWS:
