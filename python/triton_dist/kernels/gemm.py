@@ -188,12 +188,26 @@ def _sum_own_tile(acc, partials, out, signals, rows, cols, mask, stride, m_per_r
     """The fused GEMM+ReduceScatter's own tile: wait for each peer's partial of it, add them to
     ``acc`` (rank order from ``rank + 1``), store the sum into ``out``."""
     offs = rows.to(tl.int64)[:, None] * stride + cols[None, :]
-    for i in tl.static_range(1, WORLD):
-        r = (rank + i) % WORLD
-        token = dl.wait(signals + r * signal_region + tile, 1, "sys", "acquire", epoch)
-        src = partials + (r * m_per_rank).to(tl.int64) * stride + offs
-        acc += tl.load(dl.consume_token(src, token), mask=mask).to(tl.float32)
+    if WORLD <= 2:
+        for i in tl.static_range(1, WORLD):
+            acc = _add_peer_partial(acc, partials, offs, mask, stride, m_per_rank, signals, signal_region, tile,
+                                    (rank + i) % WORLD, epoch)
+    else:
+        # A loop, not unrolled, and not pipelined (each load must follow its wait): unrolled, the
+        # compiler kept several peers' partial tiles live at once and ptxas spilled (3.3 KB a
+        # thread for the 128x256 tile at 8 ranks, 0.8 KB at 4; none at 2, which stays unrolled).
+        for i in tl.range(1, WORLD, num_stages=1, loop_unroll_factor=1):
+            acc = _add_peer_partial(acc, partials, offs, mask, stride, m_per_rank, signals, signal_region, tile,
+                                    (rank + i) % WORLD, epoch)
     tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _add_peer_partial(acc, partials, offs, mask, stride, m_per_rank, signals, signal_region, tile, r, epoch):
+    """``acc`` plus peer ``r``'s partial of this rank's tile, loaded after its signal."""
+    token = dl.wait(signals + r * signal_region + tile, 1, "sys", "acquire", epoch)
+    src = partials + (r * m_per_rank).to(tl.int64) * stride + offs
+    return acc + tl.load(dl.consume_token(src, token), mask=mask).to(tl.float32)
 
 
 @triton.jit
@@ -215,11 +229,27 @@ def _all_reduce_tile(acc, partials, partials_base, half, out, signals, off_m, of
     for i in tl.static_range(WORLD):
         dl.notify(signals + rank * signal_region + tile, (rank + i) % WORLD, epoch, "set", "intra_node")
     total = tl.zeros((BM, BN), tl.float32)
-    for r in tl.static_range(WORLD):
-        token = dl.wait(signals + r * signal_region + tile, 1, "sys", "acquire", epoch)
-        theirs = tl.load(dl.consume_token(partials + r * slot + offs, token), mask=mask & (r != rank))
-        total += tl.where(r == rank, acc, theirs)
+    if WORLD <= 2:
+        # Unrolled: at two ranks the loop below made ptxas spill more (28 against 4 bytes a thread
+        # for the 128x128 tile, 64 against 32 for skinny_n128).
+        for r in tl.static_range(WORLD):
+            total = _add_rank_partial(total, acc, partials, slot, offs, mask, signals, signal_region, tile, rank, r,
+                                      epoch)
+    else:
+        # A loop, as in _sum_own_tile: unrolled, the partials of several ranks stayed live and ptxas
+        # spilled ~3 KB a thread at 8 ranks.
+        for r in tl.range(0, WORLD, num_stages=1, loop_unroll_factor=1):
+            total = _add_rank_partial(total, acc, partials, slot, offs, mask, signals, signal_region, tile, rank, r,
+                                      epoch)
     tl.store(out + offs, total.to(out.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _add_rank_partial(total, acc, partials, slot, offs, mask, signals, signal_region, tile, rank, r, epoch):
+    """``total`` plus rank ``r``'s partial of this tile (``acc`` itself for this rank), after its signal."""
+    token = dl.wait(signals + r * signal_region + tile, 1, "sys", "acquire", epoch)
+    theirs = tl.load(dl.consume_token(partials + r * slot + offs, token), mask=mask & (r != rank))
+    return total + tl.where(r == rank, acc, theirs)
 
 
 @triton.jit(do_not_specialize=["M", "N", "K", "rank", "m_per_rank", "half_elems", "signal_region", "chunk_n"])

@@ -51,10 +51,8 @@ def without_wait_timeout_report(ptx: str) -> str:
     return _WAIT_TIMEOUT_REPORT.sub("", ptx)
 
 
-def wgmma_serialized(ptx: str) -> bool:
-    """Whether ptxas serialises the wgmma instructions of ``ptx`` (its warning C7510: a function
-    call in the kernel, for one, makes every wgmma wait for the previous one). Runs the ptxas that
-    Triton ships with ``-v`` for sm_90a."""
+def _ptxas_report(ptx: str) -> str:
+    """What the ptxas that Triton ships prints with ``-v`` for ``ptx`` on sm_90a."""
     import os
     import subprocess
     import tempfile
@@ -68,7 +66,25 @@ def wgmma_serialized(ptx: str) -> bool:
             f.write(ptx)
         run = subprocess.run([ptxas, "-arch=sm_90a", "-v", source, "-o", os.path.join(tmp, "kernel.cubin")],
                              capture_output=True, text=True, check=True)
-    return "C7510" in run.stdout + run.stderr
+    return run.stdout + run.stderr
+
+
+def wgmma_serialized(ptx: str) -> bool:
+    """Whether ptxas serialises the wgmma instructions of ``ptx`` (its warning C7510: a function
+    call in the kernel, for one, makes every wgmma wait for the previous one)."""
+    return "C7510" in _ptxas_report(ptx)
+
+
+def spill_bytes(ptx: str) -> tuple[int, int]:
+    """``(spill stores, spill loads)`` in bytes per thread that ptxas reports for ``ptx`` (the
+    largest over the module's functions)."""
+    import re
+
+    report = _ptxas_report(ptx)
+    found = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    if not found:
+        raise RuntimeError(f"ptxas -v printed no spill line:\n{report}")
+    return max(int(a) for a, _ in found), max(int(b) for _, b in found)
 
 
 def ptx_calls(ptx: str) -> list[str]:
