@@ -19,10 +19,26 @@ import triton_dist as tdist
 def runtime():
     if "RANK" not in os.environ:
         pytest.skip("GPU tests run under torchrun (scripts/gpu-test)", allow_module_level=True)
-    tdist.init(heap_size="2G")
+    # Contexts sized by the world (gathered rows, every rank's partials) grow with it: 2 GiB was
+    # measured enough at two ranks; give each rank 1 GiB more per rank beyond.
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    tdist.init(heap_size=f"{2 + max(0, world - 2)}G")
     yield
     if tdist.is_initialized():
         tdist.finalize()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fresh_op_contexts():
+    """Each test module starts and ends without the ops' cached contexts, so one module's symmetric
+    memory is free for the next (every rank runs the same modules, so this stays collective)."""
+    yield
+    if tdist.is_initialized():
+        from triton_dist import ops
+
+        torch.cuda.synchronize()
+        tdist.barrier()
+        ops.clear_contexts()
 
 
 def all_ranks_agree(ok: bool, what: str) -> None:
