@@ -17,7 +17,10 @@ M sweep for llama3.1-70b), ``K`` split across ranks.
 - ``gemm_us`` / ``cublas_us``: our GEMM alone / ``torch.matmul``, ``[M, N, K]``;
 - ``transfer_us``: the reduce-scatter of the ``[M, N]`` partial alone, the faster of
   ``ops.reduce_scatter`` and NCCL;
-- ``bound_us`` = max(``gemm_us``, ``transfer_us``) (DESIGN §7, an overlapped op).
+- ``bound_us`` = max(``gemm_us``, ``transfer_us``) (DESIGN §7, an overlapped op);
+- outside CUDA graphs: ``ours_eager_us`` and ``torch_nccl_eager_us`` (per-call timing, host launch
+  included), ``ours_host_enqueue_us`` (host time of one call with the GPU idle: the Python and
+  driver calls that queue it; ``fused_ce`` queues its copy stream's operations one by one).
 
 Every contender's result is checked against the fp32 reference (max |error| / max |ref| < 1e-2)
 first. Timing: :mod:`triton_dist.bench.timing`, CUDA graphs (every contender but the symm_mem
@@ -65,6 +68,24 @@ def _symm_mem_op(a, b):
         return run, None
     except Exception as e:  # noqa: BLE001
         return None, f"{type(e).__name__}: {e}"
+
+
+def _host_enqueue_us(fn, iters: int) -> float:
+    """Median host time (µs) of one call of ``fn`` that returns once its work is queued: the GPU
+    is synchronised before each, so only the Python and driver calls are inside."""
+    import statistics
+    import time
+
+    import torch
+
+    samples = []
+    for _ in range(iters):
+        bench.sync_and_barrier()
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
 
 
 def main() -> int:
@@ -148,6 +169,10 @@ def main() -> int:
         times = {name: bench.median_us(fn, warmup=3, iters=iters, graph=True) for name, fn in fns.items()}
         if symm is not None:
             times["torch_symm_mem"] = bench.median_us(symm, warmup=3, iters=iters, graph=False)
+        # Outside a graph: fused_ce queues O(world x chunks) stream operations from Python per call.
+        for name in ("ours", "torch_nccl"):
+            times[f"{name}_eager"] = bench.median_us(fns[name], warmup=3, iters=iters, graph=False)
+        host_us = bench.max_over_ranks(_host_enqueue_us(fns["ours"], iters))
         transfer = min(times["rs_ours"], times["rs_nccl"])
         bound = max(times["gemm"], transfer)
         flop = 2.0 * big_m * n * k
@@ -155,7 +180,8 @@ def main() -> int:
         log(f"{label} M={big_m} N={n} K={k}: ours ({AUTO_VARIANT}) {times['ours']:.1f} us, {per_variant}, "
             f"matmul+NCCL {times['torch_nccl']:.1f} us, symm_mem {times.get('torch_symm_mem', float('nan')):.1f} us, "
             f"gemm alone {times['gemm']:.1f} us (cuBLAS {times['cublas']:.1f} us), transfer {transfer:.1f} us, "
-            f"bound {bound:.1f} us, errors {errors}, checks {checks}")
+            f"bound {bound:.1f} us; eager: ours {times['ours_eager']:.1f} us (host enqueue {host_us:.1f} us), "
+            f"matmul+NCCL {times['torch_nccl_eager']:.1f} us; errors {errors}, checks {checks}")
         records.append(
             bench.record("gemm_rs", shape=[big_m, n, k], dtype="bfloat16", world_size=world, gpu=gpu, model=label,
                          ours_us=times["ours"],
@@ -167,6 +193,8 @@ def main() -> int:
                          gemm_vs_cublas=times["cublas"] / times["gemm"], transfer_us=transfer,
                          reduce_scatter_ours_us=times["rs_ours"], reduce_scatter_nccl_us=times["rs_nccl"],
                          ours_tflops=flop / (times["ours"] * 1e6), of_bound=bound / times["ours"],
+                         ours_eager_us=times["ours_eager"], torch_nccl_eager_us=times["torch_nccl_eager"],
+                         ours_host_enqueue_us=host_us,
                          verified=all(checks[v] for v in ("ours", "gemm", *_VARIANTS)), checks=checks,
                          rel_errors={name: (e if e < 1e30 else None) for name, e in errors.items()},
                          timing={"iters": iters, "cuda_graph": True, "torch_symm_mem_cuda_graph": False,
@@ -177,7 +205,8 @@ def main() -> int:
         del ctx
         ops.clear_contexts()  # the transfer's cached contexts: the next shape's need the heap
 
-    extra = ("model", *(f"{v}_us" for v in _VARIANTS), "gemm_us", "cublas_us", "transfer_us", "of_bound")
+    extra = ("model", *(f"{v}_us" for v in _VARIANTS), "gemm_us", "cublas_us", "transfer_us", "of_bound",
+             "ours_eager_us", "ours_host_enqueue_us")
     return bench.script.finish("gemm_rs", records, args, extra)
 
 
