@@ -35,7 +35,9 @@ AUTO_CE_TWO_SHOT_MIN_BYTES = 512 << 20
 """``all_reduce(method="auto")`` uses ``"ce_two_shot"`` (copy engines) from this many bytes. In the
 run above it lost to two-shot at 256 MiB (1133 against 958 us, bf16) and won or tied at 1 GB
 (bf16 2983 against 3411 us, fp32 3138 against 3139); 512 MiB, the threshold, was not measured.
-Its transfers also leave the SMs to concurrent kernels (only the additions run on them)."""
+Its transfers also leave the SMs to concurrent kernels (only the additions run on them). Two ranks
+only: with more, each call queues ``5 (w - 1)`` copy-stream operations per chunk from Python and
+one pull stream visits the peers in turn, neither measured yet."""
 
 AUTO_LL_MAX_BYTES = 32 << 10
 """``all_reduce(method="auto")`` uses ``"ll"`` up to this many bytes (capped by
@@ -151,7 +153,7 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     machines whose GPUs are not all linked to each other; its first call allocates an fp32 inbox,
     so make it outside CUDA graph capture) or ``"auto"`` (``"ll"`` up to :data:`AUTO_LL_MAX_BYTES`, one-shot up to
     :data:`AUTO_ONE_SHOT_MAX_BYTES`, two-shot above, ``"ce_two_shot"`` from
-    :data:`AUTO_CE_TWO_SHOT_MIN_BYTES`).
+    :data:`AUTO_CE_TWO_SHOT_MIN_BYTES` on two ranks).
     Every rank gets bit-identical results (``"ll"`` and ``"one_shot"`` the same bits).
     ``context``: an :class:`~triton_dist.kernels.AllReduceContext` of ``x``'s dtype to use instead
     of a cached one.
@@ -180,7 +182,9 @@ def auto_all_reduce_method(nbytes: int, world: int, ll_max_bytes: int) -> str:
         return "ll"
     if nbytes <= AUTO_ONE_SHOT_MAX_BYTES * 2 // max(2, world):
         return "one_shot"
-    return "two_shot" if nbytes < AUTO_CE_TWO_SHOT_MIN_BYTES else "ce_two_shot"
+    if world == 2 and nbytes >= AUTO_CE_TWO_SHOT_MIN_BYTES:
+        return "ce_two_shot"
+    return "two_shot"
 
 
 def all_gather(x, *, out=None, method: str = "auto", context=None):

@@ -65,6 +65,31 @@ def test_matches_torch(n, method, dtype):
     all_ranks_agree(_same_everywhere(got), f"all_reduce {method} n={n} {dtype}: ranks differ")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_ce_two_shot_many_chunks_at_any_world_size(dtype):
+    """Several copy-engine chunks per shard whatever the world size (4099 * 1031 elements give
+    several only on two ranks): a context whose chunks may be as small as 64 KiB, fresh data, a
+    poisoned output, every element checked, 20 calls back to back."""
+    ctx = AllReduceContext(8 << 20, dtype)
+    ctx.CE_MIN_CHUNK_BYTES = 64 << 10  # the same on every rank: ce_chunking reads it per call
+    n = ctx.max_numel - 12345
+    shard_tiles = -(-n // (dist.get_world_size() * ctx.BLOCK))
+    assert ctx.ce_chunking(shard_tiles)[1] > 1
+    ok, bad = True, []
+    outs = []
+    for i in range(20):
+        x = _fresh(n, dtype, seed=700 + i)
+        out = torch.full_like(x, float("nan"))
+        ops.all_reduce(x, out=out, method="ce_two_shot", context=ctx)
+        outs.append((x, out))
+    torch.cuda.synchronize()
+    for i, (x, out) in enumerate(outs):
+        if not _matches(x, out):
+            ok = False
+            bad.append(i)
+    all_ranks_agree(ok, f"ce_two_shot with many chunks, {dtype}: wrong at calls {bad}")
+
+
 @pytest.fixture(scope="module")
 def bits_contexts():
     """dtype -> AllReduceContext, created on first use (every rank runs the same parametrisations
