@@ -22,9 +22,10 @@ two are the same transfer.
 
 Buffer reuse: the receive buffer alternates halves by the epoch's parity, as the callers' other
 methods do (:mod:`triton_dist.kernels.context`): a rank writes rank ``me + 1``'s half ``e % 2``
-again only in call ``e + 2``, after finishing call ``e + 1``, which needed the chunk of rank
-``me + 1`` of call ``e + 1`` (it arrives at the last step), sent after rank ``me + 1`` finished
-call ``e``.
+again only in call ``e + 2``, after finishing call ``e + 1``, which needed something rank ``me + 1``
+sent in call ``e + 1`` (in a ring call, its own chunk, which arrives at the last step; every
+other method hears from every rank directly), hence sent after rank ``me + 1`` finished call
+``e`` and its reads of half ``e % 2``.
 """
 
 import triton
