@@ -22,9 +22,9 @@ Two-shot (:func:`all_reduce_two_shot_kernel`), bandwidth-bound sizes. The tensor
    rank (stores through ``dl.symm_at``) and notifies signal ``(me, p)`` of region 1 on rank ``s``,
    for every peer ``s`` (its own shard stays in ``x``);
 2. reduce: it waits for region-1 signal ``(r, p)`` from every peer, sums its tiles of its own shard
-   over the ranks (fp32, rank order; its own part read from ``x``, the peers' from the ``WORLD - 1``
-   staging slots), writes the result into its own output and into
-   every peer's gather buffer, and notifies region-2 signal ``(me, p)`` on every peer;
+   over the ranks (fp32, rank order; its own part read from ``x``, the peers' from the
+   ``WORLD - 1`` staging slots), writes the result into its own output and into every peer's
+   gather buffer, and notifies region-2 signal ``(me, p)`` on every peer;
 3. gather: it waits for region-2 signal ``(r, p)`` from every peer and copies shard ``r``'s tiles
    from the gather buffer into the output.
 
@@ -49,9 +49,9 @@ which is why LL is for latency-bound sizes only. Reuse of the LL buffer between 
   ``e + 1`` (stream order), and call ``e + 1``, of any method, does not finish before it received
   data or a signal from every peer's call ``e + 1`` (directly, or for the ring through the chain
   of ranks: its last step carries what rank ``me + 1`` sent at its first), which every peer sends
-  only after finishing its call ``e`` (stream order again). So no peer still reads half ``e % 2`` for call ``e`` when
-  this rank writes it for call ``e + 2``, and no word of call ``e + 2`` can reach a rank that has
-  not finished reading call ``e``'s.
+  only after finishing its call ``e`` (stream order again). So no peer still reads half ``e % 2``
+  for call ``e`` when this rank writes it for call ``e + 2``, and no word of call ``e + 2`` can
+  reach a rank that has not finished reading call ``e``'s.
 - flags: call ``e`` writes flag ``e mod (2^32 - 1) + 1``, never 0 (the buffer is zeroed at
   creation, so a never-written word never matches). A word a receiver spins on was last written by
   an earlier ``"ll"`` call of the same parity (or never): its flag differs from this call's unless
