@@ -10,8 +10,9 @@ Method:
   current stream around ``group`` back-to-back calls and the sample is ``elapsed / group``.
   Why the GPU barrier: the host barrier releases the ranks several µs apart (tens when a host is
   busy), and a collective on the early rank then spends that skew waiting for the late one inside
-  its timed region. That skew, not the op, made single samples of tens-of-µs collectives move by up
-  to 2.5x between runs. After a GPU barrier the ranks start within about one link latency.
+  its timed region. After a GPU barrier the ranks start within about one link latency. It did not
+  remove all run-to-run noise: two runs of unchanged all-reduce kernels on 2 x H200 agreed within
+  5 % from 32 MiB up, but differed by up to 1.7x at 2-8 MiB and 25 % below 64 KiB.
 - Counts are fixed, never adapted to the measured time: every rank must make the same number of
   calls, or a distributed kernel on one rank waits for a peer that has stopped calling (deadlock).
 - Each rank takes the median of its samples; the reported value is the MAX over ranks (an op is
