@@ -387,8 +387,14 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             # Groups no taller than one rank's rows: the first group is then this rank's own rows
             # for every n, as the rotation by `shift` intends. A group spanning two ranks' rows
             # (M = 1024 on two GPUs: 4 m-tiles a rank, GROUP_M = 8) put the peer's rows into the
-            # first wave, whose programs then all waited for the transfer.
-            group_size = tl.maximum(tl.minimum(m_per_rank // BM, GROUP_M), 1)
+            # first wave, whose programs then all waited for the transfer. The price is reading B
+            # once per group instead of once per GROUP_M m-tiles; below GROUP_M / 2 m-tiles a rank
+            # the GEMM is short enough for that to cost more than the (short) transfer it waits
+            # for, so full groups stay. A rule from this estimate, not yet measured.
+            tiles_per_rank = m_per_rank // BM
+            group_size = GROUP_M
+            if tiles_per_rank >= GROUP_M // 2:
+                group_size = tl.minimum(tiles_per_rank, GROUP_M)
             pid_m, pid_n = _tile_coords(tile, num_m, num_n, group_size)
             pid_m = (pid_m + shift) % num_m
             off_m = pid_m * BM
