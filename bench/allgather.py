@@ -68,26 +68,14 @@ all_ok = bench.script.all_ranks_ok
 def main() -> int:
     import os
 
-    parser = bench.script.argument_parser(__doc__, HERE / "results")
-    bench.script.add_dtypes_option(parser)
-    world_env = int(os.environ.get("WORLD_SIZE", "1"))
-    # The 1 GB context (3 * world times the largest size) and the symmetric out (world times).
-    parser.set_defaults(heap_size=f"{4 * world_env + 4}G")
-    args = parser.parse_args()
-
-    world, rank, device, gpu = bench.script.start(args, log)
-    dtypes = bench.script.parse_dtypes(args)
-    sizes = [8 * KIB, 256 * KIB, 16 * MIB, 256 * MIB] if args.quick else list(bench.script.COLLECTIVE_SWEEP_BYTES)
-    seen = bench.all_gather_floats(float(sum(sizes) + len(sizes) + 1000 * len(dtypes)))
-    if len(set(seen)) != 1:
-        raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
-    records = []
-    for dtype in dtypes:
-        records += sweep(dtype, sizes, 20 if args.quick else 50, world, rank, device, gpu)
-    extra = ("bytes", "method", "sm_push_us", "ce_push_us", "ce_chunked_us", "ce_pull_us", "ring_us", "ll_us",
-             "busbw_gbps", "zero_copy_us", "zero_copy_method", "zero_copy_busbw_gbps", "zero_copy_link_fraction",
-             "torch_nccl_busbw_gbps")
-    return bench.script.finish("allgather", records, args, extra)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    # Heap: the 1 GB context (3 * world times the largest size) and the symmetric out (world times).
+    return bench.script.collective_main(
+        "allgather", __doc__, HERE / "results", log, sweep, heap_size=f"{4 * world + 4}G",
+        quick_sizes=[8 * KIB, 256 * KIB, 16 * MIB, 256 * MIB],
+        extra=("bytes", "method", "sm_push_us", "ce_push_us", "ce_chunked_us", "ce_pull_us", "ring_us", "ll_us",
+               "busbw_gbps", "zero_copy_us", "zero_copy_method", "zero_copy_busbw_gbps", "zero_copy_link_fraction",
+               "torch_nccl_busbw_gbps"))
 
 
 def sweep(dtype, sizes: list[int], iters: int, world: int, rank: int, device, gpu: str) -> list[dict]:

@@ -61,24 +61,12 @@ def make_symm_mem_baseline(n_max: int, dtype, device):
 
 
 def main() -> int:
-    parser = bench.script.argument_parser(__doc__, HERE / "results")
-    bench.script.add_dtypes_option(parser)
-    parser.set_defaults(heap_size="12G")  # the 1 GB context: staging and gather buffers, two halves each
-    args = parser.parse_args()
-
-    world, rank, device, gpu = bench.script.start(args, log)
-    dtypes = bench.script.parse_dtypes(args)
-    sizes = ([8 * KIB, 64 * KIB, 256 * KIB, 4 * MIB, 64 * MIB] if args.quick else
-             list(bench.script.COLLECTIVE_SWEEP_BYTES))
-    seen = bench.all_gather_floats(float(sum(sizes) + len(sizes) + 1000 * len(dtypes)))
-    if len(set(seen)) != 1:
-        raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
-    records = []
-    for dtype in dtypes:
-        records += sweep(dtype, sizes, 20 if args.quick else 50, world, rank, device, gpu)
-    extra = ("bytes", "method", "ll_us", "one_shot_us", "two_shot_us", "ce_two_shot_us", "ring_us", "busbw_gbps",
-             "torch_nccl_busbw_gbps")
-    return bench.script.finish("allreduce", records, args, extra)
+    # Heap: the 1 GB context's staging and gather buffers, two halves each, and the ring's inbox.
+    return bench.script.collective_main(
+        "allreduce", __doc__, HERE / "results", log, sweep, heap_size="12G",
+        quick_sizes=[8 * KIB, 64 * KIB, 256 * KIB, 4 * MIB, 64 * MIB],
+        extra=("bytes", "method", "ll_us", "one_shot_us", "two_shot_us", "ce_two_shot_us", "ring_us", "busbw_gbps",
+               "torch_nccl_busbw_gbps"))
 
 
 def sweep(dtype, sizes: list[int], iters: int, world: int, rank: int, device, gpu: str) -> list[dict]:

@@ -49,22 +49,11 @@ all_ok = bench.script.all_ranks_ok
 
 
 def main() -> int:
-    parser = bench.script.argument_parser(__doc__, HERE / "results")
-    bench.script.add_dtypes_option(parser)
-    parser.set_defaults(heap_size="12G")  # the 1 GB context's staging buffers
-    args = parser.parse_args()
-
-    world, rank, device, gpu = bench.script.start(args, log)
-    dtypes = bench.script.parse_dtypes(args)
-    sizes = [256 * KIB, 4 * MIB, 64 * MIB] if args.quick else list(bench.script.COLLECTIVE_SWEEP_BYTES)
-    seen = bench.all_gather_floats(float(sum(sizes) + len(sizes) + 1000 * len(dtypes)))
-    if len(set(seen)) != 1:
-        raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
-    records = []
-    for dtype in dtypes:
-        records += sweep(dtype, sizes, 20 if args.quick else 50, world, rank, device, gpu)
-    extra = ("bytes", "method", "push_us", "ring_us", "ll_us", "busbw_gbps", "torch_nccl_busbw_gbps")
-    return bench.script.finish("reduce_scatter", records, args, extra)
+    # Heap: the 1 GB context's staging buffers and fp32 ring inbox.
+    return bench.script.collective_main(
+        "reduce_scatter", __doc__, HERE / "results", log, sweep, heap_size="12G",
+        quick_sizes=[256 * KIB, 4 * MIB, 64 * MIB],
+        extra=("bytes", "method", "push_us", "ring_us", "ll_us", "busbw_gbps", "torch_nccl_busbw_gbps"))
 
 
 def sweep(dtype, sizes: list[int], iters: int, world: int, rank: int, device, gpu: str) -> list[dict]:

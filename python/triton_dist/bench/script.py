@@ -102,6 +102,30 @@ ROUND_TRIP_US = 2.9
 """One-signal round trip between the GPUs, microseconds."""
 
 
+def collective_main(name: str, description: str, results_root: Path, log, sweep, *, quick_sizes, extra,
+                    heap_size: str) -> int:
+    """The whole ``main`` of a collective benchmark: the common options plus ``--dtypes``, the
+    runtime started with ``heap_size`` unless ``--heap-size`` says otherwise, the sizes checked to
+    be the same on every rank, then ``sweep(dtype, sizes, iters, world, rank, device, gpu)`` (a
+    list of records) for each dtype, and :func:`finish` with the ``extra`` columns."""
+    from .timing import all_gather_floats
+
+    parser = argument_parser(description, results_root)
+    add_dtypes_option(parser)
+    parser.set_defaults(heap_size=heap_size)
+    args = parser.parse_args()
+    world, rank, device, gpu = start(args, log)
+    dtypes = parse_dtypes(args)
+    sizes = list(quick_sizes) if args.quick else list(COLLECTIVE_SWEEP_BYTES)
+    seen = all_gather_floats(float(sum(sizes) + len(sizes) + 1000 * len(dtypes)))
+    if len(set(seen)) != 1:
+        raise RuntimeError(f"ranks disagree on the sizes to run: {seen} (run every rank with the same flags)")
+    records = []
+    for dtype in dtypes:
+        records += sweep(dtype, sizes, 20 if args.quick else 50, world, rank, device, gpu)
+    return finish(name, records, args, extra)
+
+
 def logger(tag: str):
     """A ``log(message)`` that prints ``[tag] message`` on rank 0."""
 
