@@ -16,6 +16,7 @@
 #include "tdist/runtime.h"
 #include "tdist/signal_pad.h"
 #include "tdist/stream_ops.h"
+#include "tdist/stream_schedule.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -59,7 +60,7 @@ std::vector<nb::bytes> to_bytes(const std::vector<std::string>& blobs) {
 }  // namespace
 
 NB_MODULE(_C, m) {
-  m.doc() = "triton_dist C++ core: bootstrap, symmetric heap, signal pads, stream memory ops";
+  m.doc() = "triton_dist C++ core: bootstrap, symmetric heap, signal pads, stream memory ops and schedules";
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -222,6 +223,44 @@ NB_MODULE(_C, m) {
                               height);
       },
       "stream"_a, "dst"_a, "dst_pitch"_a, "src"_a, "src_pitch"_a, "width_bytes"_a, "height"_a);
+
+  nb::class_<tdist::StreamSchedule>(m, "StreamSchedule",
+                                    "Stream operations recorded once, enqueued with one call.")
+      .def(nb::init<>())
+      .def(
+          "wait_value64",
+          [](tdist::StreamSchedule& self, std::uintptr_t address, std::uint64_t value) {
+            self.wait_value64(reinterpret_cast<const std::uint64_t*>(address), value);
+          },
+          "address"_a, "value"_a)
+      .def(
+          "write_value64",
+          [](tdist::StreamSchedule& self, std::uintptr_t address, std::uint64_t value) {
+            self.write_value64(reinterpret_cast<std::uint64_t*>(address), value);
+          },
+          "address"_a, "value"_a)
+      .def(
+          "copy",
+          [](tdist::StreamSchedule& self, std::uintptr_t dst, std::uintptr_t src, std::size_t bytes) {
+            self.copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+          },
+          "dst"_a, "src"_a, "bytes"_a)
+      .def(
+          "copy_2d",
+          [](tdist::StreamSchedule& self, std::uintptr_t dst, std::size_t dst_pitch, std::uintptr_t src,
+             std::size_t src_pitch, std::size_t width_bytes, std::size_t height) {
+            self.copy_2d(reinterpret_cast<void*>(dst), dst_pitch, reinterpret_cast<const void*>(src),
+                         src_pitch, width_bytes, height);
+          },
+          "dst"_a, "dst_pitch"_a, "src"_a, "src_pitch"_a, "width_bytes"_a, "height"_a)
+      .def(
+          "enqueue",
+          [](const tdist::StreamSchedule& self, std::uintptr_t stream) {
+            self.enqueue(reinterpret_cast<CUstream>(stream));
+          },
+          "stream"_a)
+      .def("__len__", &tdist::StreamSchedule::size)
+      .def_prop_ro("driver_calls", &tdist::StreamSchedule::driver_calls);
 
   nb::class_<tdist::SignalPad>(m, "SignalPad")
       .def(

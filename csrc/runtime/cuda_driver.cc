@@ -24,6 +24,8 @@ const CudaDriver& CudaDriver::get() {
     library->bind(driver.stream_write_value64, "cuStreamWriteValue64_v2");
     library->bind(driver.stream_wait_value64, "cuStreamWaitValue64_v2");
     library->bind(driver.memcpy_2d_async, "cuMemcpy2DAsync_v2");
+    library->bind(driver.memcpy_dtod_async, "cuMemcpyDtoDAsync_v2");
+    library->bind(driver.stream_batch_mem_op, "cuStreamBatchMemOp_v2");
     library->bind(driver.module_get_global, "cuModuleGetGlobal_v2");
     library->bind(driver.memcpy_htod, "cuMemcpyHtoD_v2");
     library->bind(driver.mem_host_alloc, "cuMemHostAlloc");

@@ -72,6 +72,12 @@ class Config:
     versions); ``~`` is expanded when used. Only rank 0 reads and writes it; the other ranks get rank
     0's decision, so the directory need not be shared between nodes (TRITON_DIST_AUTOTUNE_CACHE_DIR)."""
 
+    serialised_launches: bool = False
+    """Kernel launches return only when the kernel has finished (CUDA_LAUNCH_BLOCKING=1, which sets
+    it, or a tool that serialises launches: TRITON_DIST_SERIALISED_LAUNCHES=1). Copy-engine ops then
+    queue their copy stream's work before the kernel that waits for it, which costs the kernel's
+    start that host time; by default they launch the kernel first and queue the copies while it runs."""
+
     @staticmethod
     def from_environment() -> "Config":
         heap = os.environ.get("TRITON_DIST_SYMMETRIC_HEAP_SIZE")
@@ -85,6 +91,8 @@ class Config:
             wait_timeout_ns=timeout,
             debug_barriers=_env_int("TRITON_DIST_DEBUG_BARRIERS", 0) != 0,
             autotune_cache_dir=os.environ.get("TRITON_DIST_AUTOTUNE_CACHE_DIR") or Config.autotune_cache_dir,
+            serialised_launches=(_env_int("TRITON_DIST_SERIALISED_LAUNCHES", 0) != 0
+                                 or os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0")),
         )
 
 

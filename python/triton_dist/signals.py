@@ -39,7 +39,8 @@ class SignalPad:
         return self._pad.next_epoch()
 
 
-def _check_u64_address(tensor, index: int, op: str) -> int:
+def u64_address(tensor, index: int, op: str) -> int:
+    """The address of ``tensor[index]``, a uint64/int64 CUDA signal; raises naming ``op`` otherwise."""
     import torch
 
     if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda or tensor.dtype not in (torch.uint64, torch.int64):
@@ -57,7 +58,7 @@ def stream_write_value64(signals, index: int, value: int, stream=None) -> None:
     """
     import torch
 
-    address = _check_u64_address(signals, index, "stream_write_value64")
+    address = u64_address(signals, index, "stream_write_value64")
     stream = stream or torch.cuda.current_stream()
     _core().stream_write_value64(stream.cuda_stream, address, value)
 
@@ -66,7 +67,7 @@ def stream_wait_value64(signals, index: int, value: int, stream=None) -> None:
     """Hold ``stream`` (default: current) until ``signals[index] >= value``."""
     import torch
 
-    address = _check_u64_address(signals, index, "stream_wait_value64")
+    address = u64_address(signals, index, "stream_wait_value64")
     stream = stream or torch.cuda.current_stream()
     _core().stream_wait_value64(stream.cuda_stream, address, value)
 
@@ -80,19 +81,28 @@ def stream_copy_2d(dst, src, stream=None) -> None:
     on the same stream."""
     import torch
 
+    stream = stream or torch.cuda.current_stream()
+    _core().stream_copy_2d(stream.cuda_stream, *copy_2d_geometry(dst, src, "stream_copy_2d"))
+
+
+def copy_2d_geometry(dst, src, op: str) -> tuple[int, int, int, int, int, int]:
+    """``(dst address, dst pitch, src address, src pitch, row bytes, rows)`` of a 2-D copy
+    ``dst <- src`` (both 2-D CUDA tensors with contiguous rows, same shape and dtype); raises a
+    ValueError naming ``op`` otherwise."""
+    import torch
+
     for name, t in (("dst", dst), ("src", src)):
         if not isinstance(t, torch.Tensor) or not t.is_cuda or t.dim() != 2 or (t.size(1) > 1 and t.stride(1) != 1):
-            raise ValueError(f"triton_dist stream_copy_2d: {name} must be a 2-D CUDA tensor with contiguous rows "
+            raise ValueError(f"triton_dist {op}: {name} must be a 2-D CUDA tensor with contiguous rows "
                              f"(stride(1) == 1), got {type(t).__name__} "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else ''}")
         if t.size(0) > 1 and t.stride(0) < t.size(1):
-            raise ValueError(f"triton_dist stream_copy_2d: {name}'s rows overlap (stride(0) = {t.stride(0)} < "
+            raise ValueError(f"triton_dist {op}: {name}'s rows overlap (stride(0) = {t.stride(0)} < "
                              f"{t.size(1)} elements per row); pass distinct rows")
     if dst.shape != src.shape or dst.dtype != src.dtype:
-        raise ValueError(f"triton_dist stream_copy_2d: dst is {tuple(dst.shape)} {dst.dtype}, src "
+        raise ValueError(f"triton_dist {op}: dst is {tuple(dst.shape)} {dst.dtype}, src "
                          f"{tuple(src.shape)} {src.dtype}; they must match")
     item = src.element_size()
-    stream = stream or torch.cuda.current_stream()
     # A single row's stride may be anything (torch reports 1 for [1, n]): its pitch is the row.
-    _core().stream_copy_2d(stream.cuda_stream, dst.data_ptr(), max(dst.stride(0), dst.size(1)) * item, src.data_ptr(),
-                           max(src.stride(0), src.size(1)) * item, src.size(1) * item, src.size(0))
+    return (dst.data_ptr(), max(dst.stride(0), dst.size(1)) * item, src.data_ptr(),
+            max(src.stride(0), src.size(1)) * item, src.size(1) * item, src.size(0))

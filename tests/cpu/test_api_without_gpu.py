@@ -88,3 +88,23 @@ def test_stream_ops_without_driver_say_so():
 def test_stream_copy_2d_rejects_pitch_below_row():
     with pytest.raises(RuntimeError, match="stream_copy_2d.*pitches"):
         _C.stream_copy_2d(0, 0, 64, 0, 256, 128, 2)
+
+
+def test_stream_schedule_records_without_a_gpu_and_batches_memops():
+    schedule = _C.StreamSchedule()
+    schedule.wait_value64(0x1000, 1)
+    schedule.write_value64(0x1000, 0)
+    schedule.copy_2d(0x200000, 512, 0x300000, 1024, 256, 8)
+    schedule.write_value64(0x1008, 1)
+    assert len(schedule) == 4
+    assert schedule.driver_calls == 3  # wait+write share a batch; the copy splits it
+    with pytest.raises(RuntimeError, match="StreamSchedule.copy_2d.*pitches"):
+        schedule.copy_2d(0, 64, 0, 256, 128, 2)
+
+
+@pytest.mark.skipif(_driver_present(), reason="a CUDA driver is installed here")
+def test_stream_schedule_enqueue_without_driver_says_so():
+    schedule = _C.StreamSchedule()
+    schedule.write_value64(0x1000, 1)
+    with pytest.raises(RuntimeError, match="No NVIDIA driver|libcuda"):
+        schedule.enqueue(0)

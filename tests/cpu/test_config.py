@@ -33,10 +33,21 @@ def test_environment_overrides(monkeypatch):
 
 def test_defaults(monkeypatch):
     for name in ("TRITON_DIST_SYMMETRIC_HEAP_SIZE", "TRITON_DIST_LOCAL_WORLD_SIZE", "TRITON_DIST_BOOTSTRAP_TIMEOUT_S",
-                 "TRITON_DIST_WAIT_TIMEOUT_NS", "TRITON_DIST_DEBUG_BARRIERS", "TRITON_DIST_AUTOTUNE_CACHE_DIR"):
+                 "TRITON_DIST_WAIT_TIMEOUT_NS", "TRITON_DIST_DEBUG_BARRIERS", "TRITON_DIST_AUTOTUNE_CACHE_DIR",
+                 "TRITON_DIST_SERIALISED_LAUNCHES", "CUDA_LAUNCH_BLOCKING"):
         monkeypatch.delenv(name, raising=False)
     assert config.Config.from_environment() == config.Config()
     assert config.Config().autotune_cache_dir == "~/.cache/triton_dist/autotune"
+
+
+@pytest.mark.parametrize("name,value,expected", [("CUDA_LAUNCH_BLOCKING", "1", True), ("CUDA_LAUNCH_BLOCKING", "0", False),
+                                                 ("TRITON_DIST_SERIALISED_LAUNCHES", "1", True),
+                                                 ("TRITON_DIST_SERIALISED_LAUNCHES", "0", False)])
+def test_serialised_launches_follow_cuda_launch_blocking(monkeypatch, name, value, expected):
+    monkeypatch.delenv("CUDA_LAUNCH_BLOCKING", raising=False)
+    monkeypatch.delenv("TRITON_DIST_SERIALISED_LAUNCHES", raising=False)
+    monkeypatch.setenv(name, value)
+    assert config.Config.from_environment().serialised_launches is expected
 
 
 def test_empty_autotune_cache_dir_means_the_default(monkeypatch):

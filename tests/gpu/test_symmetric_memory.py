@@ -160,3 +160,61 @@ def test_stream_copy_2d_sends_a_tile_column_to_the_peer():
         tdist.stream_copy_2d(a, torch.zeros(8, device="cuda").expand(8, 8))
     with pytest.raises(ValueError, match="must match"):
         tdist.stream_copy_2d(a[:4], a)
+
+
+def test_stream_schedule_replays_a_chunked_push_eagerly_and_in_a_graph():
+    """A StreamSchedule recorded once (contiguous and 2-D copies into the right neighbour, each
+    chunk published by a 0/1 flag that the receiver waits for and resets) carries fresh data on
+    every enqueue, 60 times eagerly and 60 as a replayed CUDA graph, and leaves every flag at 0."""
+    me, world = tdist.rank(), tdist.world_size()
+    right, left = (me + 1) % world, (me - 1) % world
+    chunks, chunk = 7, 12345  # odd sizes
+    pad = tdist.SignalPad(chunks)
+    dst = tdist.symm_empty((chunks * chunk,), torch.float32)
+    tile_dst = tdist.symm_empty((64, 300), torch.float32)
+    src, tile_src = torch.empty_like(dst), torch.empty_like(tile_dst)
+    peer_dst, peer_tile, peer_pad = (tdist.peer_tensor(t, right) for t in (dst, tile_dst, pad.signals))
+    send, receive = tdist.StreamSchedule(), tdist.StreamSchedule()
+    for c in range(chunks):
+        send.copy(peer_dst[c * chunk:(c + 1) * chunk], src[c * chunk:(c + 1) * chunk])
+        if c == 3:
+            send.copy_2d(peer_tile[5:60, 7:251], tile_src[5:60, 7:251])
+        send.write(peer_pad, c, 1)
+        receive.wait(pad.signals, c, 1).write(pad.signals, c, 0)
+    assert len(send) == 2 * chunks + 1 and len(receive) == 2 * chunks
+    assert receive.driver_calls == 1  # 14 memory operations in a row: one batch
+    torch.cuda.synchronize()
+    tdist.barrier()
+    graph, ok = None, True
+    for it in range(120):
+        if it == 60:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                send.enqueue()
+                receive.enqueue()
+        dst.fill_(float("nan"))
+        tile_dst.fill_(-1.0)
+        src.copy_(torch.randn(dst.shape, generator=rank_generator(it, me), device="cuda"))
+        tile_src.copy_(torch.randn(tile_dst.shape, generator=rank_generator(it + 1000, me), device="cuda"))
+        torch.cuda.synchronize()
+        tdist.barrier()  # every rank's destination is poisoned before anyone sends
+        if graph is None:
+            send.enqueue()
+            receive.enqueue()
+        else:
+            graph.replay()
+        expected = torch.randn(dst.shape, generator=rank_generator(it, left), device="cuda")
+        expected_tile = torch.full(tile_dst.shape, -1.0, device="cuda")
+        sent_tile = torch.randn(tile_dst.shape, generator=rank_generator(it + 1000, left), device="cuda")
+        expected_tile[5:60, 7:251] = sent_tile[5:60, 7:251]
+        ok = ok and torch.equal(dst, expected) and torch.equal(tile_dst, expected_tile)
+        torch.cuda.synchronize()
+        tdist.barrier()
+    all_ranks_agree(ok and int(pad.signals.to(torch.int64).abs().sum()) == 0,
+                    "StreamSchedule: a chunk arrived wrong, or a flag was left set")
+    with pytest.raises(ValueError, match="contiguous"):
+        send.copy(dst[::2], src[::2])
+    with pytest.raises(ValueError, match="must match"):
+        send.copy(dst[:10], src[:11])
+    with pytest.raises(IndexError, match="out of range"):
+        send.write(pad.signals, chunks, 1)

@@ -14,6 +14,8 @@ struct CudaDriver {
   decltype(&cuStreamWriteValue64) stream_write_value64;
   decltype(&cuStreamWaitValue64) stream_wait_value64;
   decltype(&cuMemcpy2DAsync) memcpy_2d_async;
+  decltype(&cuMemcpyDtoDAsync) memcpy_dtod_async;
+  decltype(&cuStreamBatchMemOp) stream_batch_mem_op;
   decltype(&cuModuleGetGlobal) module_get_global;
   decltype(&cuMemcpyHtoD) memcpy_htod;
   decltype(&cuMemHostAlloc) mem_host_alloc;

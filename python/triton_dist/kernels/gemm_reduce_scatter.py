@@ -81,9 +81,11 @@ send after my GEMM finished reading them. No flag is lost: ``d`` sets my ready f
 call only after that ack, which follows the zeroing on ``S``; my GEMM raises a chunk flag again
 only in the next call, after ``S`` waited for the ``P`` that reset it. No deadlock: my GEMM waits
 only for peers' ``P``, which waits only for its own GEMM's tiles for other ranks (which never
-wait) and for acks sent at the end of the previous call; no ``P`` operation needs an SM, and the
-host queues ``P``'s work before the GEMM, so a serialised GEMM launch (``CUDA_LAUNCH_BLOCKING``)
-still finds every peer's copies queued.
+wait) and for acks sent at the end of the previous call; no ``P`` operation needs an SM. ``P``'s
+operations are fixed per shape, recorded once in a :class:`~triton_dist.StreamSchedule` and queued
+with one call while the GEMM runs; with serialised launches (``CUDA_LAUNCH_BLOCKING``,
+:attr:`triton_dist.config.Config.serialised_launches`) they are queued before the GEMM, whose
+launch would otherwise return only after it had waited forever for the peers' copies.
 
 TMA stores and the release: a TMA store (``cp.async.bulk.tensor``) is a write of the async
 proxy that completes asynchronously; Triton 3.6 only waits for it to have *read* its shared
@@ -130,9 +132,11 @@ import triton
 import triton.language as tl
 
 from .. import language as dl
+from .. import config as _config
 from .. import runtime as _runtime
 from ..distributed_jit import DistributedKernel, jit
-from ..signals import SignalPad, stream_copy_2d, stream_wait_value64, stream_write_value64
+from ..signals import SignalPad
+from ..stream_schedule import StreamSchedule
 from ..symmetric import peer_tensor, symm_empty
 from . import gemm as _gemm
 from .scratch import GlobalScratch
@@ -295,6 +299,11 @@ class GemmReduceScatterContext:
         peers = [r for r in range(self.world) if r != self.rank]
         self._peer_ce_rows = {r: peer_tensor(self.ce_rows, r) for r in peers}
         self._peer_ce_pad = {r: peer_tensor(self.ce_pad.signals, r) for r in peers}
+        self._ce_schedules: dict[tuple[int, str], StreamSchedule] = {}  # (M, GEMM config) -> copy stream's work
+        self._acks = StreamSchedule()  # after my GEMM: every peer may send me the next call's rows
+        for i in range(1, self.world):
+            d = (self.rank + i) % self.world
+            self._acks.write(self._peer_ce_pad[d], self._ack + self.rank, 1)
         self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
         """The device-side call counter (this call's epoch once bumped)."""
         self._side = torch.cuda.Stream(device=self.device)
@@ -401,6 +410,26 @@ class GemmReduceScatterContext:
         if target is not out:
             out.copy_(target)
 
+    def _fused_ce_schedule(self, big_m: int, config: str) -> StreamSchedule:
+        """The copy stream's operations of ``"fused_ce"`` for ``big_m`` rows and GEMM ``config``
+        (module notes, "Copy-engine protocol"): fixed per shape, recorded once."""
+        n, world, me, region = self.n, self.world, self.rank, self.tiles_per_rank
+        m = big_m // world
+        chunk_n, chunks = copy_engine_chunking(m, n, self.dtype.itemsize, config)
+        outgoing = self.ce_rows[self.half:self.half + big_m * n].view(big_m, n)
+        incoming = {d: rows[:big_m * n].view(big_m, n) for d, rows in self._peer_ce_rows.items()}
+        schedule = StreamSchedule()
+        for chunk in range(chunks):
+            r0, r1, c0, c1 = copy_engine_chunk_region(chunk, m, n, chunk_n, config)
+            for i in range(1, world):
+                d = (me + i) % world
+                if chunk == 0:  # d has read what I sent it last time
+                    schedule.wait(self.ce_pad.signals, self._ack + d, 1).write(self.ce_pad.signals, self._ack + d, 0)
+                schedule.wait(self.chunk_flags, d * region + chunk, 1).write(self.chunk_flags, d * region + chunk, 0)
+                schedule.copy_2d(incoming[d][me * m + r0:me * m + r1, c0:c1], outgoing[d * m + r0:d * m + r1, c0:c1])
+                schedule.write(self._peer_ce_pad[d], me * region + chunk, 1)
+        return schedule
+
     def _run_fused_ce(self, a, b, out) -> None:
         """``"fused_ce"`` (module notes, "Copy-engine protocol"); arguments as :meth:`run`."""
         import torch
@@ -410,7 +439,10 @@ class GemmReduceScatterContext:
         m = big_m // world
         config = _gemm.pick_config(big_m, n, k, self.num_sms)
         c = _gemm.CONFIGS[config]
-        chunk_n, chunks = copy_engine_chunking(m, n, self.dtype.itemsize, config)
+        chunk_n, _ = copy_engine_chunking(m, n, self.dtype.itemsize, config)
+        schedule = self._ce_schedules.get((big_m, config))
+        if schedule is None:
+            schedule = self._ce_schedules[(big_m, config)] = self._fused_ce_schedule(big_m, config)
         a_desc, b_desc = _gemm.operand_descriptors(a, b, config)
         stream = torch.cuda.current_stream()
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
@@ -418,35 +450,25 @@ class GemmReduceScatterContext:
         self._bumped.record(stream)
         side = self._side
         side.wait_event(self._bumped)
-        # The copy stream's work is queued before the GEMM: its operations only wait on the device,
-        # while a serialised GEMM launch (CUDA_LAUNCH_BLOCKING, a sanitizer) returns only when the
-        # GEMM has finished, which needs every peer's copies, queued the same way.
-        outgoing = self.ce_rows[self.half:self.half + big_m * n].view(big_m, n)
-        incoming = {d: rows[:big_m * n].view(big_m, n) for d, rows in self._peer_ce_rows.items()}
-        for chunk in range(chunks):
-            r0, r1, c0, c1 = copy_engine_chunk_region(chunk, m, n, chunk_n, config)
-            for i in range(1, world):
-                d = (me + i) % world
-                if chunk == 0:  # d has read what I sent it last time
-                    stream_wait_value64(self.ce_pad.signals, self._ack + d, 1, side)
-                    stream_write_value64(self.ce_pad.signals, self._ack + d, 0, side)
-                stream_wait_value64(self.chunk_flags, d * region + chunk, 1, side)
-                stream_write_value64(self.chunk_flags, d * region + chunk, 0, side)
-                stream_copy_2d(incoming[d][me * m + r0:me * m + r1, c0:c1], outgoing[d * m + r0:d * m + r1, c0:c1],
-                               side)
-                stream_write_value64(self._peer_ce_pad[d], me * region + chunk, 1, side)
+        # The copy stream's operations only wait on the device, so they may be queued while the
+        # GEMM runs, hiding their host time; a serialised GEMM launch (CUDA_LAUNCH_BLOCKING, a
+        # sanitizer) would return only when the GEMM has finished, which needs every peer's copies:
+        # then they go first.
+        copies_first = _config.get().serialised_launches
+        if copies_first:
+            schedule.enqueue(side)
         tiles = world * triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"])
         gemm_rs_producer_kernel[(max(1, min(tiles, self.num_sms)), )](
             a_desc, b_desc, self.ce_rows, big_m, n, k, self.ce_pad.signals, self.calls, me, m, half_elems=self.half,
             signal_region=region, out=target, chunk_n=chunk_n, chunk_flags=self.chunk_flags, tickets=self.tickets,
             **_gemm.kernel_meta(config, False, signal_rows=True, world=world, reduce_own=True,
                                 peer_copy_engine=True))
+        if not copies_first:
+            schedule.enqueue(side)
         # The GEMM consumed every ready flag of this call: zero them before any peer may set the
         # next call's, which it does only after the acks below.
         self.ce_pad.signals.view(torch.int64)[:self._ack].zero_()
-        for i in range(1, world):
-            d = (me + i) % world
-            stream_write_value64(self._peer_ce_pad[d], self._ack + me, 1, stream)
+        self._acks.enqueue(stream)
         stream.wait_stream(side)
         if target is not out:
             out.copy_(target)

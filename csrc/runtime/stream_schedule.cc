@@ -1,0 +1,90 @@
+#include "tdist/stream_schedule.h"
+
+#include <cstring>
+
+#include "tdist/cuda_driver.h"
+#include "tdist/error.h"
+
+namespace tdist {
+
+void StreamSchedule::add_memop(const CUstreamBatchMemOpParams& op) {
+  ++operations_;
+  if (!steps_.empty()) {
+    if (auto* batch = std::get_if<MemOpBatch>(&steps_.back()); batch && batch->size() < kMaxBatch) {
+      batch->push_back(op);
+      return;
+    }
+  }
+  steps_.emplace_back(MemOpBatch{op});
+}
+
+void StreamSchedule::wait_value64(const std::uint64_t* address, std::uint64_t value) {
+  CUstreamBatchMemOpParams op;
+  std::memset(&op, 0, sizeof(op));
+  op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+  op.waitValue.address = reinterpret_cast<CUdeviceptr>(address);
+  op.waitValue.value64 = value;
+  // GEQ, no flush: as stream_wait_value64 (stream_ops.cc says why).
+  op.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  add_memop(op);
+}
+
+void StreamSchedule::write_value64(std::uint64_t* address, std::uint64_t value) {
+  CUstreamBatchMemOpParams op;
+  std::memset(&op, 0, sizeof(op));
+  op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+  op.writeValue.address = reinterpret_cast<CUdeviceptr>(address);
+  op.writeValue.value64 = value;
+  // Default flags: a system-scope barrier first, so the stream's earlier copies are visible
+  // before the flag (CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER would break the publish protocol).
+  op.writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+  add_memop(op);
+}
+
+void StreamSchedule::copy(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  ++operations_;
+  steps_.emplace_back(Copy1D{reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), bytes});
+}
+
+void StreamSchedule::copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
+                             std::size_t width_bytes, std::size_t height) {
+  if (width_bytes == 0 || height == 0) return;
+  if (dst_pitch < width_bytes || src_pitch < width_bytes) {
+    TDIST_FAIL(-1, "StreamSchedule.copy_2d",
+               "pitches (dst " << dst_pitch << ", src " << src_pitch << " bytes) must be at least the row ("
+                               << width_bytes << " bytes): pass the row stride of each 2-D region");
+  }
+  CUDA_MEMCPY2D copy;
+  std::memset(&copy, 0, sizeof(copy));
+  copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  copy.srcDevice = reinterpret_cast<CUdeviceptr>(src);
+  copy.srcPitch = src_pitch;
+  copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  copy.dstDevice = reinterpret_cast<CUdeviceptr>(dst);
+  copy.dstPitch = dst_pitch;
+  copy.WidthInBytes = width_bytes;
+  copy.Height = height;
+  ++operations_;
+  steps_.emplace_back(copy);
+}
+
+void StreamSchedule::enqueue(CUstream stream) const {
+  const CudaDriver& driver = CudaDriver::get();
+  for (const Step& step : steps_) {
+    if (const auto* batch = std::get_if<MemOpBatch>(&step)) {
+      // The driver takes a non-const array but does not modify it.
+      check_cuda(driver.stream_batch_mem_op(stream, static_cast<unsigned>(batch->size()),
+                                            const_cast<CUstreamBatchMemOpParams*>(batch->data()), 0),
+                 -1, "StreamSchedule.enqueue", "cuStreamBatchMemOp");
+    } else if (const auto* copy = std::get_if<Copy1D>(&step)) {
+      check_cuda(driver.memcpy_dtod_async(copy->dst, copy->src, copy->bytes, stream), -1,
+                 "StreamSchedule.enqueue", "cuMemcpyDtoDAsync");
+    } else {
+      check_cuda(driver.memcpy_2d_async(&std::get<CUDA_MEMCPY2D>(step), stream), -1,
+                 "StreamSchedule.enqueue", "cuMemcpy2DAsync");
+    }
+  }
+}
+
+}  // namespace tdist
