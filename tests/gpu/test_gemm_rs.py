@@ -59,6 +59,27 @@ def test_gemm_rs_back_to_back(variant):
     all_ranks_agree(not bad, f"gemm_rs {variant} back to back: calls with wrong results (call: rel error) {bad}")
 
 
+def test_fused_ce_with_serialised_launches_queues_copies_first(monkeypatch):
+    """Config.serialised_launches moves the copy stream's work before the GEMM launch (what
+    CUDA_LAUNCH_BLOCKING needs); results must not change with the order."""
+    import dataclasses
+
+    from triton_dist import config
+
+    monkeypatch.setattr(config, "_current", dataclasses.replace(config.get(), serialised_launches=True))
+    world, dtype, calls = dist.get_world_size(), torch.bfloat16, 20
+    m, n, k = 1000, 1024, 512
+    b = rank_randn((n, k), dtype, 100)
+    inputs = [rank_randn((world * m, k), dtype, 2000 + i) for i in range(calls)]
+    outs = [torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for _ in range(calls)]
+    tdist.barrier()
+    for i in range(calls):
+        ops.gemm_rs(inputs[i], b, out=outs[i], variant="fused_ce")
+    torch.cuda.synchronize()
+    bad = {i: e for i in range(calls) if not (e := _rel_error(outs[i], _reference(inputs[i], b))) < _REL_TOL}
+    all_ranks_agree(not bad, f"gemm_rs fused_ce, copies queued first: wrong results (call: rel error) {bad}")
+
+
 @pytest.mark.parametrize("variant", _VARIANTS)
 def test_gemm_rs_back_to_back_with_changing_rows(variant):
     """One context, M shrinking and growing between unsynchronised calls: a rank already on the
