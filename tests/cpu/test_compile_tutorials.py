@@ -47,6 +47,9 @@ _CASES = [
     ("04_put_get", "announce_ready", {"signals": "*u64", "epoch": "i64"}, {}),
     ("04_put_get", "get_with_nvshmem", {"out": "*fp32", "src": "*fp32", "signals": "*u64", "n": "i32", "epoch": "i64"},
      {"BLOCK": 4096}),
+    ("06_copy_engine_pipeline", "add_when_landed",
+     {"out": "*fp32", "received": "*fp32", "local": "*fp32", "flags": "*u64", "n": "i32"},
+     {"CHUNK": 126976, "BLOCK": 1024}),
 ]
 
 

@@ -163,5 +163,10 @@ def test_put_and_get_tutorial():
     all_ranks_agree(all(results.values()), f"transfers that delivered wrong data: {results}")
 
 
+def test_copy_engine_pipeline_tutorial():
+    ok = _tutorial("06_copy_engine_pipeline").check(numel=1_000_003, rounds=40)
+    all_ranks_agree(ok, "copy-engine pipeline tutorial: wrong data, or a flag left set")
+
+
 def test_world_matches_torch():
     all_ranks_agree(dist.get_world_size() == tdist.world_size(), "world sizes differ")
