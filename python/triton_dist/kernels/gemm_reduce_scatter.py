@@ -161,6 +161,11 @@ CE_MIN_CHUNKS = 8
 rows are few), so that a destination's first chunk leaves early and its last one lands soon after
 the GEMM finishes the peers' tiles."""
 
+CE_SCHEDULES_KEPT = 64
+"""``"fused_ce"``: the copy-stream schedules a context keeps, one per ``M`` seen (a few KiB each;
+the driver copies a schedule's operations when they are enqueued or captured, so dropping one is
+safe at any time)."""
+
 VARIANTS = ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
 AUTO_VARIANT = "fused_ce"
 """What ``variant="auto"`` runs."""
@@ -442,6 +447,8 @@ class GemmReduceScatterContext:
         chunk_n, _ = copy_engine_chunking(m, n, self.dtype.itemsize, config)
         schedule = self._ce_schedules.get((big_m, config))
         if schedule is None:
+            if len(self._ce_schedules) >= CE_SCHEDULES_KEPT:  # the oldest shape goes first
+                self._ce_schedules.pop(next(iter(self._ce_schedules)))
             schedule = self._ce_schedules[(big_m, config)] = self._fused_ce_schedule(big_m, config)
         a_desc, b_desc = _gemm.operand_descriptors(a, b, config)
         stream = torch.cuda.current_stream()
