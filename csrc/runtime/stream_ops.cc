@@ -25,11 +25,10 @@ void stream_wait_value64(CUstream stream, const std::uint64_t* address, std::uin
              -1, "stream_wait_value64", "cuStreamWaitValue64");
 }
 
-void stream_copy_2d(CUstream stream, void* dst, std::size_t dst_pitch, const void* src,
-                    std::size_t src_pitch, std::size_t width_bytes, std::size_t height) {
-  if (width_bytes == 0 || height == 0) return;
+CUDA_MEMCPY2D device_copy_2d(const char* op, void* dst, std::size_t dst_pitch, const void* src,
+                             std::size_t src_pitch, std::size_t width_bytes, std::size_t height) {
   if (dst_pitch < width_bytes || src_pitch < width_bytes) {
-    TDIST_FAIL(-1, "stream_copy_2d",
+    TDIST_FAIL(-1, op,
                "pitches (dst " << dst_pitch << ", src " << src_pitch << " bytes) must be at least the row ("
                                << width_bytes << " bytes): pass the row stride of each 2-D region");
   }
@@ -43,6 +42,14 @@ void stream_copy_2d(CUstream stream, void* dst, std::size_t dst_pitch, const voi
   copy.dstPitch = dst_pitch;
   copy.WidthInBytes = width_bytes;
   copy.Height = height;
+  return copy;
+}
+
+void stream_copy_2d(CUstream stream, void* dst, std::size_t dst_pitch, const void* src,
+                    std::size_t src_pitch, std::size_t width_bytes, std::size_t height) {
+  if (width_bytes == 0 || height == 0) return;
+  const CUDA_MEMCPY2D copy =
+      device_copy_2d("stream_copy_2d", dst, dst_pitch, src, src_pitch, width_bytes, height);
   check_cuda(CudaDriver::get().memcpy_2d_async(&copy, stream), -1, "stream_copy_2d",
              "cuMemcpy2DAsync");
 }

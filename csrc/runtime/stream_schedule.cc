@@ -4,6 +4,7 @@
 
 #include "tdist/cuda_driver.h"
 #include "tdist/error.h"
+#include "tdist/stream_ops.h"
 
 namespace tdist {
 
@@ -50,23 +51,8 @@ void StreamSchedule::copy(void* dst, const void* src, std::size_t bytes) {
 void StreamSchedule::copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
                              std::size_t width_bytes, std::size_t height) {
   if (width_bytes == 0 || height == 0) return;
-  if (dst_pitch < width_bytes || src_pitch < width_bytes) {
-    TDIST_FAIL(-1, "StreamSchedule.copy_2d",
-               "pitches (dst " << dst_pitch << ", src " << src_pitch << " bytes) must be at least the row ("
-                               << width_bytes << " bytes): pass the row stride of each 2-D region");
-  }
-  CUDA_MEMCPY2D copy;
-  std::memset(&copy, 0, sizeof(copy));
-  copy.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-  copy.srcDevice = reinterpret_cast<CUdeviceptr>(src);
-  copy.srcPitch = src_pitch;
-  copy.dstMemoryType = CU_MEMORYTYPE_DEVICE;
-  copy.dstDevice = reinterpret_cast<CUdeviceptr>(dst);
-  copy.dstPitch = dst_pitch;
-  copy.WidthInBytes = width_bytes;
-  copy.Height = height;
+  steps_.emplace_back(device_copy_2d("StreamSchedule.copy_2d", dst, dst_pitch, src, src_pitch, width_bytes, height));
   ++operations_;
-  steps_.emplace_back(copy);
 }
 
 void StreamSchedule::enqueue(CUstream stream) const {

@@ -25,4 +25,9 @@ void stream_wait_value64(CUstream stream, const std::uint64_t* address, std::uin
 void stream_copy_2d(CUstream stream, void* dst, std::size_t dst_pitch, const void* src,
                     std::size_t src_pitch, std::size_t width_bytes, std::size_t height);
 
+// The driver's description of that copy, for callers that enqueue it later (StreamSchedule).
+// Throws, naming `op`, when a pitch is smaller than the row.
+CUDA_MEMCPY2D device_copy_2d(const char* op, void* dst, std::size_t dst_pitch, const void* src,
+                             std::size_t src_pitch, std::size_t width_bytes, std::size_t height);
+
 }  // namespace tdist
