@@ -1,0 +1,158 @@
+"""Host time to issue one call (µs), eager: each op of :mod:`triton_dist.ops` against its torch
+equivalent, the GPU kept busy so that only the host's issuing is timed.
+
+    torchrun --nproc-per-node=2 bench/host_overhead.py [--quick]
+
+Why: outside CUDA graphs an op whose host time exceeds its GPU time is host-bound in a loop.
+The first measurement (a throwaway script at 83199e2, one call after an idle GPU) found 169 µs
+for an 8 KiB ``ops.all_reduce`` and 457 µs for ``ops.gemm_rs``, but also 75 µs for
+``torch.matmul``: an idle GPU inflates whatever comes first. Here every rank first queues a
+``torch.cuda._sleep`` long enough to cover all the calls, then issues ``CALLS`` calls back to back;
+host time per call = the issuing's wall time / ``CALLS``. Calls queue behind the sleep on every
+rank alike, so no collective waits on the host. Median of ``REPEATS`` such rounds, max over ranks.
+
+Contenders (bf16; the small collectives are the decode case, the GEMMs the 70b prefill shapes at
+M=1024): ``ops.all_reduce`` 8 KiB (``ll``) vs ``dist.all_reduce``; ``ops.all_gather`` 8 KiB vs
+``dist.all_gather_into_tensor``; ``ops.reduce_scatter`` 8 KiB vs ``dist.reduce_scatter_tensor``;
+``ops.ag_gemm`` vs all-gather + ``matmul``; ``ops.gemm_rs`` vs ``matmul`` + reduce-scatter;
+``ops.gemm_ar`` (M=16) vs ``matmul`` + all-reduce. Each contender's result is checked once against
+the torch one before timing (the record's ``verified``). ``ours_us`` / ``baselines.torch_us`` are host
+µs per call; the GPU time of the same calls is in the other benchmarks' JSON.
+Writes bench/results/<gpu>-x<world>/host_overhead.json.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+try:
+    import triton_dist._C  # noqa: F401  an installed build
+except ImportError:
+    sys.path.insert(0, str(HERE.parent / "python"))
+
+from triton_dist import bench  # noqa: E402
+from triton_dist import ops  # noqa: E402
+
+log = bench.script.logger("host_overhead")
+all_ok = bench.script.all_ranks_ok
+CALLS = 20
+"""Calls per round: enough to average, few enough that the launch queue never fills (a full queue
+would block the host and time the GPU instead)."""
+REPEATS = 15
+SLEEP_CYCLES = 400_000_000
+"""``torch.cuda._sleep`` before each round: ~0.2 s at H200 clocks, longer than 20 eager calls'
+issuing (at most a few ms)."""
+
+
+def issue_us(fn, repeats: int = REPEATS) -> float:
+    """Median over ``repeats`` rounds of the host µs per call of ``fn``, the GPU busy throughout;
+    max over ranks."""
+    import torch
+
+    samples = []
+    for _ in range(repeats):
+        bench.sync_and_barrier()
+        torch.cuda._sleep(SLEEP_CYCLES)
+        start = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        samples.append((time.perf_counter() - start) * 1e6 / CALLS)
+        torch.cuda.synchronize()
+    return bench.max_over_ranks(statistics.median(samples))
+
+
+def _cases(world: int, device, dtype):
+    """``(name, shape, ours, torch)``: zero-argument callables returning their result tensor."""
+    import torch
+    import torch.distributed as dist
+
+    def randn(*shape, seed):
+        g = torch.Generator(device=device)
+        g.manual_seed(seed)
+        return torch.randn(shape, device=device, generator=g).to(dtype)
+
+    rank = dist.get_rank()
+    n = 4096  # 8 KiB of bf16
+    x = randn(n, seed=100 + rank)
+    gathered = torch.empty(world * n, device=device, dtype=dtype)
+    shard = torch.empty(n // world, device=device, dtype=dtype)
+
+    def nccl_all_reduce():
+        y = x.clone()
+        dist.all_reduce(y)
+        return y
+
+    def nccl_all_gather():
+        dist.all_gather_into_tensor(gathered, x)
+        return gathered
+
+    def nccl_reduce_scatter():
+        dist.reduce_scatter_tensor(shard, x)
+        return shard
+
+    m, n_full, k_full = 1024, 14336, 8192  # 70b, M=1024: ag_gemm's N and gemm_rs's K split
+    ag_a = randn(m // world, k_full, seed=200 + rank)
+    ag_b = randn(n_full // world, k_full, seed=300 + rank)
+    ag_full = torch.empty(m, k_full, device=device, dtype=dtype)
+
+    def nccl_ag_gemm():
+        dist.all_gather_into_tensor(ag_full, ag_a)
+        return ag_full @ ag_b.T
+
+    rs_a = randn(m, k_full // world, seed=400 + rank)
+    rs_b = randn(n_full, k_full // world, seed=500 + rank)
+    rs_out = torch.empty(m // world, n_full, device=device, dtype=dtype)
+
+    def nccl_gemm_rs():
+        dist.reduce_scatter_tensor(rs_out, rs_a @ rs_b.T)
+        return rs_out
+
+    ar_a = randn(16, k_full // world, seed=600 + rank)
+    ar_b = randn(n_full // 2, k_full // world, seed=700 + rank)
+
+    def nccl_gemm_ar():
+        y = ar_a @ ar_b.T
+        dist.all_reduce(y)
+        return y
+
+    return [
+        ("all_reduce", [n], lambda: ops.all_reduce(x), nccl_all_reduce),
+        ("all_gather", [n], lambda: ops.all_gather(x), nccl_all_gather),
+        ("reduce_scatter", [n], lambda: ops.reduce_scatter(x), nccl_reduce_scatter),
+        ("ag_gemm", [m, n_full // world, k_full], lambda: ops.ag_gemm(ag_a, ag_b), nccl_ag_gemm),
+        ("gemm_rs", [m, n_full, k_full // world], lambda: ops.gemm_rs(rs_a, rs_b), nccl_gemm_rs),
+        ("gemm_ar", [16, n_full // 2, k_full // world], lambda: ops.gemm_ar(ar_a, ar_b), nccl_gemm_ar),
+    ]
+
+
+def main() -> int:
+    parser = bench.script.argument_parser(__doc__, HERE / "results")
+    args = parser.parse_args()
+
+    import torch
+
+    world, rank, device, gpu = bench.script.start(args, log)
+    dtype = torch.bfloat16
+    records = []
+    for name, shape, ours, reference in _cases(world, device, dtype):
+        got, want = ours(), reference()  # also the warm-up: contexts, compiles, NCCL communicators
+        torch.cuda.synchronize()
+        # Both in bf16 from different summation orders: a rounding apart, not a missing rank's share.
+        err = bench.script.relative_error(got.float(), want.float())
+        verified = all_ok(err < 2e-2)
+        repeats = 5 if args.quick else REPEATS
+        ours_us, torch_us = issue_us(ours, repeats), issue_us(reference, repeats)
+        log(f"{name} {shape}: host per call ours {ours_us:.1f} us, torch {torch_us:.1f} us; rel error {err:.2e}")
+        records.append(bench.record(f"host_{name}", shape=shape, dtype="bfloat16", world_size=world, gpu=gpu,
+                                    ours_us=ours_us, baselines={"torch_us": torch_us}, calls=CALLS, repeats=repeats,
+                                    method="GPU busy (torch.cuda._sleep), wall time of issuing / calls",
+                                    relative_error=err, verified=verified))
+    return bench.script.finish("host_overhead", records, args, extra=("calls", ))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
