@@ -23,18 +23,22 @@ from __future__ import annotations
 
 from .runtime import _require_initialized
 
-AUTO_ONE_SHOT_MAX_BYTES = 32 << 20
+AUTO_ONE_SHOT_MAX_BYTES = 16 << 20
 """``all_reduce(method="auto")`` uses one-shot up to this many bytes, two-shot above. Measured on
-2 x H200 (bench/results/h200-x2/allreduce.json at 9740a80, CUDA-graph timing): one-shot ahead up to
-512 KiB; from 2 to 32 MiB the two trade places between dtypes and runs (bf16: two-shot ahead at 2
-and 8 MiB; fp32: one-shot ahead at both; a tie at 32 MiB in both), two-shot ahead from 128 MiB.
+2 x H200 (bench/results/h200-x2/allreduce.json, CUDA-graph timing): one-shot ahead up to 512 KiB;
+at 2 and 8 MiB the two trade places between dtypes and runs (within the 1.7x run-to-run spread
+there); at 32 MiB two-shot ahead in both runs since it reads its own shard in place (9740a80: bf16
+172 against 181 us, fp32 157 against 176; a9498d2: bf16 152 against 182, fp32 141 against 153).
+Hence 16 MiB, between the tie and the loss (16 MiB itself not measured); it was 32 MiB before.
 On two GPUs both move the same bytes; one-shot moves ``w / 2`` times the bytes of two-shot on
 ``w`` GPUs, so the threshold is scaled by ``2 / w`` (not yet measured beyond two GPUs)."""
 
 AUTO_CE_TWO_SHOT_MIN_BYTES = 512 << 20
 """``all_reduce(method="auto")`` uses ``"ce_two_shot"`` (copy engines) from this many bytes. In the
 run above it lost to two-shot at 256 MiB (1133 against 958 us, bf16) and won or tied at 1 GB
-(bf16 2983 against 3411 us, fp32 3138 against 3139); 512 MiB, the threshold, was not measured.
+(bf16 2983 against 3411 us, fp32 3138 against 3139); at a9498d2 it tied at 256 MiB (938 against
+941 us) and led at 1 GB (bf16 3002 against 3404, fp32 3122 against 3146); 512 MiB, the threshold,
+was not measured.
 Its transfers also leave the SMs to concurrent kernels (only the additions run on them). Two ranks
 only: with more, each call queues ``5 (w - 1)`` copy-stream operations per chunk from Python and
 one pull stream visits the peers in turn, neither measured yet."""

@@ -170,9 +170,9 @@ def test_auto_method_by_size_and_world():
     pick = ops.auto_all_reduce_method
     assert pick(8 << 10, 2, ll) == "ll" and pick(32 << 10, 2, ll) == "ll"
     assert pick(8 << 10, 2, 0) == "one_shot"  # a context too small for ll
-    assert pick(64 << 10, 2, ll) == "one_shot" and pick(32 << 20, 2, ll) == "one_shot"
-    assert pick((32 << 20) + 2, 2, ll) == "two_shot" and pick(16 << 20, 8, ll) == "two_shot"  # 2 / w scaling
-    assert pick(8 << 20, 8, ll) == "one_shot"
+    assert pick(64 << 10, 2, ll) == "one_shot" and pick(16 << 20, 2, ll) == "one_shot"
+    assert pick((16 << 20) + 2, 2, ll) == "two_shot" and pick(8 << 20, 8, ll) == "two_shot"  # 2 / w scaling
+    assert pick(4 << 20, 8, ll) == "one_shot"
     assert pick((512 << 20) - 2, 2, ll) == "two_shot" and pick(512 << 20, 2, ll) == "ce_two_shot"
     assert pick(10**9, 8, ll) == "two_shot"  # ce_two_shot measured on two ranks only
 
