@@ -66,7 +66,8 @@ at baea078 (bench/results/h200-x2/allreduce_baea078.json): 233, 613 and 1134 µs
 against two-shot's 242, 560 and 1194 and NCCL's 170, 490 and 921: not the win its byte count
 promises (each direction carries one push and one pull of a half, 268 MB at 256 MiB, ~730 µs at
 the measured copy-engine bandwidth); why is not yet known (the pulls' read bandwidth is the first
-suspect), so ``"auto"`` does not use it. The shards are those of
+suspect). Later runs put it level with two-shot at 256 MiB and ahead at 1 GB, so ``"auto"`` uses
+it from :data:`triton_dist.ops.AUTO_CE_TWO_SHOT_MIN_BYTES` on two ranks. The shards are those of
 two-shot; each is cut into ``chunks`` chunks of ``chunk_tiles`` tiles
 (:meth:`AllReduceContext.ce_chunking`). Streams: the caller's ``S``, a push stream ``P`` and a pull
 stream ``Q``. Signals (the context's ``ce_pad``, 0/1 flags reset by their consumer, because the
