@@ -47,7 +47,14 @@ def u64_address(tensor, index: int, op: str) -> int:
         raise TypeError(f"triton_dist {op}: expected a CUDA uint64/int64 tensor of signals")
     if not 0 <= index < tensor.numel():
         raise IndexError(f"triton_dist {op}: signal index {index} out of range for {tensor.numel()} signals")
-    return tensor.data_ptr() + index * 8 if tensor.is_contiguous() else tensor.view(-1)[index].data_ptr()
+    if tensor.is_contiguous():
+        return tensor.data_ptr() + index * 8
+    # A strided view (view(-1) would refuse it): the element's offset from its strides.
+    offset = 0
+    for size, stride in zip(reversed(tensor.shape), reversed(tensor.stride())):
+        offset += (index % size) * stride
+        index //= size
+    return tensor.data_ptr() + offset * 8
 
 
 def stream_write_value64(signals, index: int, value: int, stream=None) -> None:
