@@ -35,7 +35,7 @@ On two GPUs both move the same bytes; one-shot moves ``w / 2`` times the bytes o
 
 AUTO_CE_TWO_SHOT_MIN_BYTES = 512 << 20
 """``all_reduce(method="auto")`` uses ``"ce_two_shot"`` (copy engines) from this many bytes. In the
-run above it lost to two-shot at 256 MiB (1133 against 958 us, bf16) and won or tied at 1 GB
+run at 9740a80 it lost to two-shot at 256 MiB (1133 against 958 us, bf16) and won or tied at 1 GB
 (bf16 2983 against 3411 us, fp32 3138 against 3139); at a9498d2 it tied at 256 MiB (938 against
 941 us) and led at 1 GB (bf16 3002 against 3404, fp32 3122 against 3146); 512 MiB, the threshold,
 was not measured.
