@@ -174,7 +174,7 @@ def _publish_pending(signals, chunk_flags, tickets, pending_tile, pending_dest, 
     stores drained meanwhile: the chunk count of ``PEER_COPY_ENGINE`` (``pending_tile`` is then the
     chunk's flag, ``pending_count`` its tiles), else the tile's signal (after ``PEER_TMA``'s bulk
     stores have completed)."""
-    if PEER_TMA or PEER_COPY_ENGINE:
+    if PEER_TMA:
         dl.wait_tma_stores()
     if PEER_COPY_ENGINE:
         _count_chunk_tile(chunk_flags, tickets, pending_tile, pending_count)
@@ -183,10 +183,10 @@ def _publish_pending(signals, chunk_flags, tickets, pending_tile, pending_dest, 
 
 
 @triton.jit
-def _sum_own_tile(acc, partials, signals, rows, cols, mask, stride, m_per_rank, rank, tile, signal_region, epoch,
+def _sum_own_tile(acc, partials, out, signals, rows, cols, mask, stride, m_per_rank, rank, tile, signal_region, epoch,
                   WORLD: tl.constexpr):
-    """The fused GEMM+ReduceScatter's own tile: ``acc`` plus each peer's partial of it, each
-    loaded after its signal (rank order from ``rank + 1``)."""
+    """The fused GEMM+ReduceScatter's own tile: wait for each peer's partial of it, add them to
+    ``acc`` (rank order from ``rank + 1``), store the sum into ``out``."""
     offs = rows.to(tl.int64)[:, None] * stride + cols[None, :]
     if WORLD <= 2:
         for i in tl.static_range(1, WORLD):
@@ -199,7 +199,7 @@ def _sum_own_tile(acc, partials, signals, rows, cols, mask, stride, m_per_rank, 
         for i in tl.range(1, WORLD, num_stages=1, loop_unroll_factor=1):
             acc = _add_peer_partial(acc, partials, offs, mask, stride, m_per_rank, signals, signal_region, tile,
                                     (rank + i) % WORLD, epoch)
-    return acc
+    tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -259,7 +259,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 WORLD: tl.constexpr = 1, PEER_EPILOGUE: tl.constexpr = False, signal_region=0,
                 REDUCE_OWN: tl.constexpr = False, out=None, ALL_REDUCE: tl.constexpr = False,
                 PEER_TMA: tl.constexpr = False, PEER_COPY_ENGINE: tl.constexpr = False, chunk_n=1,
-                chunk_flags=None, tickets=None, stage_desc=None):
+                chunk_flags=None, tickets=None):
     """``C = A @ B^T`` over a persistent grid. ``a_desc``: ``[M, K]`` block ``[BM, BK]``;
     ``b_desc``: ``[N, K]`` block ``[BN, BK]``; ``c_desc``: ``[M, N]`` block ``[BM, BN]``.
 
@@ -309,10 +309,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     and no epochs. ``c_desc`` points to ``2 * half_elems`` elements: the first ``half_elems`` are
     the symmetric *incoming* rows (peer ``r``'s partial of this rank's rows at rows
     ``[r * m_per_rank, ...)``), the rest this rank's *outgoing* rows (its partial of destination
-    ``d``'s rows at rows ``[d * m_per_rank, ...)``), which ``stage_desc`` also covers (a host TMA
-    descriptor of shape ``[WORLD, m_per_rank, N]``, block ``[1, BM, BN]``: a tile's rows past its
-    destination's are clipped). A peer's tile is stored by TMA through ``stage_desc`` (local
-    memory: no NVLink stall; the program goes on while it drains) and counted in its chunk
+    ``d``'s rows at rows ``[d * m_per_rank, ...)``). A peer's tile is stored (``tl.store``, local
+    memory: no NVLink stall) into the outgoing rows and counted in its chunk
     (:func:`_copy_chunk`); the chunk's last tile sets ``chunk_flags[d * signal_region + chunk]``
     to 1 (``tickets``: int32 counters of the same layout, zero between calls; counted one tile
     late, like the signals above, so the count's release does not hold the program while its
@@ -443,20 +441,10 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 else:
                     ready_index = local_tile
                 if dest == rank:
-                    total = _sum_own_tile(acc, c_desc + half, signals, rows, cols, mask, stride, m_per_rank, rank,
-                                          ready_index, signal_region, epoch, WORLD)
-                    # tl.store, not a second TMA store: each TMA store site holds a 64 KiB
-                    # shared-memory tile of its own, and two exceed the 227 KiB a program may have.
-                    tl.store(out + rows.to(tl.int64)[:, None] * stride + cols[None, :],
-                             total.to(out.dtype.element_ty), mask=mask)
+                    _sum_own_tile(acc, c_desc + half, out, signals, rows, cols, mask, stride, m_per_rank, rank,
+                                  ready_index, signal_region, epoch, WORLD)
                 elif PEER_COPY_ENGINE:
-                    # A TMA store (bounded by the destination's m_per_rank rows, the descriptor's
-                    # middle dimension), so the program goes on to its next tile while the tile
-                    # drains; its count waits for completion (_publish_pending). Measured on 2 x
-                    # H200 before this: tl.store's epilogue, the tile staged through shared memory
-                    # and stored in 16-byte vectors, took 28-89 us more than the plain GEMM's TMA
-                    # store over a whole 8192-row GEMM (scratch diagnosis at 96df113).
-                    stage_desc.store([dest, pid_m * BM, off_n], tl.reshape(acc.to(stage_desc.dtype), [1, BM, BN]))
+                    tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
                 elif PEER_TMA:
                     peer = tl.multiple_of(dl.symm_at(c_desc, dest), 16)  # symm_at loses alignment
                     slot = peer + half + (rank * m_per_rank).to(tl.int64) * stride

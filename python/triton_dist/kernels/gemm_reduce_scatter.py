@@ -304,8 +304,7 @@ class GemmReduceScatterContext:
         peers = [r for r in range(self.world) if r != self.rank]
         self._peer_ce_rows = {r: peer_tensor(self.ce_rows, r) for r in peers}
         self._peer_ce_pad = {r: peer_tensor(self.ce_pad.signals, r) for r in peers}
-        # (M, GEMM config) -> the copy stream's work, the staging descriptor and n-tiles per chunk
-        self._ce_schedules: dict[tuple[int, str], tuple[StreamSchedule, object, int]] = {}
+        self._ce_schedules: dict[tuple[int, str], StreamSchedule] = {}  # (M, GEMM config) -> copy stream's work
         self._acks = StreamSchedule()  # after my GEMM: every peer may send me the next call's rows
         for i in range(1, self.world):
             d = (self.rank + i) % self.world
@@ -351,8 +350,7 @@ class GemmReduceScatterContext:
                                      peer_copy_engine=True)
             gemm_rs_producer_kernel.preload(a_desc, b_desc, self.ce_rows, 2, 2, 2, self.ce_pad.signals, self.calls,
                                             2, 2, half_elems=2, signal_region=2, out=p, chunk_n=2,
-                                            chunk_flags=self.chunk_flags, tickets=self.tickets,
-                                            stage_desc=self._stage_descriptor(self.world, config), grid=(1, ), **meta)
+                                            chunk_flags=self.chunk_flags, tickets=self.tickets, grid=(1, ), **meta)
 
     def run(self, a, b, out, variant: str = "auto") -> None:
         """``out`` = this rank's rows of the sum over ranks of ``a @ b.T`` on the current stream.
@@ -417,16 +415,6 @@ class GemmReduceScatterContext:
         if target is not out:
             out.copy_(target)
 
-    def _stage_descriptor(self, big_m: int, config: str):
-        """``"fused_ce"``'s TMA descriptor of the outgoing rows for ``big_m`` rows: ``[world, m, n]``
-        (block ``[1, BM, BN]``), so a tile's store stops at its destination's last row."""
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        c = _gemm.CONFIGS[config]
-        m = big_m // self.world
-        outgoing = self.ce_rows[self.half:self.half + big_m * self.n].view(self.world, m, self.n)
-        return TensorDescriptor.from_tensor(outgoing, [1, c["BM"], c["BN"]])
-
     def _fused_ce_schedule(self, big_m: int, config: str) -> StreamSchedule:
         """The copy stream's operations of ``"fused_ce"`` for ``big_m`` rows and GEMM ``config``
         (module notes, "Copy-engine protocol"): fixed per shape, recorded once."""
@@ -456,14 +444,12 @@ class GemmReduceScatterContext:
         m = big_m // world
         config = _gemm.pick_config(big_m, n, k, self.num_sms)
         c = _gemm.CONFIGS[config]
-        cached = self._ce_schedules.get((big_m, config))
-        if cached is None:
+        chunk_n, _ = copy_engine_chunking(m, n, self.dtype.itemsize, config)
+        schedule = self._ce_schedules.get((big_m, config))
+        if schedule is None:
             if len(self._ce_schedules) >= CE_SCHEDULES_KEPT:  # the oldest shape goes first
                 self._ce_schedules.pop(next(iter(self._ce_schedules)))
-            chunk_n, _ = copy_engine_chunking(m, n, self.dtype.itemsize, config)
-            cached = self._ce_schedules[(big_m, config)] = (self._fused_ce_schedule(big_m, config),
-                                                            self._stage_descriptor(big_m, config), chunk_n)
-        schedule, stage_desc, chunk_n = cached
+            schedule = self._ce_schedules[(big_m, config)] = self._fused_ce_schedule(big_m, config)
         a_desc, b_desc = _gemm.operand_descriptors(a, b, config)
         stream = torch.cuda.current_stream()
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
@@ -482,7 +468,7 @@ class GemmReduceScatterContext:
         gemm_rs_producer_kernel[(max(1, min(tiles, self.num_sms)), )](
             a_desc, b_desc, self.ce_rows, big_m, n, k, self.ce_pad.signals, self.calls, me, m, half_elems=self.half,
             signal_region=region, out=target, chunk_n=chunk_n, chunk_flags=self.chunk_flags, tickets=self.tickets,
-            stage_desc=stage_desc, **_gemm.kernel_meta(config, False, signal_rows=True, world=world, reduce_own=True,
+            **_gemm.kernel_meta(config, False, signal_rows=True, world=world, reduce_own=True,
                                 peer_copy_engine=True))
         if not copies_first:
             schedule.enqueue(side)
