@@ -9,7 +9,8 @@ size, ``K`` = its intermediate size split across ranks) at ``M`` = 1, 16, 64 and
 (``--quick``: llama3.1-8b at 16 and 128). ``A [M, K / world]``, ``B [N, K / world]``, result the
 ``[M, N]`` sum on every rank.
 
-- ``ours_us``: ``ops.gemm_ar``; ``unfused_us``: ``gemm`` + ``ops.all_reduce`` (auto);
+- ``ours_us``: ``ops.gemm_ar`` (``variant="auto"``); ``split_k_us``, ``output_tiles_us``: each
+  variant forced; ``unfused_us``: ``gemm`` + ``ops.all_reduce`` (auto);
 - ``torch_nccl_us``: ``torch.matmul`` + ``dist.all_reduce``;
 - ``torch_symm_mem_us``: ``torch.matmul`` into a symmetric buffer + ``one_shot_all_reduce``
   (omitted when unavailable);
@@ -19,7 +20,7 @@ size, ``K`` = its intermediate size split across ranks) at ``M`` = 1, 16, 64 and
 
 Every contender's result is checked against the fp32 reference first (max |error| / max |ref| <
 1e-2), and ours for bit-identical results on every rank. Timing: :mod:`triton_dist.bench.timing`,
-CUDA graphs, fixed counts on every rank, median per rank, MAX over ranks. Writes
+CUDA graphs of :data:`GROUP` calls, fixed counts on every rank, median per rank, MAX over ranks. Writes
 bench/results/<gpu>-x<world>/gemm_ar.json.
 """
 
@@ -43,6 +44,11 @@ log = bench.script.logger("gemm_ar")
 all_ok = bench.script.all_ranks_ok
 REL_TOL = 1e-2
 ROWS = (1, 16, 64, 128)
+VARIANTS = ("split_k", "output_tiles")  # ops.gemm_ar's variants besides "auto" (what "ours" runs)
+GROUP = 10
+"""Calls per timed sample, captured in one CUDA graph: with one decode-sized call per sample the
+graph launch's host latency sat inside the sample (DESIGN §3): the run at 129a76a timed our
+all-reduce of 8-512 KiB at 17-96 us, where bench/allreduce.py measures 6-14 us."""
 
 
 def _shapes(quick: bool) -> list[tuple[str, int, int, int]]:
@@ -89,7 +95,8 @@ def main() -> int:
         b = torch.randn((n, k), device=device, generator=g).to(dtype)
         ref = a.float() @ b.float().T
         dist.all_reduce(ref)
-        outs = {name: torch.empty((m, n), device=device, dtype=dtype) for name in ("ours", "unfused", "torch_nccl")}
+        outs = {name: torch.empty((m, n), device=device, dtype=dtype) for name in ("ours", *VARIANTS, "unfused",
+                                                                                   "torch_nccl")}
         partial = torch.empty((m, n), device=device, dtype=dtype)
 
         def unfused():
@@ -101,6 +108,7 @@ def main() -> int:
             dist.all_reduce(outs["torch_nccl"])
 
         fns = {"ours": lambda: ops.gemm_ar(a, b, out=outs["ours"], context=ctx), "unfused": unfused,
+               **{v: (lambda v=v: ops.gemm_ar(a, b, out=outs[v], variant=v, context=ctx)) for v in VARIANTS},
                "torch_nccl": torch_nccl, "gemm": lambda: gemm(a, b, out=partial),
                "cublas": lambda: torch.matmul(a, b.t(), out=partial),
                "ar_ours": lambda: ops.all_reduce(partial, out=outs["unfused"]),
@@ -115,7 +123,7 @@ def main() -> int:
             symm = None
 
         errors = {}
-        for name in ("ours", "unfused", "torch_nccl"):
+        for name in ("ours", *VARIANTS, "unfused", "torch_nccl"):
             outs[name].fill_(float("nan"))
             fns[name]()
             torch.cuda.synchronize()
@@ -131,7 +139,7 @@ def main() -> int:
         checks["ours_identical_on_every_rank"] = all_ok(all(torch.equal(x, outs["ours"]) for x in gathered))
         bench.sync_and_barrier()
 
-        times = {name: bench.median_us(fn, warmup=5, iters=iters, graph=True) for name, fn in fns.items()}
+        times = {name: bench.median_us(fn, warmup=5, iters=iters, group=GROUP, graph=True) for name, fn in fns.items()}
         transfer = min(times["ar_ours"], times["ar_nccl"])
         bound = max(times["gemm"], transfer)
         log(f"{label} M={m} N={n} K={k}: ours {times['ours']:.1f} us, unfused {times['unfused']:.1f} us, "
@@ -144,18 +152,19 @@ def main() -> int:
                          baselines={"torch_nccl_us": times["torch_nccl"],
                                     "torch_symm_mem_us": times.get("torch_symm_mem")},
                          bound_us=bound, unfused_us=times["unfused"], gemm_us=times["gemm"],
+                         **{f"{v}_us": times[v] for v in VARIANTS},
                          cublas_us=times["cublas"], transfer_us=transfer, all_reduce_ours_us=times["ar_ours"],
                          all_reduce_nccl_us=times["ar_nccl"], of_bound=bound / times["ours"],
                          verified=all(checks.values()), checks=checks,
                          rel_errors={name: (e if e < 1e30 else None) for name, e in errors.items()},
-                         timing={"iters": iters, "cuda_graph": True, "gpu_barrier": True},
+                         timing={"iters": iters, "calls_per_sample": GROUP, "cuda_graph": True, "gpu_barrier": True},
                          bound_method="max(our gemm alone, min(ops.all_reduce, NCCL all_reduce))",
                          shape_meaning="[M, N, K per rank]"))
         bench.sync_and_barrier()
         del ctx, symm
         ops.clear_contexts()
 
-    extra = ("model", "unfused_us", "gemm_us", "cublas_us", "transfer_us", "of_bound")
+    extra = ("model", *(f"{v}_us" for v in VARIANTS), "unfused_us", "gemm_us", "cublas_us", "transfer_us", "of_bound")
     return bench.script.finish("gemm_ar", records, args, extra)
 
 

@@ -399,12 +399,18 @@ def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
     return out
 
 
-def gemm_ar(a, b, *, out=None, context=None):
+def gemm_ar(a, b, *, out=None, variant: str = "auto", context=None):
     """GEMM+AllReduce: the sum over ranks of ``a @ b.T`` on every rank, bit-identical across ranks;
     returns ``out`` (``[M, N]``; a new tensor when None). One kernel: each tile's fp32 partial goes
-    to every peer as soon as it is computed, and every rank sums the partials in rank order; see
+    to every peer as soon as it is computed, and every rank sums the partials in a fixed order; see
     :mod:`triton_dist.kernels.gemm_all_reduce`. Meant for small ``M`` (decoding): its symmetric
-    buffer holds ``2 * world * M * N`` fp32 elements.
+    buffer holds ``2 * world * N * max(max_m, 4 * min(max_m, 128))`` fp32 elements (``max_m``: ``M``
+    rounded up to a power of two, at least 128).
+
+    ``variant``: ``"auto"`` (``"split_k"`` up to 128 rows, else ``"output_tiles"``),
+    ``"split_k"`` (B's rows as the MMA's long side, the contraction split across programs and
+    summed with the all-reduce) or ``"output_tiles"`` (one tile of the output per program); the
+    same on every rank.
 
     ``a``: ``[M, K]`` (this rank's K-shard of the activations, the same ``M`` on every rank);
     ``b``: ``[N, K]`` (this rank's K-shard of a row-parallel linear layer's weight: ``y = x @
@@ -424,5 +430,5 @@ def gemm_ar(a, b, *, out=None, context=None):
     from .kernels import GemmAllReduceContext
 
     context = _n_keyed_gemm_context("gemm_ar", GemmAllReduceContext, a, n, context, min_m=128)
-    context.run(a, b, out)
+    context.run(a, b, out, variant)
     return out

@@ -77,3 +77,61 @@ def test_sum_does_not_spill_at_more_ranks(config, world):
     at 8 ranks (small and skinny_n128 tiles)."""
     stores, loads = spill_bytes(_compile(config, world).asm["ptx"])
     assert stores <= 256 and loads <= 256, (config, world, stores, loads)
+
+
+def _compile_split_k(bm, world, dtype="bf16"):
+    c = gemm_all_reduce.SPLIT_K_CONFIGS[bm]
+    signature = {"a_desc": f"tensordesc<{dtype}[{bm}, {c['BK']}]>",
+                 "b_desc": f"tensordesc<{dtype}[{gemm_all_reduce.SPLIT_K_BN}, {c['BK']}]>", "partials": "*fp32",
+                 "out": f"*{dtype}", "signals": "*u64", "calls": "*i64", "M": "i32", "N": "i32", "K": "i32",
+                 "rank": "i32", "half_elems": "i32", "signal_region": "i32", "split_k": "i32"}
+    meta = dict(WORLD=world, BM=bm, BN=gemm_all_reduce.SPLIT_K_BN, BK=c["BK"], NUM_STAGES=c["NUM_STAGES"])
+    return compile_for_hopper(gemm_all_reduce.gemm_ar_split_k_kernel, signature, meta, num_warps=c["num_warps"])
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+@pytest.mark.parametrize("bm", sorted(gemm_all_reduce.SPLIT_K_CONFIGS))
+def test_split_k_pushes_signals_then_waits_and_sums(bm, world):
+    """split_k: a pipelined wgmma/TMA loop with B's rows as the MMA's M side (``acc [128, BM]``);
+    the fp32 partial stored to every rank (its own included) in 16-byte vectors, then one release
+    per rank, each right after a CTA barrier; then, in a loop, an acquire spin before each partial
+    load; one rounding on the way out; no spills to speak of (96 bytes at 128 rows and 8 ranks)."""
+    compiled = _compile_split_k(bm, world)
+    ptx, ttgir, ttir = compiled.asm["ptx"], compiled.asm["ttgir"], compiled.asm["ttir"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bm}k16", ptx)  # out's rows are wgmma's N
+    assert not wgmma_serialized(ptx)
+    assert compiled.metadata.shared <= _SMEM_LIMIT
+    stores, loads = spill_bytes(ptx)
+    assert stores <= 128 and loads <= 128, (bm, world, stores, loads)
+    lines = ttir.splitlines()
+    releases = [i for i, line in enumerate(lines) if "tt.atomic_rmw" in line and "release" in line]
+    assert len(releases) == world
+    for i in releases:
+        earlier = [line for line in lines[:i] if re.search(r"gpu\.barrier|tt\.store|tt\.atomic|inline_asm", line)]
+        assert earlier and "gpu.barrier" in earlier[-1]
+    stores_before = [line for line in lines[:releases[0]] if "tt.store" in line]
+    assert len(stores_before) == world and all("f32" in line for line in stores_before)
+    spins = results(ops_matching(ttgir, re.escape(_SPIN)))
+    assert len(spins) == 1  # in the loop over (rank, slice)
+    loads = [op for op in ops_matching(ttgir, r"tt\.load ") if "tensor<" in op.split(":")[-1]]
+    assert len(loads) == 1 and depends_on(ttgir, loads[0], spins)
+    first_spin = min(i for i, line in enumerate(lines) if "inline_asm" in line and "ld.acquire" in line)
+    assert first_spin > releases[-1]
+    assert all(".v4." in s for s in re.findall(r"st\.global[a-z0-9.]*", ptx))
+    assert re.search(r"cvt\.rn\.bf16x2\.f32|cvt\.rn\.bf16\.f32", ptx)
+    assert "trap;" in ptx
+
+
+def test_split_k_rules():
+    """The host's choices need no GPU: the smallest block holding M, slices that fill the SMs
+    without exceeding SPLIT_K_MAX or leaving a slice under four K steps, and a buffer sized for
+    both variants."""
+    ctx = gemm_all_reduce.GemmAllReduceContext.__new__(gemm_all_reduce.GemmAllReduceContext)
+    assert [ctx.split_k_block(m) for m in (1, 16, 17, 32, 33, 64, 65, 128)] == [16, 16, 32, 32, 64, 64, 128, 128]
+    ctx.num_sms = 132
+    for n, k, want in ((4096, 7168, 4), (8192, 14336, 2), (16384, 26624, 1), (4096, 1024, 2), (4096, 256, 1),
+                       (65536, 8192, 1)):
+        ctx.n = n
+        assert ctx.split_k(k) == want, (n, k)
+    assert gemm_all_reduce.SPLIT_K_MAX_M == max(gemm_all_reduce.SPLIT_K_CONFIGS)

@@ -32,24 +32,32 @@ def _identical_everywhere(t) -> bool:
     return all(torch.equal(g.view(torch.int16), mine) for g in gathered)
 
 
+_VARIANTS = ["split_k", "output_tiles"]
+
+
+@pytest.mark.parametrize("variant", _VARIANTS)
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 1024), (16, 1024, 2048), (100, 264, 136), (128, 8192, 512),
-                                   (1000, 512, 768), (8, 8192, 256), (16, 16384, 512)])
-def test_gemm_ar_matches_torch_and_agrees_across_ranks(m, n, k):
+                                   (1000, 512, 768), (8, 8192, 256), (16, 16384, 512), (3, 4096, 7168),
+                                   (33, 520, 4104)])
+def test_gemm_ar_matches_torch_and_agrees_across_ranks(m, n, k, variant):
+    if variant == "split_k" and m > 128:
+        pytest.skip("split_k takes M <= 128")
     dtype = torch.bfloat16
     a, b = rank_randn((m, k), dtype, 1), rank_randn((n, k), dtype, 2)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-    got = ops.gemm_ar(a, b, out=out)
+    got = ops.gemm_ar(a, b, out=out, variant=variant)
     torch.cuda.synchronize()
     err = _rel_error(got, _reference(a, b))
     same = _identical_everywhere(got)
     all_ranks_agree(got is out and err < _REL_TOL and same,
-                    f"gemm_ar M={m} N={n} K={k}: rel error {err}, identical on every rank {same}")
+                    f"gemm_ar {variant} M={m} N={n} K={k}: rel error {err}, identical on every rank {same}")
 
 
-def test_gemm_ar_back_to_back():
-    """200 unsynchronised calls with fresh inputs on one context; every tenth result checked."""
-    dtype, calls = torch.bfloat16, 200
-    m, n, k = 64, 2048, 512
+@pytest.mark.parametrize("variant", _VARIANTS)
+def test_gemm_ar_back_to_back(variant):
+    """500 unsynchronised calls with fresh inputs on one context; every tenth result checked."""
+    dtype, calls = torch.bfloat16, 500
+    m, n, k = 64, 2048, 2048
     b = rank_randn((n, k), dtype, 100)
     inputs = [rank_randn((m, k), dtype, 1000 + i) for i in range(calls)]
     checked = [i for i in range(calls) if i % 10 == 0 or i == calls - 1]
@@ -57,17 +65,18 @@ def test_gemm_ar_back_to_back():
     scratch = torch.empty((m, n), device="cuda", dtype=dtype)
     tdist.barrier()
     for i in range(calls):
-        assert ops.gemm_ar(inputs[i], b, out=outs.get(i, scratch)) is outs.get(i, scratch)
+        assert ops.gemm_ar(inputs[i], b, out=outs.get(i, scratch), variant=variant) is outs.get(i, scratch)
     torch.cuda.synchronize()
     errors = {i: _rel_error(outs[i], _reference(inputs[i], b)) for i in checked}
     bad = {i: e for i, e in errors.items() if not e < _REL_TOL}
     same = all(_identical_everywhere(outs[i]) for i in checked)
-    all_ranks_agree(not bad and same, f"gemm_ar back to back: wrong calls (call: rel error) {bad}, identical {same}")
+    all_ranks_agree(not bad and same, f"gemm_ar {variant} back to back: wrong calls (call: rel error) {bad}, identical {same}")
 
 
 def test_gemm_ar_changing_rows_and_fp16():
     """One context, M shrinking and growing between unsynchronised calls (the slots move with M,
-    the signals do not), in fp16."""
+    the signals do not; "auto" alternates between the variants, which share the buffer and the
+    signals), in fp16."""
     dtype, n, k = torch.float16, 1024, 256
     context = GemmAllReduceContext(256, n, dtype)
     b = rank_randn((n, k), dtype, 300)
@@ -108,7 +117,8 @@ def test_gemm_ar_cuda_graph_replay():
     all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_ar graph replays: rel errors {errors}")
 
 
-def test_gemm_ar_protocol_on_one_rank():
+@pytest.mark.parametrize("variant", _VARIANTS)
+def test_gemm_ar_protocol_on_one_rank(variant):
     """The signalling kernel at any world size, one rank included (where gemm_ar is otherwise the
     plain GEMM)."""
     dtype, n, k = torch.bfloat16, 512, 256
@@ -118,11 +128,11 @@ def test_gemm_ar_protocol_on_one_rank():
     for i in range(20):
         a = rank_randn((100, k), dtype, 5000 + i)
         out = torch.full((100, n), float("nan"), device="cuda", dtype=dtype)
-        ops.gemm_ar(a, b, out=out, context=context)
+        ops.gemm_ar(a, b, out=out, variant=variant, context=context)
         torch.cuda.synchronize()
         if not (err := _rel_error(out, _reference(a, b))) < _REL_TOL:
             bad.append((i, err))
-    all_ranks_agree(not bad, f"gemm_ar with the protocol forced on: wrong calls (call, rel error) {bad}")
+    all_ranks_agree(not bad, f"gemm_ar {variant} with the protocol forced on: wrong calls (call, rel error) {bad}")
 
 
 def test_gemm_ar_bad_inputs():
@@ -141,6 +151,9 @@ def test_gemm_ar_bad_inputs():
     small = GemmAllReduceContext(32, 64, torch.bfloat16)
     raises_everywhere(lambda: ops.gemm_ar(a, b, context=small), ValueError, "max_m>=64")
     raises_everywhere(lambda: ops.gemm_ar(a, b, context=object()), TypeError, "GemmAllReduceContext")
+    raises_everywhere(lambda: ops.gemm_ar(a, b, variant="fused"), ValueError, "variant must be one of")
+    tall = rank_randn((200, 128), torch.bfloat16, 8)
+    raises_everywhere(lambda: ops.gemm_ar(tall, b, variant="split_k"), ValueError, "M <= 128")
     got = ops.gemm_ar(a[:32], b, context=small)  # still works after the errors
     torch.cuda.synchronize()
     err = _rel_error(got, _reference(a[:32], b))

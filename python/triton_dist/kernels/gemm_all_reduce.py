@@ -23,7 +23,25 @@ waited for every peer's tiles of call ``e + 1``, which each peer produced after 
 with ``>= e``); signal ``r * R + t`` (``R``: the context's fixed tiles per rank) is rank ``r``'s
 tile ``t``, written before its signal, in the half of the signalled call.
 
-No deadlock: a program signals its tile before it waits, tile ``t`` is program ``t % grid``'s on
+Two tile loops (``variant=``, :data:`VARIANTS`):
+
+- ``"output_tiles"``: the one above, on the shared GEMM loop (:func:`~triton_dist.kernels.gemm.gemm_kernel`
+  with ``ALL_REDUCE``): one tile of ``out`` per program, the skinny configs up to
+  ``gemm.SKINNY_MAX_M`` rows, :data:`CONFIG` past them.
+- ``"split_k"`` (:func:`gemm_ar_split_k_kernel`, ``M <= SPLIT_K_MAX_M``): decode shapes are bound
+  by reading B, and an ``out`` tile of 64 rows of which 1-16 are real feeds wgmma mostly zeros and
+  holds few bytes of B per pipeline stage. Here B's rows are wgmma's M side (128 of them per
+  tile) and ``out``'s rows its N side (``BM``, M padded to 16-128), so a stage carries 32 KiB of
+  B; the contraction is split into ``split_k`` slices (:meth:`GemmAllReduceContext.split_k`) so
+  that ``cdiv(N, 128) * split_k`` programs fill the SMs. Each program pushes its fp32 partial
+  (rank ``me``, slice ``s``) to slot ``me * split_k + s`` of every rank's half (its own included)
+  and signals every rank; the programs of slice 0 then wait for all ``world * split_k`` partials
+  of their tile and sum them in the order (rank, slice): the split's sum is folded into the
+  all-reduce's, and every rank still rounds the same sum. Slices are walked from the last to 0,
+  so a waiting program (slice 0) only waits for tiles that come before it in every program's
+  walk, and those never wait.
+
+No deadlock (``"output_tiles"``): a program signals its tile before it waits, tile ``t`` is program ``t % grid``'s on
 every rank (the grid depends only on the shape and the SM count), and the grid is at most one
 program per SM, so every program is resident. A waiting program waits for the program of the
 same index on the other ranks, which reaches the tile after the same earlier tiles - never for a
@@ -34,9 +52,11 @@ timeout (``Config.wait_timeout_ns``) turns a stuck peer into an error.
 from __future__ import annotations
 
 import triton
+import triton.language as tl
 
+from .. import language as dl
 from .. import runtime as _runtime
-from ..distributed_jit import DistributedKernel
+from ..distributed_jit import DistributedKernel, jit
 from ..signals import SignalPad
 from ..symmetric import symm_empty
 from . import gemm as _gemm
@@ -47,9 +67,87 @@ tiles the all-reduce epilogue (the accumulator, a peer's fp32 tile and the sum) 
 of registers per thread (ptxas, sm_90a). Calls with fewer rows take ``gemm.pick_skinny_config``'s
 (64-row tiles that spread the read of B over every SM: decode shapes are bound by that read)."""
 
+VARIANTS = ("auto", "split_k", "output_tiles")
+"""``variant=`` of :meth:`GemmAllReduceContext.run` (module notes); ``"auto"``: ``"split_k"`` up
+to :data:`SPLIT_K_MAX_M` rows, else ``"output_tiles"``."""
+
+SPLIT_K_MAX_M = 128
+"""The most rows ``"split_k"`` takes: ``BM`` (``out``'s rows, wgmma's N side) up to 128."""
+
+SPLIT_K_MAX = 4
+"""The most slices ``"split_k"`` cuts the contraction into; the context's symmetric buffer holds
+``world * SPLIT_K_MAX`` fp32 slots of ``min(max_m, SPLIT_K_MAX_M) x n``."""
+
+SPLIT_K_BN = 128
+"""``"split_k"``: rows of B (columns of ``out``) per tile: wgmma's M side, two warpgroups' worth
+would hold twice the accumulator for no more bytes of B in flight."""
+
+SPLIT_K_CONFIGS = {
+    # BM (the call's rows padded) -> K step, pipeline depth and warps. Shared memory per stage:
+    # (128 + BM) * BK * 2 bytes; about 200 KiB in flight per SM. 8 warps from 64 rows: with 4, the
+    # fp32 accumulator, the sum and a loaded partial spilled (ptxas, sm_90a: 64 rows at 8 ranks,
+    # 128 rows at 2).
+    16: dict(BK=128, NUM_STAGES=6, num_warps=4),  # 6 * 36 KiB
+    32: dict(BK=128, NUM_STAGES=5, num_warps=4),  # 5 * 40 KiB
+    64: dict(BK=128, NUM_STAGES=4, num_warps=8),  # 4 * 48 KiB
+    128: dict(BK=64, NUM_STAGES=6, num_warps=8),  # 6 * 32 KiB
+}
+"""``"split_k"``'s configs by ``BM``: :meth:`GemmAllReduceContext.split_k_block` picks the smallest
+``BM`` holding the call's rows."""
+
 gemm_ar_kernel = DistributedKernel(_gemm.gemm_kernel)
 """:func:`triton_dist.kernels.gemm.gemm_kernel` launched with ``ALL_REDUCE=True`` and the
-language's libraries linked in."""
+language's libraries linked in (``"output_tiles"``)."""
+
+
+@jit(do_not_specialize=["M", "K", "rank", "half_elems", "signal_region", "split_k"])
+def gemm_ar_split_k_kernel(a_desc, b_desc, partials, out, signals, calls, M, N, K, rank, half_elems, signal_region,
+                           split_k, WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                           NUM_STAGES: tl.constexpr):
+    """``"split_k"`` GEMM+AllReduce (module notes): ``out [M, N]`` = the sum over ranks and slices
+    of ``A [M, K] @ B [N, K]^T``. ``a_desc`` block ``[BM, BK]`` (rows past ``M`` read as zeros),
+    ``b_desc`` block ``[BN, BK]``. ``partials``: this rank's symmetric fp32 buffer, two halves of
+    ``half_elems`` (the call's half ``*calls % 2``), each ``WORLD * split_k`` slots of ``[M, N]``.
+    ``signals``: ``WORLD`` regions of ``signal_region``; rank ``r``'s slice ``s`` of n-tile ``j``
+    is signal ``r * signal_region + s * cdiv(N, BN) + j``, set to the call's epoch. ``N`` is a
+    multiple of 8 (specialised: the context's ``n``)."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    epoch = tl.load(calls)
+    half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
+    stride = (N // 8) * 8  # == N, with the divisibility fact for 16-byte stores
+    num_n = tl.cdiv(N, BN)
+    k_tiles = tl.cdiv(K, BK)
+    per_slice = tl.cdiv(k_tiles, split_k)
+    slot = M.to(tl.int64) * stride
+    for tile in range(pid, num_n * split_k, grid):
+        s = split_k - 1 - tile // num_n  # the last slice first: slice 0's programs wait, and come last
+        j = tile % num_n
+        off_n = j * BN
+        acc = tl.zeros((BN, BM), dtype=tl.float32)  # out's tile, transposed: B's rows by A's
+        for k in tl.range(s * per_slice, tl.minimum((s + 1) * per_slice, k_tiles), num_stages=NUM_STAGES):
+            w = b_desc.load([off_n, k * BK])
+            x = a_desc.load([0, k * BK])
+            acc = tl.dot(w, x.T, acc)
+        cols = off_n + tl.arange(0, BN)  # out's columns
+        rows = tl.arange(0, BM)  # out's rows
+        mask = (cols < stride)[:, None] & (rows < M)[None, :]
+        offs = rows.to(tl.int64)[None, :] * stride + cols[:, None]
+        mine = (rank * split_k + s).to(tl.int64) * slot
+        for i in tl.static_range(WORLD):
+            peer = tl.multiple_of(dl.symm_at(partials, (rank + i) % WORLD), 16) + half  # symm_at loses alignment
+            tl.store(peer + mine + offs, acc, mask=mask)
+        for i in tl.static_range(WORLD):
+            dl.notify(signals + rank * signal_region + s * num_n + j, (rank + i) % WORLD, epoch, "set", "intra_node")
+        if s == 0:
+            total = tl.zeros((BN, BM), dtype=tl.float32)
+            # Loops, not unrolled: each load must follow its own wait.
+            for r in tl.range(0, WORLD, num_stages=1, loop_unroll_factor=1):
+                for t in tl.range(0, split_k, num_stages=1, loop_unroll_factor=1):
+                    token = dl.wait(signals + r * signal_region + t * num_n + j, 1, "sys", "acquire", epoch)
+                    src = partials + half + (r * split_k + t).to(tl.int64) * slot + offs
+                    total += tl.load(dl.consume_token(src, token), mask=mask)
+            tl.store(out + offs, total.to(out.dtype.element_ty), mask=mask)
 
 
 class GemmAllReduceContext:
@@ -58,8 +156,9 @@ class GemmAllReduceContext:
 
     Collective: every rank creates it with the same arguments, in the same order as its other
     symmetric allocations; creating it compiles and loads the kernel (each config of
-    :attr:`configs`) and ends with a barrier. Symmetric memory: ``2 * world * max_m * n`` fp32
-    elements plus ``world`` times :attr:`tiles_max` signals. Call with :meth:`run` (or
+    :attr:`configs`, and ``"split_k"``'s of each ``BM`` up to ``max_m``) and ends with a barrier.
+    Symmetric memory: :attr:`half` times 2 fp32 elements (``2 * world * max(max_m, SPLIT_K_MAX *
+    min(max_m, SPLIT_K_MAX_M)) * n``) plus ``world`` times :attr:`tiles_max` signals. Call with :meth:`run` (or
     :func:`triton_dist.ops.gemm_ar`); every rank makes the same calls in the same order with the
     same ``M`` and ``K``. Calls may be captured in a CUDA graph and replayed.
 
@@ -75,9 +174,11 @@ class GemmAllReduceContext:
         _gemm.check_context_args("GemmAllReduceContext", dtype, aligned="n", max_m=max_m, n=n)
         self.world = _runtime.world_size()
         self.rank = _runtime.rank()
-        if 2 * self.world * max_m * n >= 2**31:
-            raise ValueError(f"{op}: 2 * world * max_m * n = {2 * self.world * max_m * n} elements is too large "
-                             f"(< 2**31); GEMM+AllReduce is meant for small M")
+        elems = 2 * self.world * n * max(max_m, SPLIT_K_MAX * min(max_m, SPLIT_K_MAX_M))
+        if elems >= 2**31:
+            raise ValueError(f"{op}: its buffer would hold {elems} fp32 elements (2 * world * n * max(max_m, "
+                             f"{SPLIT_K_MAX} * min(max_m, {SPLIT_K_MAX_M}))), too many (< 2**31); GEMM+AllReduce "
+                             f"is meant for small M")
         self.max_m = max_m
         self.n = n
         self.dtype = dtype
@@ -88,9 +189,15 @@ class GemmAllReduceContext:
         self.configs = sorted({self._config(m) for m in largest})
         """The configs calls can take (all preloaded): this N's skinny one and, past
         ``gemm.SKINNY_MAX_M`` rows, :data:`CONFIG`."""
-        self.tiles_max = max(self._tiles(m) for m in largest)
+        self.split_k_blocks = sorted({self.split_k_block(m) for m in SPLIT_K_CONFIGS if m <= max_m}
+                                     | {self.split_k_block(min(max_m, SPLIT_K_MAX_M))})
+        """``"split_k"``'s ``BM`` values calls can take (all preloaded)."""
+        self.tiles_max = max(max(self._tiles(m) for m in largest), SPLIT_K_MAX * triton.cdiv(n, SPLIT_K_BN))
         """The most tiles of a call (signals per source rank)."""
-        self.half = self.world * max_m * n
+        self.half = self.world * n * max(max_m, SPLIT_K_MAX * min(max_m, SPLIT_K_MAX_M))
+        """fp32 elements of each half of :attr:`partials`: ``world`` slots of ``max_m x n`` for
+        ``"output_tiles"``, ``world * SPLIT_K_MAX`` of ``min(max_m, SPLIT_K_MAX_M) x n`` for
+        ``"split_k"``."""
         self.partials = symm_empty((2 * self.half, ), torch.float32)
         self.pad = SignalPad(self.world * self.tiles_max)
         self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
@@ -113,6 +220,31 @@ class GemmAllReduceContext:
     def _meta(self, config: str) -> dict:
         return _gemm.kernel_meta(config, False, world=self.world, all_reduce=True)
 
+    @staticmethod
+    def split_k_block(m: int) -> int:
+        """``"split_k"``'s ``BM`` for ``m <= SPLIT_K_MAX_M`` rows: the smallest of
+        :data:`SPLIT_K_CONFIGS` holding them."""
+        return next(bm for bm in sorted(SPLIT_K_CONFIGS) if m <= bm)
+
+    def split_k(self, k: int) -> int:
+        """Slices of a ``K``-deep contraction for ``"split_k"`` (a fixed rule, the same on every
+        rank): as many as keep ``cdiv(n, SPLIT_K_BN)`` tiles per slice within the SMs, at most
+        :data:`SPLIT_K_MAX`, each at least four K steps of the widest block deep."""
+        k_steps = triton.cdiv(k, max(c["BK"] for c in SPLIT_K_CONFIGS.values()))
+        return max(1, min(SPLIT_K_MAX, self.num_sms // triton.cdiv(self.n, SPLIT_K_BN), k_steps // 4))
+
+    def _split_k_meta(self, bm: int) -> dict:
+        c = SPLIT_K_CONFIGS[bm]
+        return dict(WORLD=self.world, BM=bm, BN=SPLIT_K_BN, BK=c["BK"], NUM_STAGES=c["NUM_STAGES"],
+                    num_warps=c["num_warps"])
+
+    @staticmethod
+    def _split_k_descriptors(a, b, bm: int):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        bk = SPLIT_K_CONFIGS[bm]["BK"]
+        return TensorDescriptor.from_tensor(a, [bm, bk]), TensorDescriptor.from_tensor(b, [SPLIT_K_BN, bk])
+
     def preload(self) -> None:
         """Compile and load the kernel with the specialisation of real calls (descriptors of this
         dtype and each config's blocks, 16-byte aligned output; every int unspecialised)."""
@@ -123,31 +255,63 @@ class GemmAllReduceContext:
             a_desc, b_desc = _gemm.operand_descriptors(a, a, config)
             gemm_ar_kernel.preload(a_desc, b_desc, self.partials, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
                                    half_elems=2, signal_region=2, out=a, grid=(1, ), **self._meta(config))
+        w = torch.empty((SPLIT_K_BN, 8), dtype=self.dtype, device=self.device)
+        for bm in self.split_k_blocks:
+            a_desc, b_desc = self._split_k_descriptors(a, w, bm)
+            gemm_ar_split_k_kernel.preload(a_desc, b_desc, self.partials, a, self.pad.signals, self.calls, 2, self.n,
+                                           2, 2, 2, 2, 2, grid=(1, ), **self._split_k_meta(bm))
 
-    def run(self, a, b, out) -> None:
+    def run(self, a, b, out, variant: str = "auto") -> None:
         """``out = sum over ranks of a @ b.T`` on the current stream. ``a [M, K]``, ``b [n, K]``,
         ``out [M, n]``: contiguous, 16-byte aligned CUDA tensors of this dtype, ``M <= max_m``,
-        ``K`` a multiple of 8 (validated by :func:`triton_dist.ops.gemm_ar`, not here)."""
+        ``K`` a multiple of 8 (validated by :func:`triton_dist.ops.gemm_ar`, not here).
+        ``variant``: one of :data:`VARIANTS` (module notes); every rank passes the same."""
         import torch
 
+        if variant not in VARIANTS:
+            raise ValueError(f"triton_dist GemmAllReduceContext.run: variant must be one of {VARIANTS}, got "
+                             f"{variant!r}")
         m, k = a.shape
         n = b.shape[0]
         if n != self.n or m > self.max_m:
             raise ValueError(f"triton_dist GemmAllReduceContext.run: a is {list(a.shape)} and b {list(b.shape)}; the "
                              f"context takes M <= {self.max_m} and N = {self.n}")
+        if variant == "split_k" and m > SPLIT_K_MAX_M:
+            raise ValueError(f"triton_dist GemmAllReduceContext.run: variant 'split_k' takes M <= {SPLIT_K_MAX_M}, "
+                             f"got M = {m}; use 'output_tiles' or 'auto'")
         if m == 0:
             return
         if not self._protocol:
             _gemm.gemm(a, b, out=out)
             return
-        config = self._config(m)
-        a_desc, b_desc = _gemm.operand_descriptors(a, b, config)
-        # The preloaded variant assumes a 16-byte aligned output: another would load here, possibly
+        if variant == "auto":
+            variant = "split_k" if m <= SPLIT_K_MAX_M else "output_tiles"
+        # The preloaded variants assume a 16-byte aligned output: another would load here, possibly
         # while a peer spins.
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
+        if variant == "split_k":
+            self._run_split_k(a, b, target)
+        else:
+            self._run_output_tiles(a, b, target)
+        if target is not out:
+            out.copy_(target)
+
+    def _run_split_k(self, a, b, out) -> None:
+        m, k = a.shape
+        bm = self.split_k_block(m)
+        split_k = self.split_k(k)
+        a_desc, b_desc = self._split_k_descriptors(a, b, bm)
+        self.calls.add_(1)
+        grid = (min(triton.cdiv(self.n, SPLIT_K_BN) * split_k, self.num_sms), )
+        gemm_ar_split_k_kernel[grid](a_desc, b_desc, self.partials, out, self.pad.signals, self.calls, m, self.n, k,
+                                     self.rank, self.half, self.tiles_max, split_k, **self._split_k_meta(bm))
+
+    def _run_output_tiles(self, a, b, target) -> None:
+        m, k = a.shape
+        n = b.shape[0]
+        config = self._config(m)
+        a_desc, b_desc = _gemm.operand_descriptors(a, b, config)
         self.calls.add_(1)
         grid = _gemm.grid_for(m, n, config, self.num_sms)
         gemm_ar_kernel[grid](a_desc, b_desc, self.partials, m, n, k, self.pad.signals, self.calls, self.rank, m,
                              half_elems=self.half, signal_region=self.tiles_max, out=target, **self._meta(config))
-        if target is not out:
-            out.copy_(target)
