@@ -407,7 +407,8 @@ def gemm_ar(a, b, *, out=None, variant: str = "auto", context=None):
     buffer holds ``2 * world * N * max(max_m, 4 * min(max_m, 128))`` fp32 elements (``max_m``: ``M``
     rounded up to a power of two, at least 128).
 
-    ``variant``: ``"auto"`` (``"split_k"`` up to 128 rows, else ``"output_tiles"``),
+    ``variant``: ``"auto"`` (measured rule: ``"output_tiles"`` at 33-64 rows and past 128,
+    else ``"split_k"``; :func:`~triton_dist.kernels.gemm_all_reduce.auto_variant`),
     ``"split_k"`` (B's rows as the MMA's long side, the contraction split across programs and
     summed with the all-reduce) or ``"output_tiles"`` (one tile of the output per program); the
     same on every rank.

@@ -68,8 +68,7 @@ of registers per thread (ptxas, sm_90a). Calls with fewer rows take ``gemm.pick_
 (64-row tiles that spread the read of B over every SM: decode shapes are bound by that read)."""
 
 VARIANTS = ("auto", "split_k", "output_tiles")
-"""``variant=`` of :meth:`GemmAllReduceContext.run` (module notes); ``"auto"``: ``"split_k"`` up
-to :data:`SPLIT_K_MAX_M` rows, else ``"output_tiles"``."""
+"""``variant=`` of :meth:`GemmAllReduceContext.run` (module notes); ``"auto"``: :func:`auto_variant`."""
 
 SPLIT_K_MAX_M = 128
 """The most rows ``"split_k"`` takes: ``BM`` (``out``'s rows, wgmma's N side) up to 128."""
@@ -94,6 +93,18 @@ SPLIT_K_CONFIGS = {
 }
 """``"split_k"``'s configs by ``BM``: :meth:`GemmAllReduceContext.split_k_block` picks the smallest
 ``BM`` holding the call's rows."""
+
+def auto_variant(m: int) -> str:
+    """What ``variant="auto"`` runs for ``m`` rows: ``"output_tiles"`` where its 64-row skinny
+    tile is more than half full (33-64 rows) or ``m`` is past :data:`SPLIT_K_MAX_M`, else
+    ``"split_k"``. Measured on 2 x H200 (bench/gemm_ar.py at 63a1899, µs, split_k against
+    output_tiles): at 1 and 16 rows split_k led on all three models (8b 28 against 44, 70b 68
+    against 98, 405b 210 against 254 at one row); at 64 rows output_tiles led (8b 31 against 47,
+    70b 72 against 81, 405b even), its tile full and split_k's partials four times the bytes; at
+    128 rows, where output_tiles has only 128x128 tiles, split_k led on 70b and 405b (99 against
+    113, 243 against 265) and tied on 8b (61 against 59)."""
+    return "output_tiles" if m > SPLIT_K_MAX_M or _gemm.SKINNY_MAX_M // 2 < m <= _gemm.SKINNY_MAX_M else "split_k"
+
 
 gemm_ar_kernel = DistributedKernel(_gemm.gemm_kernel)
 """:func:`triton_dist.kernels.gemm.gemm_kernel` launched with ``ALL_REDUCE=True`` and the
@@ -285,7 +296,7 @@ class GemmAllReduceContext:
             _gemm.gemm(a, b, out=out)
             return
         if variant == "auto":
-            variant = "split_k" if m <= SPLIT_K_MAX_M else "output_tiles"
+            variant = auto_variant(m)
         # The preloaded variants assume a 16-byte aligned output: another would load here, possibly
         # while a peer spins.
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
