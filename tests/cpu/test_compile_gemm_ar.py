@@ -32,36 +32,41 @@ def _compile(config, world, dtype="bf16"):
 @pytest.mark.parametrize("config", [gemm_all_reduce.CONFIG] + sorted(gemm_module.SKINNY_CONFIGS))
 def test_pushes_signals_then_waits_and_sums(config, world):
     compiled = _compile(config, world)
+    # The fp32 partial goes to world - 1 peers (its own stays in registers); beyond two ranks, one
+    # wait and load in a loop over the ranks.
+    _assert_pushes_then_waits(compiled, world, pushes=world - 1, waits=world if world <= 2 else 1)
+    if world > 1:
+        assert "nvshmemi_device_state_d" in compiled.asm["ptx"]  # peers' buffers through symm_at
+
+
+def _assert_pushes_then_waits(compiled, world, *, pushes, waits):
+    """The protocol both variants share: a pipelined wgmma/TMA loop; ``pushes`` fp32 tile stores,
+    then one release per rank, each right after a CTA barrier; ``waits`` acquire spins, after the
+    releases (signalled before waiting: the no-deadlock argument), every partial-tile load
+    depending on one; 16-byte stores; one rounding on the way out; waits that time out."""
     ptx, ttgir, ttir = compiled.asm["ptx"], compiled.asm["ttgir"], compiled.asm["ttir"]
-    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # the shared GEMM loop
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     assert not wgmma_serialized(ptx)
     assert compiled.metadata.shared <= _SMEM_LIMIT
-    # One release per rank, each right after a CTA barrier.
     lines = ttir.splitlines()
     releases = [i for i, line in enumerate(lines) if "tt.atomic_rmw" in line and "release" in line]
     assert len(releases) == world
     for i in releases:
         earlier = [line for line in lines[:i] if re.search(r"gpu\.barrier|tt\.store|tt\.atomic|inline_asm", line)]
         assert earlier and "gpu.barrier" in earlier[-1]
-    # The fp32 partial goes to world - 1 peers before the first release.
     stores_before = [line for line in lines[:releases[0]] if "tt.store" in line]
-    assert len(stores_before) == world - 1 and all("f32" in line for line in stores_before)
-    if world > 1:
-        assert "nvshmemi_device_state_d" in ptx  # peers' buffers through symm_at
-    # One spin per rank (unrolled up to two ranks), after the releases; every partial-tile load
-    # depends on a spin.
+    assert len(stores_before) == pushes and all("f32" in line for line in stores_before)
     spins = results(ops_matching(ttgir, re.escape(_SPIN)))
-    in_ir = world if world <= 2 else 1  # beyond two ranks, one wait and load in a loop over the ranks
-    assert len(spins) == in_ir
+    assert len(spins) == waits
     loads = [op for op in ops_matching(ttgir, r"tt\.load ") if "tensor<" in op.split(":")[-1]]
-    assert len(loads) == in_ir
+    assert len(loads) == waits
     for load in loads:
         assert depends_on(ttgir, load, spins), f"a partial-tile load does not depend on the waits: {load}"
     first_spin = min(i for i, line in enumerate(lines) if "inline_asm" in line and "ld.acquire" in line)
-    assert first_spin > releases[-1]  # signalled before waiting: the no-deadlock argument
+    assert first_spin > releases[-1]
     assert all(".v4." in s for s in re.findall(r"st\.global[a-z0-9.]*", ptx))
-    assert re.search(r"cvt\.rn\.bf16x2\.f32|cvt\.rn\.bf16\.f32", ptx)  # rounded once, on the way out
-    assert "trap;" in ptx  # the waits time out like every dl.wait
+    assert re.search(r"cvt\.rn\.bf16x2\.f32|cvt\.rn\.bf16\.f32", ptx)
+    assert "trap;" in ptx
 
 
 def test_meta():
@@ -92,35 +97,14 @@ def _compile_split_k(bm, world, dtype="bf16"):
 @pytest.mark.parametrize("world", [1, 2, 8])
 @pytest.mark.parametrize("bm", sorted(gemm_all_reduce.SPLIT_K_CONFIGS))
 def test_split_k_pushes_signals_then_waits_and_sums(bm, world):
-    """split_k: a pipelined wgmma/TMA loop with B's rows as the MMA's M side (``acc [128, BM]``);
-    the fp32 partial stored to every rank (its own included) in 16-byte vectors, then one release
-    per rank, each right after a CTA barrier; then, in a loop, an acquire spin before each partial
-    load; one rounding on the way out; no spills to speak of (96 bytes at 128 rows and 8 ranks)."""
+    """split_k: B's rows are the MMA's M side (``acc [128, BM]``: wgmma's N is ``BM``); the fp32
+    partial goes to every rank, its own included; the waits and loads sit in one loop over (rank,
+    slice); no spills to speak of (96 bytes at 128 rows and 8 ranks)."""
     compiled = _compile_split_k(bm, world)
-    ptx, ttgir, ttir = compiled.asm["ptx"], compiled.asm["ttgir"], compiled.asm["ttir"]
-    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
-    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bm}k16", ptx)  # out's rows are wgmma's N
-    assert not wgmma_serialized(ptx)
-    assert compiled.metadata.shared <= _SMEM_LIMIT
-    stores, loads = spill_bytes(ptx)
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bm}k16", compiled.asm["ptx"])
+    stores, loads = spill_bytes(compiled.asm["ptx"])
     assert stores <= 128 and loads <= 128, (bm, world, stores, loads)
-    lines = ttir.splitlines()
-    releases = [i for i, line in enumerate(lines) if "tt.atomic_rmw" in line and "release" in line]
-    assert len(releases) == world
-    for i in releases:
-        earlier = [line for line in lines[:i] if re.search(r"gpu\.barrier|tt\.store|tt\.atomic|inline_asm", line)]
-        assert earlier and "gpu.barrier" in earlier[-1]
-    stores_before = [line for line in lines[:releases[0]] if "tt.store" in line]
-    assert len(stores_before) == world and all("f32" in line for line in stores_before)
-    spins = results(ops_matching(ttgir, re.escape(_SPIN)))
-    assert len(spins) == 1  # in the loop over (rank, slice)
-    loads = [op for op in ops_matching(ttgir, r"tt\.load ") if "tensor<" in op.split(":")[-1]]
-    assert len(loads) == 1 and depends_on(ttgir, loads[0], spins)
-    first_spin = min(i for i, line in enumerate(lines) if "inline_asm" in line and "ld.acquire" in line)
-    assert first_spin > releases[-1]
-    assert all(".v4." in s for s in re.findall(r"st\.global[a-z0-9.]*", ptx))
-    assert re.search(r"cvt\.rn\.bf16x2\.f32|cvt\.rn\.bf16\.f32", ptx)
-    assert "trap;" in ptx
+    _assert_pushes_then_waits(compiled, world, pushes=world, waits=1)
 
 
 def test_split_k_rules():
