@@ -109,8 +109,8 @@ def test_split_k_pushes_signals_then_waits_and_sums(bm, world):
 
 def test_split_k_rules():
     """The host's choices need no GPU: the smallest block holding M, slices that fill the SMs
-    without exceeding SPLIT_K_MAX or leaving a slice under four K steps, and a buffer sized for
-    both variants."""
+    without exceeding SPLIT_K_MAX or leaving a slice under four K steps, and auto's measured rule
+    (output_tiles at 33-64 rows and past 128)."""
     ctx = gemm_all_reduce.GemmAllReduceContext.__new__(gemm_all_reduce.GemmAllReduceContext)
     assert [ctx.split_k_block(m) for m in (1, 16, 17, 32, 33, 64, 65, 128)] == [16, 16, 32, 32, 64, 64, 128, 128]
     ctx.num_sms = 132
@@ -119,3 +119,6 @@ def test_split_k_rules():
         ctx.n = n
         assert ctx.split_k(k) == want, (n, k)
     assert gemm_all_reduce.SPLIT_K_MAX_M == max(gemm_all_reduce.SPLIT_K_CONFIGS)
+    rule = {m: gemm_all_reduce.auto_variant(m) for m in (1, 16, 32, 33, 64, 65, 128, 129, 4096)}
+    assert rule == {1: "split_k", 16: "split_k", 32: "split_k", 33: "output_tiles", 64: "output_tiles",
+                    65: "split_k", 128: "split_k", 129: "output_tiles", 4096: "output_tiles"}
