@@ -19,7 +19,7 @@ size, ``K`` = its intermediate size split across ranks) at ``M`` = 1, 16, 64 and
   ``transfer_us``) (DESIGN §7).
 
 Every contender's result is checked against the fp32 reference first (max |error| / max |ref| <
-1e-2), and ours for bit-identical results on every rank. Timing: :mod:`triton_dist.bench.timing`,
+1e-2), and ours and each forced variant for bit-identical results on every rank. Timing: :mod:`triton_dist.bench.timing`,
 CUDA graphs of :data:`GROUP` calls, fixed counts on every rank, median per rank, MAX over ranks. Writes
 bench/results/<gpu>-x<world>/gemm_ar.json.
 """
@@ -134,9 +134,10 @@ def main() -> int:
             errors["torch_symm_mem"] = bench.script.relative_error(got.view(m, n), ref)
             fns["torch_symm_mem"] = symm
         checks = {name: all_ok(err < REL_TOL) for name, err in errors.items()}
-        gathered = [torch.empty_like(outs["ours"]) for _ in range(world)]
-        dist.all_gather(gathered, outs["ours"])
-        checks["ours_identical_on_every_rank"] = all_ok(all(torch.equal(x, outs["ours"]) for x in gathered))
+        for name in ("ours", *VARIANTS):
+            gathered = [torch.empty_like(outs[name]) for _ in range(world)]
+            dist.all_gather(gathered, outs[name])
+            checks[f"{name}_identical_on_every_rank"] = all_ok(all(torch.equal(x, outs[name]) for x in gathered))
         bench.sync_and_barrier()
 
         times = {name: bench.median_us(fn, warmup=5, iters=iters, group=GROUP, graph=True) for name, fn in fns.items()}

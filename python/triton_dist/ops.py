@@ -421,6 +421,10 @@ def gemm_ar(a, b, *, out=None, variant: str = "auto", context=None):
     capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes.
     """
     _require_initialized("gemm_ar")
+    from .kernels import gemm_all_reduce
+
+    if variant not in gemm_all_reduce.VARIANTS:
+        raise ValueError(f"triton_dist gemm_ar: variant must be one of {gemm_all_reduce.VARIANTS}, got {variant!r}")
     m, k, n = _matmul_operands("gemm_ar", "a", a, b, "all_reduce(a @ b.T)")
     _check_aligned("gemm_ar", "a", a)
     _check_aligned("gemm_ar", "b", b)

@@ -1,7 +1,8 @@
-"""GEMM+AllReduce compiles for sm_90: the shared wgmma/TMA loop, fp32 tiles stored to the peers with
-16-byte vectors, one release per rank (the own rank included) each after a CTA barrier, then one
-acquire spin per rank with every partial-tile load depending on the spins, a sum in fp32 and one
-rounding on the way out. Host-side checks of the context need no GPU."""
+"""GEMM+AllReduce compiles for sm_90, both variants: a pipelined wgmma/TMA loop, fp32 tiles stored
+to the ranks with 16-byte vectors, one release per rank (the own rank included) each after a CTA
+barrier, then acquire spins (one per rank up to two ranks for output_tiles; one in a loop for
+more ranks and for split_k) with every partial-tile load depending on them, a sum in fp32 and one
+rounding on the way out. Host-side rules of the context need no GPU."""
 
 import re
 

@@ -38,7 +38,7 @@ _VARIANTS = ["split_k", "output_tiles"]
 @pytest.mark.parametrize("variant", _VARIANTS)
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 1024), (16, 1024, 2048), (100, 264, 136), (128, 8192, 512),
                                    (1000, 512, 768), (8, 8192, 256), (16, 16384, 512), (3, 4096, 7168),
-                                   (33, 520, 4104)])
+                                   (33, 520, 4104), (128, 1024, 2048), (4, 20480, 256)])
 def test_gemm_ar_matches_torch_and_agrees_across_ranks(m, n, k, variant):
     if variant == "split_k" and m > 128:
         pytest.skip("split_k takes M <= 128")
@@ -76,8 +76,8 @@ def test_gemm_ar_back_to_back(variant):
 def test_gemm_ar_changing_rows_and_fp16():
     """One context, M shrinking and growing between unsynchronised calls (the slots move with M,
     the signals do not; "auto" alternates between the variants, which share the buffer and the
-    signals), in fp16."""
-    dtype, n, k = torch.float16, 1024, 256
+    signals; K deep enough for four split_k slices), in fp16, the same bits on every rank."""
+    dtype, n, k = torch.float16, 1024, 2048
     context = GemmAllReduceContext(256, n, dtype)
     b = rank_randn((n, k), dtype, 300)
     rows = [256, 1, 128, 17, 256, 64, 200, 8] * 4
@@ -89,22 +89,24 @@ def test_gemm_ar_changing_rows_and_fp16():
     torch.cuda.synchronize()
     bad = {i: e for i, (x, out) in enumerate(zip(inputs, outs))
            if not (e := _rel_error(out, _reference(x, b))) < _REL_TOL}
-    all_ranks_agree(not bad, f"gemm_ar with changing M: wrong calls (call: rel error) {bad}")
+    same = all(_identical_everywhere(out) for out in outs)
+    all_ranks_agree(not bad and same, f"gemm_ar with changing M: wrong calls (call: rel error) {bad}, identical {same}")
 
 
-def test_gemm_ar_cuda_graph_replay():
+@pytest.mark.parametrize("variant", _VARIANTS)
+def test_gemm_ar_cuda_graph_replay(variant):
     dtype, m, n, k = torch.bfloat16, 32, 4096, 1024
     ctx = GemmAllReduceContext(m, n, dtype)
     a = rank_randn((m, k), dtype, 12)
     b = rank_randn((n, k), dtype, 11)
     out = torch.empty((m, n), device="cuda", dtype=dtype)
-    ops.gemm_ar(a, b, out=out, context=ctx)  # one call outside the capture
+    ops.gemm_ar(a, b, out=out, variant=variant, context=ctx)  # one call outside the capture
     torch.cuda.synchronize()
     tdist.barrier()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         for _ in range(3):  # an odd count: replays alternate halves
-            ops.gemm_ar(a, b, out=out, context=ctx)
+            ops.gemm_ar(a, b, out=out, variant=variant, context=ctx)
     torch.cuda.synchronize()
     tdist.barrier()
     errors = []
@@ -114,14 +116,14 @@ def test_gemm_ar_cuda_graph_replay():
         graph.replay()
         torch.cuda.synchronize()
         errors.append(_rel_error(out, _reference(a, b)))
-    all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_ar graph replays: rel errors {errors}")
+    all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_ar {variant} graph replays: rel errors {errors}")
 
 
 @pytest.mark.parametrize("variant", _VARIANTS)
 def test_gemm_ar_protocol_on_one_rank(variant):
     """The signalling kernel at any world size, one rank included (where gemm_ar is otherwise the
     plain GEMM)."""
-    dtype, n, k = torch.bfloat16, 512, 256
+    dtype, n, k = torch.bfloat16, 512, 2048  # split_k: four slices
     context = GemmAllReduceContext(128, n, dtype, protocol_on_one_rank=True)
     b = rank_randn((n, k), dtype, 500)
     bad = []

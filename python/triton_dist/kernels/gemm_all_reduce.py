@@ -21,7 +21,9 @@ so a CUDA graph replays with fresh values): the partials buffer has two halves, 
 waited for every peer's tiles of call ``e + 1``, which each peer produced after its call ``e``
 (stream order), the only reader of call ``e``'s half. Signals only grow (set to ``e``, waited
 with ``>= e``); signal ``r * R + t`` (``R``: the context's fixed tiles per rank) is rank ``r``'s
-tile ``t``, written before its signal, in the half of the signalled call.
+tile ``t`` (``"split_k"``: ``t = s * cdiv(N, 128) + j`` for slice ``s`` of n-tile ``j``), written
+before its signal, in the half of the signalled call. Every program of either variant waits for
+at least one signal of every peer's current call, so the variants may alternate on one context.
 
 Two tile loops (``variant=``, :data:`VARIANTS`):
 
@@ -39,7 +41,9 @@ Two tile loops (``variant=``, :data:`VARIANTS`):
   of their tile and sum them in the order (rank, slice): the split's sum is folded into the
   all-reduce's, and every rank still rounds the same sum. Slices are walked from the last to 0,
   so a waiting program (slice 0) only waits for tiles that come before it in every program's
-  walk, and those never wait. The price: ``split_k`` times the partial bytes of
+  walk. No deadlock: with more than one slice the grid holds every tile once (``split_k``
+  keeps ``cdiv(N, 128) * split_k`` within the SMs, asserted at launch), all resident, each
+  signalling before it waits; with one slice, the argument of ``"output_tiles"`` below. The price: ``split_k`` times the partial bytes of
   ``"output_tiles"``. Measured on 2 x H200 (bench/gemm_ar.py at 523650f, µs, split_k against
   output_tiles): 30 against 44 on 1x4096x7168, 68 against 97 on 1x8192x14336, 45 against 29 at
   64 rows on 8b (:func:`auto_variant` has the rule).
@@ -102,8 +106,8 @@ def auto_variant(m: int) -> str:
     tile is more than half full (33-64 rows) or ``m`` is past :data:`SPLIT_K_MAX_M`, else
     ``"split_k"``. Measured on 2 x H200 (bench/gemm_ar.py at 63a1899, µs, split_k against
     output_tiles): at 1 and 16 rows split_k led on all three models (8b 28 against 44, 70b 68
-    against 98, 405b 210 against 254 at one row); at 64 rows output_tiles led (8b 31 against 47,
-    70b 72 against 81, 405b even), its tile full and split_k's partials four times the bytes; at
+    against 98, 405b 210 against 254 at one row); at 64 rows output_tiles led (8b 47 against 31,
+    70b 81 against 72, 405b even), its tile full and split_k's partials four times the bytes; at
     128 rows, where output_tiles has only 128x128 tiles, split_k led on 70b and 405b (99 against
     113, 243 against 265) and tied on 8b (61 against 59)."""
     return "output_tiles" if m > SPLIT_K_MAX_M or _gemm.SKINNY_MAX_M // 2 < m <= _gemm.SKINNY_MAX_M else "split_k"
@@ -170,11 +174,12 @@ class GemmAllReduceContext:
 
     Collective: every rank creates it with the same arguments, in the same order as its other
     symmetric allocations; creating it compiles and loads the kernel (each config of
-    :attr:`configs`, and ``"split_k"``'s of each ``BM`` up to ``max_m``) and ends with a barrier.
+    :attr:`configs`, and ``"split_k"``'s for every ``BM`` a call of at most ``max_m`` rows can take)
+    and ends with a barrier.
     Symmetric memory: :attr:`half` times 2 fp32 elements (``2 * world * max(max_m, SPLIT_K_MAX *
     min(max_m, SPLIT_K_MAX_M)) * n``) plus ``world`` times :attr:`tiles_max` signals. Call with :meth:`run` (or
     :func:`triton_dist.ops.gemm_ar`); every rank makes the same calls in the same order with the
-    same ``M`` and ``K``. Calls may be captured in a CUDA graph and replayed.
+    same ``M``, ``K`` and variant. Calls may be captured in a CUDA graph and replayed.
 
     ``protocol_on_one_rank``: with a single rank, still run the signalling kernel (stores, signal
     and wait on its own rank) instead of the plain GEMM, so that one GPU can test it.
@@ -261,7 +266,8 @@ class GemmAllReduceContext:
 
     def preload(self) -> None:
         """Compile and load the kernel with the specialisation of real calls (descriptors of this
-        dtype and each config's blocks, 16-byte aligned output; every int unspecialised)."""
+        dtype and each config's blocks, 16-byte aligned output; every int unspecialised but
+        ``"split_k"``'s ``N``, which is always the context's ``n``)."""
         import torch
 
         a = torch.empty((self.max_m, 8), dtype=self.dtype, device=self.device)  # only dtype and blocks matter
@@ -316,7 +322,10 @@ class GemmAllReduceContext:
         split_k = self.split_k(k)
         a_desc, b_desc = self._split_k_descriptors(a, b, bm)
         self.calls.add_(1)
-        grid = (min(triton.cdiv(self.n, SPLIT_K_BN) * split_k, self.num_sms), )
+        tiles = triton.cdiv(self.n, SPLIT_K_BN) * split_k
+        # The no-deadlock argument of several slices (module notes) needs one resident program per tile.
+        assert split_k == 1 or tiles <= self.num_sms, (split_k, tiles, self.num_sms)
+        grid = (min(tiles, self.num_sms), )
         gemm_ar_split_k_kernel[grid](a_desc, b_desc, self.partials, out, self.pad.signals, self.calls, m, self.n, k,
                                      self.rank, self.half, self.tiles_max, split_k, **self._split_k_meta(bm))
 
