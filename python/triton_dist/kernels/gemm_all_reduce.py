@@ -43,13 +43,14 @@ Two tile loops (``variant=``, :data:`VARIANTS`):
   so a waiting program (slice 0) only waits for tiles that come before it in every program's
   walk. No deadlock: with more than one slice the grid holds every tile once (``split_k``
   keeps ``cdiv(N, 128) * split_k`` within the SMs, asserted at launch), all resident, each
-  signalling before it waits; with one slice, the argument of ``"output_tiles"`` below. The price: ``split_k`` times the partial bytes of
-  ``"output_tiles"``. Measured on 2 x H200 (bench/gemm_ar.py at 523650f, µs, split_k against
-  output_tiles): 30 against 44 on 1x4096x7168, 68 against 97 on 1x8192x14336, 45 against 29 at
-  64 rows on 8b (:func:`auto_variant` has the rule).
+  signalling before it waits; with one slice, the argument of ``"output_tiles"`` below. The
+  price: ``split_k`` times the partial bytes of ``"output_tiles"``. Measured on 2 x H200
+  (bench/gemm_ar.py at 523650f, µs, split_k against output_tiles): 30 against 44 on
+  1x4096x7168, 68 against 97 on 1x8192x14336, 45 against 29 at 64 rows on 8b
+  (:func:`auto_variant` has the rule).
 
-No deadlock (``"output_tiles"``): a program signals its tile before it waits, tile ``t`` is program ``t % grid``'s on
-every rank (the grid depends only on the shape and the SM count), and the grid is at most one
+No deadlock (``"output_tiles"``): a program signals its tile before it waits, tile ``t`` is
+program ``t % grid``'s on every rank (the grid depends only on the shape and the SM count), and the grid is at most one
 program per SM, so every program is resident. A waiting program waits for the program of the
 same index on the other ranks, which reaches the tile after the same earlier tiles - never for a
 program that waits for it. Another kernel that holds SMs on one GPU only delays the op; the wait
@@ -100,6 +101,7 @@ SPLIT_K_CONFIGS = {
 }
 """``"split_k"``'s configs by ``BM``: :meth:`GemmAllReduceContext.split_k_block` picks the smallest
 ``BM`` holding the call's rows."""
+
 
 def auto_variant(m: int) -> str:
     """What ``variant="auto"`` runs for ``m`` rows: ``"output_tiles"`` where its 64-row skinny
@@ -193,11 +195,14 @@ class GemmAllReduceContext:
         _gemm.check_context_args("GemmAllReduceContext", dtype, aligned="n", max_m=max_m, n=n)
         self.world = _runtime.world_size()
         self.rank = _runtime.rank()
-        elems = 2 * self.world * n * max(max_m, SPLIT_K_MAX * min(max_m, SPLIT_K_MAX_M))
-        if elems >= 2**31:
-            raise ValueError(f"{op}: its buffer would hold {elems} fp32 elements (2 * world * n * max(max_m, "
-                             f"{SPLIT_K_MAX} * min(max_m, {SPLIT_K_MAX_M}))), too many (< 2**31); GEMM+AllReduce "
-                             f"is meant for small M")
+        self.half = self.world * n * max(max_m, SPLIT_K_MAX * min(max_m, SPLIT_K_MAX_M))
+        """fp32 elements of each half of :attr:`partials`: ``world`` slots of ``max_m x n`` for
+        ``"output_tiles"``, ``world * SPLIT_K_MAX`` of ``min(max_m, SPLIT_K_MAX_M) x n`` for
+        ``"split_k"``."""
+        if 2 * self.half >= 2**31:
+            raise ValueError(f"{op}: its buffer would hold {2 * self.half} fp32 elements (2 * world * n * "
+                             f"max(max_m, {SPLIT_K_MAX} * min(max_m, {SPLIT_K_MAX_M}))), too many (< 2**31); "
+                             f"GEMM+AllReduce is meant for small M")
         self.max_m = max_m
         self.n = n
         self.dtype = dtype
@@ -208,15 +213,11 @@ class GemmAllReduceContext:
         self.configs = sorted({self._config(m) for m in largest})
         """The configs calls can take (all preloaded): this N's skinny one and, past
         ``gemm.SKINNY_MAX_M`` rows, :data:`CONFIG`."""
-        self.split_k_blocks = sorted({self.split_k_block(m) for m in SPLIT_K_CONFIGS if m <= max_m}
-                                     | {self.split_k_block(min(max_m, SPLIT_K_MAX_M))})
+        widest = self.split_k_block(min(max_m, SPLIT_K_MAX_M))
+        self.split_k_blocks = [bm for bm in sorted(SPLIT_K_CONFIGS) if bm <= widest]
         """``"split_k"``'s ``BM`` values calls can take (all preloaded)."""
         self.tiles_max = max(max(self._tiles(m) for m in largest), SPLIT_K_MAX * triton.cdiv(n, SPLIT_K_BN))
         """The most tiles of a call (signals per source rank)."""
-        self.half = self.world * n * max(max_m, SPLIT_K_MAX * min(max_m, SPLIT_K_MAX_M))
-        """fp32 elements of each half of :attr:`partials`: ``world`` slots of ``max_m x n`` for
-        ``"output_tiles"``, ``world * SPLIT_K_MAX`` of ``min(max_m, SPLIT_K_MAX_M) x n`` for
-        ``"split_k"``."""
         self.partials = symm_empty((2 * self.half, ), torch.float32)
         self.pad = SignalPad(self.world * self.tiles_max)
         self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
