@@ -7,10 +7,12 @@
 Shapes (``M`` rows gathered in total, ``m = M / world`` per rank, weight shard ``[N, K]`` per
 rank, ``C = allgather(A) @ B^T`` of ``[M, N]``): :func:`triton_dist.bench.script.overlap_shapes`
 (each model's ``(N, K)`` at ``M = 8192``, and an M sweep for llama3.1-70b), ``N`` split across
-ranks.
+ranks, plus llama3.1-70b at the small ``M`` of :data:`SMALL_M` (where a producer's latency, not
+its bandwidth, decides).
 
 - ``ours_us``: ``ops.ag_gemm`` with one context per shape (the default ``"ce_push"`` producer);
   ``ce_pull_us``: the same with a ``producer="ce_pull"`` context (the GEMM reads ordinary memory);
+  ``sm_push_us``: with a ``producer="sm_push"`` context (the rows pushed by a kernel of a few SMs);
 - ``torch_nccl_us``: ``dist.all_gather_into_tensor`` + ``torch.matmul(A, B.T)``;
 - ``torch_symm_mem_us``: ``torch.ops.symm_mem.fused_all_gather_matmul(A_shard, [B.T], 0, group)``
   (omitted when unavailable or failing; timed without a CUDA graph, see ``timing``);
@@ -49,6 +51,8 @@ from triton_dist.kernels.gemm import gemm  # noqa: E402
 log = bench.script.logger("ag_gemm")
 all_ok = bench.script.all_ranks_ok
 REL_TOL = 1e-2
+SMALL_M = (128, 512)
+"""Extra rows of the M sweep, for ag_gemm only (not in the issue's shape list)."""
 
 _rel_error = bench.script.relative_error
 
@@ -92,6 +96,8 @@ def main() -> int:
     world, rank, device, gpu = bench.script.start(args, log)
     dtype = torch.bfloat16
     shapes = bench.script.overlap_shapes(args.quick)
+    if not args.quick:
+        shapes += [("llama3.1-70b", m, *bench.script.MODEL_SHAPES["llama3.1-70b"]) for m in SMALL_M]
     iters = 10 if args.quick else 20  # GEMMs of 0.2-20 ms: 20 samples give a stable median
 
     records = []
@@ -99,6 +105,7 @@ def main() -> int:
         n, m = n_full // world, big_m // world
         ctx = AllGatherGemmContext(m, k, dtype)  # collective; preloads every kernel
         pull_ctx = None if args.skip_ce_pull else AllGatherGemmContext(m, k, dtype, producer="ce_pull")
+        push_ctx = AllGatherGemmContext(m, k, dtype, producer="sm_push")
         g = torch.Generator(device=device)
         g.manual_seed(3000 + rank)
         a_shard = torch.randn((m, k), device=device, generator=g).to(dtype)
@@ -108,6 +115,7 @@ def main() -> int:
         ref = a_full.float() @ b.float().T
         out = torch.empty((big_m, n), device=device, dtype=dtype)
         pull_out = torch.empty_like(out)
+        push_out = torch.empty_like(out)
         nccl_out = torch.empty_like(out)
         nccl_a = torch.empty_like(a_full)
         gemm_out = torch.empty_like(out)
@@ -128,6 +136,8 @@ def main() -> int:
                "consumer_only": lambda: _consumer_only(ctx, m, b, gemm_out),
                "gemm_symm": lambda: gemm(ctx.gathered[:big_m * k].view(big_m, k), b, out=gemm_out)}
         outputs = {"ours": out, "torch_nccl": nccl_out, "gemm": gemm_out, "cublas": gemm_out}
+        fns["sm_push"] = lambda: ops.ag_gemm(a_shard, b, out=push_out, context=push_ctx)
+        outputs["sm_push"] = push_out
         if pull_ctx is not None:
             fns["ce_pull"] = lambda: ops.ag_gemm(a_shard, b, out=pull_out, context=pull_ctx)
             outputs["ce_pull"] = pull_out
@@ -164,7 +174,7 @@ def main() -> int:
         bound = max(times["gemm"], transfer)
         flop = 2.0 * big_m * n * k
         log(f"{label} M={big_m} K={k} N={n}: ours {times['ours']:.1f} us "
-            f"(ce_pull {times.get('ce_pull', float('nan')):.1f} us), "
+            f"(ce_pull {times.get('ce_pull', float('nan')):.1f} us, sm_push {times['sm_push']:.1f} us), "
             f"NCCL+cuBLAS {times['torch_nccl']:.1f} us, "
             f"symm_mem {times.get('torch_symm_mem', float('nan')):.1f} us, gemm alone {times['gemm']:.1f} us "
             f"(cuBLAS {times['cublas']:.1f} us), transfer {transfer:.1f} us, bound {bound:.1f} us, "
@@ -180,7 +190,7 @@ def main() -> int:
                          gemm_vs_cublas=times["cublas"] / times["gemm"], transfer_us=transfer,
                          all_gather_ours_us=times["ag_ours"], all_gather_nccl_us=times["ag_nccl"],
                          consumer_only_us=times["consumer_only"], gemm_symm_us=times["gemm_symm"],
-                         ce_pull_us=times.get("ce_pull"),
+                         ce_pull_us=times.get("ce_pull"), sm_push_us=times["sm_push"],
                          ours_tflops=flop / (times["ours"] * 1e6), of_bound=bound / times["ours"],
                          verified=checks["ours"] and checks["gemm"], checks=checks,  # ce_pull: its own check
                          rel_errors={name: (e if e < 1e30 else None) for name, e in errors.items()},
@@ -189,10 +199,10 @@ def main() -> int:
                          bound_method="max(our gemm alone, min(ops.all_gather, NCCL all_gather))",
                          shape_meaning="[M gathered rows, N per rank, K]"))
         bench.sync_and_barrier()
-        del ctx, pull_ctx
+        del ctx, pull_ctx, push_ctx
         ops.clear_contexts()  # the transfer's cached contexts: the next shape's need the heap
 
-    extra = ("model", "ce_pull_us", "consumer_only_us", "gemm_symm_us", "gemm_us", "cublas_us", "transfer_us",
+    extra = ("model", "ce_pull_us", "sm_push_us", "consumer_only_us", "gemm_symm_us", "gemm_us", "cublas_us", "transfer_us",
              "of_bound")
     return bench.script.finish("ag_gemm", records, args, extra)
 

@@ -93,7 +93,30 @@ def test_signal_kernels_release_and_acquire_at_the_right_scopes(world):
         gpu = re.findall(r"atom\.global\.gpu\.release|atom\.release\.gpu\.global", ptx)
         assert len(gpu) == gpu_releases[phase], phase
         assert ptx.count(_SPIN) == 2 * waits[phase], phase
-    assert allgather_gemm.PRODUCERS == ("ce_push", "ce_pull")
+    assert allgather_gemm.PRODUCERS == ("ce_push", "ce_pull", "sm_push")
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_push_kernel_releases_each_peers_rows_after_storing_them(world):
+    """sm_push: program 0's local ready (GPU scope) and one ack per peer (system scope); per peer
+    an acquire wait for its ack before the stores (16-byte vectors, through the wait's token),
+    then a system-scope acq_rel ticket and, in the last program, the peer's ready (system-scope
+    release)."""
+    peers = world - 1
+    compiled = compile_for_hopper(allgather_gemm.ag_gemm_push_kernel,
+                                  {"gathered": "*bf16", "signals": "*u64", "calls": "*i64", "tickets": "*i32",
+                                   "n": "i32"}, dict(WORLD=world, BLOCK=allgather_gemm.PUSH_BLOCK), num_warps=8)
+    ptx = compiled.asm["ptx"]
+    assert len(re.findall(_RELEASE, ptx)) == 2 * peers
+    assert len(re.findall(r"atom\.global\.gpu\.release|atom\.release\.gpu\.global", ptx)) == 1
+    assert ptx.count(_SPIN) == 2 * peers
+    tickets = re.findall(r"atom\.(?:global\.)?(?:sys\.)?acq_rel\.(?:sys\.)?(?:global\.)?add", ptx)
+    assert len(tickets) == peers, tickets
+    if peers:
+        lines = ptx.splitlines()
+        stores = [i for i, line in enumerate(lines) if "st.global" in line]
+        assert any("st.global.v4" in lines[i] for i in stores)  # 16-byte stores on the unmasked path
+        assert min(i for i, line in enumerate(lines) if _SPIN in line) < min(stores)
 
 
 def test_config_rule():

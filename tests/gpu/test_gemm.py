@@ -50,9 +50,12 @@ def test_skinny_gemm_matches_torch(m, n, k):
     _check_gemm(m, n, k, torch.bfloat16, None, seed=5)
 
 
+@pytest.mark.parametrize("producer", ["ce_push", "sm_push"])
 @pytest.mark.parametrize("m,n,calls", [(1000, 1024, 500), (1024, 1024, 500), (2048, 4096, 100)])
-def test_ag_gemm_back_to_back(m, n, calls):
+def test_ag_gemm_back_to_back(m, n, calls, producer):
     k, dtype = 1024, torch.bfloat16
+    # ce_push: the op's cached context (its default producer).
+    ctx = None if producer == "ce_push" else AllGatherGemmContext(m, k, dtype, producer=producer)
     b = rank_randn((n, k), dtype, 100 + m)  # a different weight shard on every rank, as in tensor parallelism
     inputs = [rank_randn((m, k), dtype, 1000 * m + i) for i in range(calls)]
     checked = [i for i in range(calls) if i % 10 == 0 or i == calls - 1]
@@ -60,12 +63,12 @@ def test_ag_gemm_back_to_back(m, n, calls):
     scratch = torch.empty((dist.get_world_size() * m, n), device="cuda", dtype=dtype)
     tdist.barrier()
     for i in range(calls):  # back to back: no synchronisation between calls
-        got = ops.ag_gemm(inputs[i], b, out=outs.get(i, scratch))
+        got = ops.ag_gemm(inputs[i], b, out=outs.get(i, scratch), context=ctx)
         assert got is outs.get(i, scratch)
     torch.cuda.synchronize()
     errors = {i: _rel_error(outs[i], _reference(inputs[i], b)) for i in checked}
     bad = {i: e for i, e in errors.items() if not e < _REL_TOL}
-    all_ranks_agree(not bad, f"ag_gemm m={m} n={n} k={k}: calls with wrong results (call: rel error) {bad}")
+    all_ranks_agree(not bad, f"ag_gemm {producer} m={m} n={n} k={k}: calls with wrong results (call: rel error) {bad}")
 
 
 def test_ag_gemm_new_tensor():
@@ -96,6 +99,9 @@ def test_ag_gemm_bad_inputs():
     small = AllGatherGemmContext(32, 128, torch.bfloat16)
     raises_everywhere(lambda: ops.ag_gemm(a, b, context=small), ValueError, "max_m_per_rank>=64")
     raises_everywhere(lambda: ops.ag_gemm(a, b, context=object()), TypeError, "AllGatherGemmContext")
+    for programs in (0, gemm_module.num_sms(), 2.0, True):
+        raises_everywhere(lambda: AllGatherGemmContext(64, 128, torch.bfloat16, producer="sm_push",
+                                                       push_programs=programs), ValueError, "push_programs")
     # The op still works after the errors.
     got = ops.ag_gemm(a[:32], b, context=small)
     torch.cuda.synchronize()
@@ -103,7 +109,7 @@ def test_ag_gemm_bad_inputs():
     all_ranks_agree(tuple(got.shape) == (world * 32, 64) and err < _REL_TOL, f"ag_gemm after errors: {err}")
 
 
-@pytest.mark.parametrize("producer", ["ce_push", "ce_pull"])
+@pytest.mark.parametrize("producer", ["ce_push", "ce_pull", "sm_push"])
 def test_ag_gemm_cuda_graph_replay(producer):
     m, n, k, dtype = 512, 1024, 1024, torch.bfloat16
     ctx = AllGatherGemmContext(m, k, dtype, producer=producer)
@@ -130,7 +136,7 @@ def test_ag_gemm_cuda_graph_replay(producer):
     all_ranks_agree(all(e < _REL_TOL for e in errors), f"ag_gemm {producer} graph replays: rel errors {errors}")
 
 
-@pytest.mark.parametrize("producer", ["ce_push", "ce_pull"])
+@pytest.mark.parametrize("producer", ["ce_push", "ce_pull", "sm_push"])
 def test_ag_gemm_protocol_on_one_rank(producer):
     """The gather-and-signal protocol at any world size, including one rank (where ag_gemm is
     otherwise the plain GEMM): preload, the signal kernels and the waiting GEMM run on one GPU."""
@@ -149,13 +155,15 @@ def test_ag_gemm_protocol_on_one_rank(producer):
     all_ranks_agree(not bad, f"ag_gemm {producer} with the protocol forced on: wrong calls (call, rel error) {bad}")
 
 
+@pytest.mark.parametrize("producer", ["ce_pull", "sm_push"])
 @pytest.mark.parametrize("m", [1000, 40])
-def test_ag_gemm_pull_back_to_back_with_changing_rows(m):
-    """The ce_pull producer over 60 unsynchronised calls on one context, m changing between
-    calls (m = 40 < BM: tiles hold rows of several ranks): a shard rewritten before a peer copied
-    it, or rows read before they landed, shows up as a wrong call."""
+def test_ag_gemm_back_to_back_with_changing_rows(m, producer):
+    """60 unsynchronised calls on one context, m changing between calls (m = 40 < BM: tiles hold
+    rows of several ranks): a shard rewritten before a peer copied it, or rows read before they
+    landed, shows up as a wrong call. sm_push with 3 programs: shares of unequal size, and a
+    masked tail tile at m = 500 and 20."""
     k, n, dtype = 512, 768, torch.bfloat16
-    ctx = AllGatherGemmContext(1024, k, dtype, producer="ce_pull")
+    ctx = AllGatherGemmContext(1024, k, dtype, producer=producer, push_programs=3)
     b = rank_randn((n, k), dtype, 700 + m)
     rows = [m, m // 2, m, 8, m] * 12
     inputs = [rank_randn((r, k), dtype, 7000 + i) for i, r in enumerate(rows)]
@@ -166,4 +174,4 @@ def test_ag_gemm_pull_back_to_back_with_changing_rows(m):
     torch.cuda.synchronize()
     errors = [_rel_error(out, _reference(x, b)) for x, out in zip(inputs, outs)]
     bad = {i: e for i, e in enumerate(errors) if not e < _REL_TOL}
-    all_ranks_agree(not bad, f"ag_gemm ce_pull with changing m: wrong calls (call: rel error) {bad}")
+    all_ranks_agree(not bad, f"ag_gemm {producer} with changing m: wrong calls (call: rel error) {bad}")

@@ -69,10 +69,25 @@ right after its own first wait. What this buys: the GEMM reads A from ordinary m
 the symmetric heap. What it costs: a second copy of ``A_shard`` (into ``shard``), on ``P``
 before the peers can start copying.
 
-SMs: the consumer spins while the producer's signal kernels still have to run on this GPU, so
-the GEMM's persistent grid leaves :data:`RESERVED_SMS` SMs free (its programs use > 114 KiB of
-shared memory each, so at most one per SM): with every SM held by a spinning GEMM program, the
-signal kernel could never start - a deadlock.
+``"sm_push"`` (``producer="sm_push"``): ``ce_push``'s buffer, signals and protocol, with the
+copies and signal kernels of ``P`` replaced by one kernel of ``push_programs`` programs
+(:func:`ag_gemm_push_kernel`): program 0 sends phase 0's ``ready[me] = k`` here and ``ack[me] =
+k - 1`` to every peer; then for each peer ``r`` (the order of ``ce_push``) every program waits for
+``ack[r] >= k - 1`` and stores its share of this rank's rows (read from slot ``me`` of the local
+``gathered``, where ``S`` copied them) into slot ``me`` of ``r``'s ``gathered``; the last program
+to finish its share (a ticket counter per peer, :mod:`~triton_dist.kernels.tickets`, counted
+with acq_rel at system scope so that each program's count releases its own NVLink stores) sets
+``ready[me] = k`` on ``r`` (release, system scope). Same reasoning as ``ce_push``: the ready
+value is released after every store of the rows it announces. What it buys: one kernel launch
+instead of ``2 * world - 1`` stream operations, so the first rows land after a few microseconds
+instead of the copy engine's ~20 (bench/results/h200-x2/allgather.json, small messages:
+``sm_push`` 7 us, ``ce_push`` 20 us); what it costs: ``push_programs`` SMs taken from the GEMM.
+
+SMs: the consumer spins while the producer's kernels still have to run on this GPU, so the
+GEMM's persistent grid leaves SMs free (its programs use > 114 KiB of shared memory each, so at
+most one per SM): :data:`RESERVED_SMS` for the copy-engine producers' signal kernels,
+``push_programs`` for ``"sm_push"``. With every SM held by a spinning GEMM program, the producer
+could never start - a deadlock.
 
 Why not :class:`~triton_dist.kernels.AllGatherContext`: its ``ce_push`` copies out of its
 receive buffer and acknowledges right after that copy-out, so a GEMM reading that buffer directly
@@ -91,19 +106,62 @@ from ..distributed_jit import DistributedKernel, jit
 from ..signals import SignalPad
 from ..symmetric import peer_tensor, symm_empty
 from . import gemm as _gemm
+from .tickets import last_to_finish
+from .tiles import copy_tile
 
 RESERVED_SMS = 1
 """SMs the consumer GEMM leaves free for the producer's signal kernels (see the module notes)."""
 
-PRODUCERS = ("ce_push", "ce_pull")
+PRODUCERS = ("ce_push", "ce_pull", "sm_push")
 """How the shards travel: ``"ce_push"`` (each rank's copy engine writes its shard into every peer's
 symmetric ``gathered``, which the GEMM reads) or ``"ce_pull"`` (each rank publishes its shard in
 a symmetric ``shard`` buffer, and every rank's copy engine copies the peers' shards into an
-ordinary ``gathered`` buffer, which the GEMM reads; see the module notes)."""
+ordinary ``gathered`` buffer, which the GEMM reads) or ``"sm_push"`` (``ce_push`` with the copies
+made by a kernel of a few SMs; see the module notes)."""
+
+PUSH_PROGRAMS = 8
+"""``"sm_push"``'s programs (and SMs taken from the GEMM) by default: a guess, not measured yet."""
+
+PUSH_BLOCK = 4096
+"""Elements per tile of :func:`ag_gemm_push_kernel` (8 KiB of bf16: 16 bytes a thread, twice, at
+8 warps)."""
 
 ag_gemm_consumer_kernel = DistributedKernel(_gemm.gemm_kernel)
 """:func:`triton_dist.kernels.gemm.gemm_kernel` launched with ``WAIT_FOR_ROWS=True`` and the
 language's libraries linked in."""
+
+
+@jit(do_not_specialize=["n"])
+def ag_gemm_push_kernel(gathered, signals, calls, tickets, n, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """``"sm_push"``'s producer (module notes): this rank's ``n`` elements in slot ``me`` of the
+    local ``gathered`` (at ``me * n``) into the same slot of every peer's, ``ready``/``ack`` as
+    :func:`ag_gemm_signal_kernel` phases 0 and 1. ``tickets``: ``WORLD`` int32 counters, zero
+    between calls. ``n``: a multiple of 8."""
+    k = tl.load(calls)
+    me = dl.rank()
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    if pid == 0:
+        dl.notify(signals + me, me, k, "set", "gpu")
+        for i in tl.static_range(1, WORLD):
+            dl.notify(signals + WORLD + me, (me + i) % WORLD, k - 1, "set", "intra_node")
+    slot = me.to(tl.int64) * ((n // 8) * 8)  # == me * n, with the divisibility fact for 16-byte vectors
+    src = gathered + slot
+    lanes = tl.arange(0, BLOCK)
+    tiles = tl.cdiv(n, BLOCK)
+    for i in tl.static_range(1, WORLD):
+        # Rank r's GEMM needs my rows (me - r) % world blocks in: ranks me - 1, me - 2, ... first.
+        r = (me - i + WORLD) % WORLD
+        token = dl.wait(signals + WORLD + r, 1, "sys", "acquire", k - 1)  # r no longer reads slot me
+        dst = dl.consume_token(tl.multiple_of(dl.symm_at(gathered, r), 16), token) + slot  # symm_at loses alignment
+        for t in range(pid, tiles, grid):
+            offs = t.to(tl.int64) * BLOCK + lanes
+            if (t.to(tl.int64) + 1) * BLOCK <= n:
+                copy_tile(dst + offs, src + offs, offs, n, False)
+            else:
+                copy_tile(dst + offs, src + offs, offs, n, True)
+        if last_to_finish(tickets, r, grid, "sys"):
+            dl.notify(signals + me, r, k, "set", "intra_node")
 
 
 @jit(do_not_specialize=["peer"])
@@ -158,13 +216,15 @@ class AllGatherGemmContext:
 
     ``producer``: one of :data:`PRODUCERS` (``"ce_pull"`` keeps ``gathered`` in ordinary memory
     and allocates a symmetric ``max_m_per_rank * k`` shard buffer instead).
+    ``push_programs``: ``"sm_push"``'s programs, SMs the GEMM leaves to them (default
+    :data:`PUSH_PROGRAMS`).
     ``protocol_on_one_rank``: with a single rank, still run the gather-and-signal protocol (the
     side stream, the signal kernels, the waiting GEMM) instead of the plain GEMM, so that one GPU
     can test it.
     """
 
     def __init__(self, max_m_per_rank: int, k: int, dtype, *, producer: str = "ce_push",
-                 protocol_on_one_rank: bool = False):
+                 push_programs: int | None = None, protocol_on_one_rank: bool = False):
         _runtime._require_initialized("AllGatherGemmContext")
         import torch
 
@@ -183,7 +243,14 @@ class AllGatherGemmContext:
         self.dtype = dtype
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_sms = _gemm.num_sms(self.device)
-        self.max_programs = max(1, self.num_sms - RESERVED_SMS)
+        if push_programs is None:
+            push_programs = PUSH_PROGRAMS
+        if isinstance(push_programs, bool) or not isinstance(push_programs, int) or \
+                not 0 < push_programs < self.num_sms:
+            raise ValueError(f"triton_dist AllGatherGemmContext: push_programs must be an int in [1, "
+                             f"{self.num_sms - 1}], got {push_programs!r}")
+        self.push_programs = push_programs
+        self.max_programs = max(1, self.num_sms - (push_programs if producer == "sm_push" else RESERVED_SMS))
         pull = producer == "ce_pull"
         gathered_elems = self.world * max_m_per_rank * k
         self.gathered = (torch.empty((gathered_elems, ), dtype=dtype, device=self.device) if pull else
@@ -195,6 +262,8 @@ class AllGatherGemmContext:
         self.pad = SignalPad(3 * self.world)
         self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
         """The device-side call counter (this call's ``k`` once bumped)."""
+        self.tickets = torch.zeros(self.world, dtype=torch.int32, device=self.device)
+        """``"sm_push"``: per peer, the push programs that finished their share (zero between calls)."""
         exposed = self.shard if pull else self.gathered
         self._peers = [peer_tensor(exposed, r) if r != self.rank else exposed for r in range(self.world)]
         self._side = torch.cuda.Stream(device=self.device)
@@ -214,6 +283,10 @@ class AllGatherGemmContext:
             a_desc, b_desc, c_desc = _gemm.descriptors(a, a, a, config)  # only types and blocks matter
             ag_gemm_consumer_kernel.preload(a_desc, b_desc, c_desc, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
                                             grid=(1, ), **_gemm.kernel_meta(config, True))
+        if self.producer == "sm_push":
+            ag_gemm_push_kernel.preload(self.gathered, self.pad.signals, self.calls, self.tickets, 2, grid=(1, ),
+                                        **self._push_meta())
+            return
         for phase in ((2, 3, 4, 5) if self.producer == "ce_pull" else (0, 1)):
             ag_gemm_signal_kernel.preload(self.pad.signals, self.calls, 2, grid=(1, ), PHASE=phase,
                                           WORLD=self.world, num_warps=1)
@@ -240,6 +313,9 @@ class AllGatherGemmContext:
         with torch.cuda.stream(self._side):
             if self.producer == "ce_pull":
                 self._pull(x, m)
+            elif self.producer == "sm_push":
+                ag_gemm_push_kernel[(self.push_programs, )](self.gathered, self.pad.signals, self.calls, self.tickets,
+                                                            m * k, **self._push_meta())
             else:
                 self._push(x, m)
         rows = world * m
@@ -249,6 +325,9 @@ class AllGatherGemmContext:
         ag_gemm_consumer_kernel[_gemm.grid_for(rows, n, config, self.max_programs)](
             a_desc, b_desc, c_desc, rows, n, k, self.pad.signals, self.calls, me, m, **_gemm.kernel_meta(config, True))
         stream.wait_stream(self._side)
+
+    def _push_meta(self) -> dict:
+        return dict(WORLD=self.world, BLOCK=PUSH_BLOCK, num_warps=8)
 
     def _signal(self, phase: int, peer: int = 0) -> None:
         ag_gemm_signal_kernel[(1, )](self.pad.signals, self.calls, peer, PHASE=phase, WORLD=self.world, num_warps=1)
