@@ -8,7 +8,8 @@ against the same computation in fp32 with torch.distributed:
 
 1. prefill, sequence-parallel input: ``ops.ag_gemm`` gathers every rank's rows of ``x`` while
    multiplying by this rank's ``W1`` shard, and ``ops.gemm_rs`` multiplies by the ``W2`` shard
-   while reduce-scattering the result back to this rank's rows;
+   while reduce-scattering the result back to this rank's rows; then ``ag_gemm`` again with each
+   of the gather's producers (an ``AllGatherGemmContext`` passed as ``context``);
 2. decode (a few rows, replicated input): the first GEMM needs no communication, and
    ``ops.gemm_ar`` multiplies by the ``W2`` shard and all-reduces in one kernel, with the same
    bits on every rank;
@@ -54,6 +55,20 @@ def mlp_prefill(x_rows, w1_shard, w2_shard) -> bool:
     dist.all_reduce(partial)
     m = x_rows.shape[0]
     return _close(y, partial[tdist.rank() * m:(tdist.rank() + 1) * m], "prefill: ag_gemm + gemm_rs")
+
+
+def check_ag_gemm_producers(x_rows, w1_shard) -> bool:
+    """The gather's producer is a context's choice: the copy engine pushes the rows by default;
+    ``"sm_push"`` has a kernel on a few SMs push them instead (one launch, lower latency, SMs
+    taken from the GEMM); ``"ce_pull"`` has each rank's copy engine fetch the peers' rows."""
+    from triton_dist.kernels import AllGatherGemmContext
+
+    want = ops.ag_gemm(x_rows, w1_shard)
+    ok = True
+    for producer in ("sm_push", "ce_pull"):
+        ctx = AllGatherGemmContext(x_rows.shape[0], x_rows.shape[1], x_rows.dtype, producer=producer)  # collective
+        ok &= _close(ops.ag_gemm(x_rows, w1_shard, context=ctx), want.float(), f"ag_gemm, producer {producer}")
+    return ok
 
 
 def mlp_decode(x, w1_shard, w2_shard, out=None):
@@ -124,7 +139,9 @@ def run_all() -> bool:
     d, f, m = 1024, 4096, 256  # model width, MLP width, rows per rank
     w1_shard = _randn(f // world, d, seed=1)  # this rank's rows of W1 [f, d]
     w2_shard = _randn(d, f // world, seed=2)  # this rank's columns of W2 [d, f]
-    ok = mlp_prefill(_randn(m, d, seed=3), w1_shard, w2_shard)
+    x_rows = _randn(m, d, seed=3)
+    ok = mlp_prefill(x_rows, w1_shard, w2_shard)
+    ok &= check_ag_gemm_producers(x_rows, w1_shard)
     decode_x = _randn(8, d, seed=4, same_on_every_rank=True)
     ok &= check_decode(decode_x, w1_shard, w2_shard)
     ok &= check_decode_graph(decode_x, w1_shard, w2_shard)

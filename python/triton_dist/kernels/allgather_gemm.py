@@ -120,7 +120,9 @@ ordinary ``gathered`` buffer, which the GEMM reads) or ``"sm_push"`` (``ce_push`
 made by a kernel of a few SMs; see the module notes)."""
 
 PUSH_PROGRAMS = 8
-"""``"sm_push"``'s programs (and SMs taken from the GEMM) by default: a guess, not measured yet."""
+"""``"sm_push"``'s programs (and SMs taken from the GEMM) by default. Only 8 was measured
+(bench/results/h200-x2/ag_gemm.json, 1ab0466): ahead of ``ce_push`` at M=1024 (373 against 383 us),
+1-10 % behind from M=2048 up, where the 8 SMs cost the GEMM more than the copy engine's latency."""
 
 PUSH_BLOCK = 4096
 """Elements per tile of :func:`ag_gemm_push_kernel` (8 KiB of bf16: 16 bytes a thread, twice, at
