@@ -107,7 +107,7 @@ from ..signals import SignalPad
 from ..symmetric import peer_tensor, symm_empty
 from . import gemm as _gemm
 from .tickets import last_to_finish
-from .tiles import copy_tile
+from .tiles import copy_program_tiles
 
 RESERVED_SMS = 1
 """SMs the consumer GEMM leaves free for the producer's signal kernels (see the module notes)."""
@@ -149,19 +149,13 @@ def ag_gemm_push_kernel(gathered, signals, calls, tickets, n, WORLD: tl.constexp
             dl.notify(signals + WORLD + me, (me + i) % WORLD, k - 1, "set", "intra_node")
     slot = me.to(tl.int64) * ((n // 8) * 8)  # == me * n, with the divisibility fact for 16-byte vectors
     src = gathered + slot
-    lanes = tl.arange(0, BLOCK)
     tiles = tl.cdiv(n, BLOCK)
     for i in tl.static_range(1, WORLD):
         # Rank r's GEMM needs my rows (me - r) % world blocks in: ranks me - 1, me - 2, ... first.
         r = (me - i + WORLD) % WORLD
         token = dl.wait(signals + WORLD + r, 1, "sys", "acquire", k - 1)  # r no longer reads slot me
         dst = dl.consume_token(tl.multiple_of(dl.symm_at(gathered, r), 16), token) + slot  # symm_at loses alignment
-        for t in range(pid, tiles, grid):
-            offs = t.to(tl.int64) * BLOCK + lanes
-            if (t.to(tl.int64) + 1) * BLOCK <= n:
-                copy_tile(dst + offs, src + offs, offs, n, False)
-            else:
-                copy_tile(dst + offs, src + offs, offs, n, True)
+        copy_program_tiles(dst, src, n, tiles, BLOCK)
         if last_to_finish(tickets, r, grid, "sys"):
             dl.notify(signals + me, r, k, "set", "intra_node")
 

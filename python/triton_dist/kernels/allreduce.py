@@ -155,7 +155,7 @@ from .context import CollectiveContext
 from .rank_barrier import rank_barrier_kernel
 from .ring import ring_all_gather_steps
 from .tickets import last_to_finish
-from .tiles import copy_tile, load_tile, store_tile
+from .tiles import copy_program_tiles, copy_tile, load_tile, store_tile
 
 
 @triton.jit
@@ -184,12 +184,7 @@ def all_reduce_one_shot_kernel(x, out, stage, signals, n, epoch_ptr, half_tiles,
 
     # 1. Publish this rank's slice: local stores, then one release signal on every peer.
     mine = stage + half
-    for t in range(pid, tiles, grid):
-        offs = t.to(tl.int64) * BLOCK + lanes
-        if (t.to(tl.int64) + 1) * BLOCK <= n:
-            copy_tile(mine + offs, x + offs, offs, n, False)
-        else:
-            copy_tile(mine + offs, x + offs, offs, n, True)
+    copy_program_tiles(mine, x, n, tiles, BLOCK)
     for r in tl.static_range(1, WORLD):
         dl.notify(signals + me * MAX_PROGRAMS + pid, (me + r) % WORLD, epoch, "set", "intra_node")
     tl.debug_barrier()  # this program's own staging stores are read below by other threads

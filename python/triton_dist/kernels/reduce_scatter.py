@@ -51,19 +51,7 @@ from ..distributed_jit import jit
 from ..symmetric import symm_empty
 from .allreduce import ll_reduce_kernel
 from .context import CollectiveContext
-from .tiles import copy_tile, load_tile, store_tile
-
-
-@triton.jit
-def _copy_shard(dst, src, m, shard_tiles, BLOCK: tl.constexpr):
-    """``dst[i] = src[i]`` for ``i < m`` over this program's tiles (whole tiles unmasked)."""
-    lanes = tl.arange(0, BLOCK)
-    for t in range(tl.program_id(0), shard_tiles, tl.num_programs(0)):
-        local = t.to(tl.int64) * BLOCK + lanes
-        if (t.to(tl.int64) + 1) * BLOCK <= m:
-            copy_tile(dst + local, src + local, local, m, False)
-        else:
-            copy_tile(dst + local, src + local, local, m, True)
+from .tiles import copy_program_tiles, load_tile, store_tile
 
 
 @triton.jit
@@ -103,7 +91,7 @@ def reduce_scatter_push_kernel(x, out, stage, signals, shard_vecs, shard_tiles, 
     for r in tl.static_range(1, WORLD):
         s = (me + r) % WORLD
         dst = tl.multiple_of(dl.symm_at(stage, s), 16) + half + me * slot  # symm_at loses alignment
-        _copy_shard(dst, x + s * m, m, shard_tiles, BLOCK)
+        copy_program_tiles(dst, x + s * m, m, shard_tiles, BLOCK)
         dl.notify(signals + me * MAX_PROGRAMS + pid, s, epoch, "set", "intra_node")
 
     # 2. Reduce: wait for this program's tiles from every peer, sum in rank order.

@@ -29,3 +29,17 @@ def store_tile(ptrs, value, idx, n, MASKED: tl.constexpr):
 def copy_tile(dst, src, idx, n, MASKED: tl.constexpr):
     """``dst[i] = src[i]`` for the tile's pointers; ``idx`` (element indices) < ``n`` when masked."""
     store_tile(dst, load_tile(src, idx, n, MASKED), idx, n, MASKED)
+
+
+@triton.jit
+def copy_program_tiles(dst, src, n, tiles, BLOCK: tl.constexpr):
+    """``dst[i] = src[i]`` for ``i < n`` over this program's share of ``tiles`` ``BLOCK``-element
+    tiles (tiles ``pid, pid + grid, ...``; whole tiles unmasked, only the one straddling ``n``
+    masked)."""
+    lanes = tl.arange(0, BLOCK)
+    for t in range(tl.program_id(0), tiles, tl.num_programs(0)):
+        offs = t.to(tl.int64) * BLOCK + lanes
+        if (t.to(tl.int64) + 1) * BLOCK <= n:
+            copy_tile(dst + offs, src + offs, offs, n, False)
+        else:
+            copy_tile(dst + offs, src + offs, offs, n, True)
