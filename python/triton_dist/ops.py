@@ -305,7 +305,8 @@ def _check_aligned(op: str, name: str, t) -> None:
 def ag_gemm(a_shard, b, *, out=None, context=None):
     """AllGather+GEMM: ``allgather(a_shard) @ b.T``, every rank's ``a_shard`` concatenated along dim
     0 in rank order, times ``b`` transposed; returns ``out`` (``[world * m, N]``; a new tensor when
-    None). The gather (copy engine, side stream) overlaps the GEMM (persistent Triton kernel, the
+    None). The gather (copy engine, side stream; a context made with ``producer="sm_push"`` or
+    ``"ce_pull"`` chooses another producer) overlaps the GEMM (persistent Triton kernel, the
     current stream) tile by tile; see :mod:`triton_dist.kernels.allgather_gemm`.
 
     ``a_shard``: ``[m, K]``, the same ``m`` on every rank; ``b``: ``[N, K]`` (the weight of a
