@@ -14,3 +14,51 @@ tdist_install_python_deps() {
 tdist_build() {
   python3 -m pip install --no-build-isolation --no-deps -q .
 }
+
+# Several ranks per GPU (--ranks-per-gpu K of scripts/gpu-test and scripts/run): our own CUDA MPS
+# control daemon, with private pipe and log directories so that it meets no other daemon, quit on
+# every way out of the calling script (exit, failure, SIGINT/SIGTERM, the script's own timeouts).
+# It changes no GPU setting (compute mode, clocks, MIG). Each rank gets 100/K percent of the SMs:
+# ranks whose kernels wait on each other must all be resident at once (triton_dist.residency).
+tdist_start_mps() {  # K
+  local k=$1
+  command -v nvidia-cuda-mps-control >/dev/null || { echo "nvidia-cuda-mps-control is not installed: cannot share GPUs"; return 1; }
+  tdist_quit_stale_mps
+  CUDA_MPS_PIPE_DIRECTORY=$(mktemp -d /tmp/tdist-mps-pipe.XXXXXX)
+  CUDA_MPS_LOG_DIRECTORY=$(mktemp -d /tmp/tdist-mps-log.XXXXXX)
+  export CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  trap tdist_stop_mps EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  nvidia-cuda-mps-control -d || { echo "the MPS control daemon did not start (log: $CUDA_MPS_LOG_DIRECTORY)"; return 1; }
+  export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / k)) TRITON_DIST_RANKS_PER_GPU=$k
+  echo "== MPS control daemon started (pipe $CUDA_MPS_PIPE_DIRECTORY): $k ranks per GPU, ${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE} % of the SMs each"
+}
+
+tdist_stop_mps() {
+  # Runs as an EXIT trap, maybe under set -e: no command here may fail.
+  [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] || return 0
+  echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
+  local i
+  for i in $(seq 50); do [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] || break; sleep 0.2; done
+  if [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ]; then
+    echo "warning: the MPS daemon of $CUDA_MPS_PIPE_DIRECTORY did not quit in 10 s"
+  else
+    echo "== MPS control daemon quit"
+  fi
+  tail -3 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null || true
+  rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" || true
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY CUDA_MPS_ACTIVE_THREAD_PERCENTAGE TRITON_DIST_RANKS_PER_GPU
+}
+
+tdist_quit_stale_mps() {
+  # A run killed from outside (SIGKILL) could not quit its daemon: quit ours that still answer.
+  local dir
+  for dir in /tmp/tdist-mps-pipe.*; do
+    [ -e "$dir/control" ] || continue
+    echo "== quitting a stale MPS control daemon ($dir)"
+    echo quit | CUDA_MPS_PIPE_DIRECTORY=$dir nvidia-cuda-mps-control >/dev/null 2>&1
+    sleep 1
+    rm -rf "$dir"
+  done
+}

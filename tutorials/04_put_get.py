@@ -89,13 +89,17 @@ def check(n: int = 3_000_017, rounds: int = 20) -> dict[str, bool]:
     left = (me - 1) % world
     for r in range(rounds):
         for name in ok:
+            # The neighbours have finished the last transfer: a get still reading this rank's src
+            # (or a put still landing in dst) must not see the next round's values.
+            torch.cuda.synchronize()
+            tdist.barrier()
             torch.manual_seed(1000 * r + me)
             src.copy_(torch.randn(n, device="cuda"))
             torch.manual_seed(1000 * r + left)
             expected = torch.randn(n, device="cuda")
             out.fill_(float("nan"))
             torch.cuda.synchronize()
-            tdist.barrier()  # nobody overwrites a buffer its neighbour is still reading
+            tdist.barrier()  # every rank's src and out are ready before anyone transfers
             if name == "get via nvshmem":
                 epoch = ready.next_epoch()
                 announce_ready[(1, )](ready.signals, epoch)

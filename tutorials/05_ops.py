@@ -4,7 +4,8 @@
 
 A tensor-parallel MLP block, ``y = relu(x @ W1.T) @ W2.T`` with ``W1`` split by rows (columns of
 the hidden activation) and ``W2`` by columns (its contraction), written three ways, each checked
-against the same computation in fp32 with torch.distributed:
+against the same computation in fp32, its collectives through host memory
+(:mod:`triton_dist.host_collectives`: exact, and free of NCCL, so it runs with several ranks per GPU):
 
 1. prefill, sequence-parallel input: ``ops.ag_gemm`` gathers every rank's rows of ``x`` while
    multiplying by this rank's ``W1`` shard, and ``ops.gemm_rs`` multiplies by the ``W2`` shard
@@ -23,10 +24,9 @@ Every op is collective: each rank makes the same calls with the same shapes.
 """
 
 import torch
-import torch.distributed as dist
 
 import triton_dist as tdist
-from triton_dist import ops
+from triton_dist import host_collectives, ops
 
 
 def _randn(*shape, seed, dtype=torch.bfloat16, same_on_every_rank=False):
@@ -49,12 +49,9 @@ def mlp_prefill(x_rows, w1_shard, w2_shard) -> bool:
     y = ops.gemm_rs(h, w2_shard)  # [m, d]: this rank's rows, summed over every rank's columns
     torch.cuda.synchronize()
     # The reference: gather the rows, both GEMMs in fp32, sum the partial products over ranks.
-    x_all = torch.empty((tdist.world_size() * x_rows.shape[0], x_rows.shape[1]), device="cuda", dtype=x_rows.dtype)
-    dist.all_gather_into_tensor(x_all, x_rows)
+    x_all = host_collectives.all_gather(x_rows)
     partial = torch.relu(x_all.float() @ w1_shard.float().T).to(x_rows.dtype).float() @ w2_shard.float().T
-    dist.all_reduce(partial)
-    m = x_rows.shape[0]
-    return _close(y, partial[tdist.rank() * m:(tdist.rank() + 1) * m], "prefill: ag_gemm + gemm_rs")
+    return _close(y, host_collectives.reduce_scatter(partial), "prefill: ag_gemm + gemm_rs")
 
 
 def check_ag_gemm_producers(x_rows, w1_shard) -> bool:
@@ -79,16 +76,13 @@ def mlp_decode(x, w1_shard, w2_shard, out=None):
 
 def decode_reference(x, w1_shard, w2_shard):
     partial = torch.relu(x.float() @ w1_shard.float().T).to(x.dtype).float() @ w2_shard.float().T
-    dist.all_reduce(partial)
-    return partial
+    return host_collectives.all_reduce(partial)
 
 
 def check_decode(x, w1_shard, w2_shard) -> bool:
     y = mlp_decode(x, w1_shard, w2_shard)
     torch.cuda.synchronize()
-    gathered = [torch.empty_like(y) for _ in range(tdist.world_size())]
-    dist.all_gather(gathered, y)
-    same = all(torch.equal(g, y) for g in gathered)
+    same = host_collectives.same_on_every_rank(y)
     if not same:
         print(f"rank {tdist.rank()}: decode results differ between ranks")
     return _close(y, decode_reference(x, w1_shard, w2_shard), "decode: gemm_ar") and same
@@ -100,7 +94,7 @@ def check_decode_graph(x, w1_shard, w2_shard) -> bool:
     mlp_decode(static_x, w1_shard, w2_shard, out=out)  # creates the context, uncaptured
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    # thread_local: NCCL's watchdog thread (the checks above use NCCL) must not break the capture.
+    # thread_local: another thread's CUDA calls (a process group's watchdog) must not break the capture.
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         mlp_decode(static_x, w1_shard, w2_shard, out=out)
     ok = True
@@ -115,20 +109,17 @@ def check_decode_graph(x, w1_shard, w2_shard) -> bool:
 def check_collectives() -> bool:
     world = tdist.world_size()
     x = _randn(1_000_003, seed=7, dtype=torch.float32)
-    want = x.clone()
-    dist.all_reduce(want)
+    want = host_collectives.all_reduce(x)
     ok = _close(ops.all_reduce(x), want, "all_reduce")
 
     rows = _randn(4099, 8, seed=8, dtype=torch.float32)
-    want = torch.empty((world * 4099, 8), device="cuda")
-    dist.all_gather_into_tensor(want, rows)
+    want = host_collectives.all_gather(rows)
     ok &= _close(ops.all_gather(rows), want, "all_gather")
     symmetric_out = tdist.symm_empty((world * 4099, 8), torch.float32)  # on the heap: peers write it directly
     ok &= _close(ops.all_gather(rows, out=symmetric_out, method="sm_zero_copy"), want, "all_gather, zero-copy")
 
     full = _randn(world * 1000, 16, seed=9, dtype=torch.float32)
-    want = torch.empty((1000, 16), device="cuda")
-    dist.reduce_scatter_tensor(want, full)
+    want = host_collectives.reduce_scatter(full)
     ok &= _close(ops.reduce_scatter(full), want, "reduce_scatter")
     return ok
 

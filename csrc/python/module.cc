@@ -12,6 +12,7 @@
 
 #include "tdist/bootstrap.h"
 #include "tdist/cuda_driver.h"
+#include "tdist/device_sharing.h"
 #include "tdist/error.h"
 #include "tdist/runtime.h"
 #include "tdist/signal_pad.h"
@@ -129,6 +130,17 @@ NB_MODULE(_C, m) {
       "rank"_a, "world_size"_a, "allgather"_a, "heap_bytes"_a, "local_world_size"_a,
       "nvshmem_library_dir"_a,
       "Collective: bring up the runtime over an allgather callback (a torch ProcessGroup).");
+  m.def(
+      "mps_state",
+      [](int device, int rank) {
+        switch (tdist::mps_state(device, rank)) {
+          case tdist::MpsState::kOn: return "on";
+          case tdist::MpsState::kOff: return "off";
+          default: return "unknown";
+        }
+      },
+      "device"_a, "rank"_a,
+      "'on' when CUDA MPS shares `device` among processes, 'off' when not, 'unknown' on drivers too old to say.");
   m.def("initialized", &tdist::Runtime::initialized);
   m.def("finalize", &tdist::Runtime::finalize);
   m.def("rank", [] { return tdist::Runtime::get().rank(); });

@@ -20,6 +20,8 @@ const CudaDriver& CudaDriver::get() {
     library->bind(driver.init, "cuInit");
     library->bind(driver.get_error_string, "cuGetErrorString");
     library->bind(driver.ctx_get_device, "cuCtxGetDevice");
+    library->bind(driver.device_get, "cuDeviceGet");
+    library->bind(driver.device_get_attribute, "cuDeviceGetAttribute");
     // The _v2 stream memory operations are the ones cuda.h maps these names to since CUDA 11.7.
     library->bind(driver.stream_write_value64, "cuStreamWriteValue64_v2");
     library->bind(driver.stream_wait_value64, "cuStreamWaitValue64_v2");

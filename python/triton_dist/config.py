@@ -55,6 +55,15 @@ class Config:
     """Ranks per node; 0 discovers it from host names (TRITON_DIST_LOCAL_WORLD_SIZE). Setting 1 makes
     every GPU its own node, which exercises the multi-node paths on one host."""
 
+    ranks_per_gpu: int = 1
+    """Ranks that share each GPU (TRITON_DIST_RANKS_PER_GPU). Above 1 needs CUDA MPS, with
+    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` at most ``100 / ranks_per_gpu`` for every rank: only under
+    MPS do kernels of different processes run at once, and a kernel that waits for a peer's kernel
+    needs both resident. Rank ``r`` of a node then uses GPU ``local_rank // ranks_per_gpu``, host
+    exchange goes through gloo (NCCL refuses two ranks on one GPU), and benchmarks refuse to time:
+    the mode proves correctness at any world size on few GPUs, not speed over NVLink
+    (``scripts/gpu-test --ranks-per-gpu K`` sets all of this up)."""
+
     bootstrap_timeout_s: float = 300.0
     """How long init and other host collectives wait for every rank (TRITON_DIST_BOOTSTRAP_TIMEOUT_S)."""
 
@@ -84,9 +93,13 @@ class Config:
         timeout = _env_int("TRITON_DIST_WAIT_TIMEOUT_NS", Config.wait_timeout_ns)
         if timeout < 0:
             raise ValueError(f"TRITON_DIST_WAIT_TIMEOUT_NS={timeout} must be >= 0 (0 waits forever)")
+        ranks_per_gpu = _env_int("TRITON_DIST_RANKS_PER_GPU", 1)
+        if ranks_per_gpu < 1:
+            raise ValueError(f"TRITON_DIST_RANKS_PER_GPU={ranks_per_gpu} must be >= 1")
         return Config(
             symmetric_heap_size=parse_size(heap) if heap else Config.symmetric_heap_size,
             local_world_size=_env_int("TRITON_DIST_LOCAL_WORLD_SIZE", 0),
+            ranks_per_gpu=ranks_per_gpu,
             bootstrap_timeout_s=_env_float("TRITON_DIST_BOOTSTRAP_TIMEOUT_S", 300.0),
             wait_timeout_ns=timeout,
             debug_barriers=_env_int("TRITON_DIST_DEBUG_BARRIERS", 0) != 0,

@@ -8,6 +8,7 @@ import os
 
 from . import config as _config
 from . import nvshmem as _nvshmem
+from . import placement as _placement
 
 _state: dict = {}
 
@@ -31,22 +32,27 @@ def _env_int(name: str) -> int | None:
 
 
 def init(process_group=None, *, heap_size: int | str | None = None,
-         local_world_size: int | None = None, device: int | None = None) -> None:
+         local_world_size: int | None = None, device: int | None = None,
+         ranks_per_gpu: int | None = None) -> None:
     """Collective: initialise triton_dist on every rank.
 
     Args:
         process_group: the ranks to span. ``None`` uses the default group, creating it from the
             torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``) when
-            torch.distributed is not initialised yet.
+            torch.distributed is not initialised yet (gloo for host data and NCCL for CUDA
+            tensors; gloo alone when ranks share GPUs).
         heap_size: bytes of symmetric memory per rank (int, or a string such as ``"8G"``);
             defaults to ``TRITON_DIST_SYMMETRIC_HEAP_SIZE`` or 1 GiB.
         local_world_size: ranks per node; defaults to ``TRITON_DIST_LOCAL_WORLD_SIZE`` or the
             count discovered from host names.
-        device: the CUDA device of this rank; defaults to ``LOCAL_RANK`` (else the local rank).
+        device: the CUDA device of this rank; defaults to ``LOCAL_RANK // ranks_per_gpu``.
+        ranks_per_gpu: ranks sharing each GPU; defaults to ``TRITON_DIST_RANKS_PER_GPU`` or 1.
+            Above 1 needs CUDA MPS (:mod:`triton_dist.placement` says why and how).
 
     Raises:
         RuntimeError: already initialised, no GPU, a world size that disagrees with the
-            environment, NVSHMEM missing, or ranks that disagree on the heap size.
+            environment, NVSHMEM missing, ranks that disagree on the heap size, two ranks on one
+            GPU without ``ranks_per_gpu``, or a shared GPU without MPS.
     """
     if _state:
         raise RuntimeError("triton_dist init: already initialised; call triton_dist.finalize() "
@@ -59,6 +65,8 @@ def init(process_group=None, *, heap_size: int | str | None = None,
         base,
         symmetric_heap_size=_config.parse_size(heap_size) if heap_size is not None else base.symmetric_heap_size,
         local_world_size=local_world_size if local_world_size is not None else base.local_world_size,
+        ranks_per_gpu=_placement.check_ranks_per_gpu(
+            ranks_per_gpu if ranks_per_gpu is not None else base.ranks_per_gpu),
     )
     if not torch.cuda.is_available():
         raise RuntimeError("triton_dist init: no CUDA GPU is visible to this process; triton_dist "
@@ -66,8 +74,8 @@ def init(process_group=None, *, heap_size: int | str | None = None,
 
     env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
     env_local_rank = _env_int("LOCAL_RANK")
-    if device is None:
-        device = env_local_rank
+    if device is None and env_local_rank is not None:
+        device = _placement.device_of(env_local_rank, cfg.ranks_per_gpu, torch.cuda.device_count(), env_rank)
     created_group = False
     if process_group is None:
         if not dist.is_initialized():
@@ -77,18 +85,20 @@ def init(process_group=None, *, heap_size: int | str | None = None,
                     "not set; launch with torchrun, or pass a ProcessGroup")
             if device is not None:
                 torch.cuda.set_device(device)
-            dist.init_process_group(backend="cpu:gloo,cuda:nccl",
+            dist.init_process_group(backend=_placement.host_backend(cfg.ranks_per_gpu),
                                     timeout=datetime.timedelta(seconds=cfg.bootstrap_timeout_s))
             created_group = True
         process_group = dist.group.WORLD
     rank = dist.get_rank(process_group)
     world_size = dist.get_world_size(process_group)
+    _placement.check_host_group(str(dist.get_backend(process_group)), cfg.ranks_per_gpu, rank)
     if env_world is not None and process_group is dist.group.WORLD and env_world != world_size:
         raise RuntimeError(
             f"triton_dist [rank {rank}] init: the process group has {world_size} ranks but "
             f"WORLD_SIZE={env_world}; launch every rank with the same world size")
     if device is None:
-        device = rank % max(torch.cuda.device_count(), 1)
+        device = _placement.device_of(rank % (torch.cuda.device_count() * cfg.ranks_per_gpu), cfg.ranks_per_gpu,
+                                      torch.cuda.device_count(), rank)
     if not 0 <= device < torch.cuda.device_count():
         raise RuntimeError(
             f"triton_dist [rank {rank}] init: device {device} does not exist; this host has "
@@ -101,6 +111,15 @@ def init(process_group=None, *, heap_size: int | str | None = None,
         gathered: list = [None] * world_size
         dist.all_gather_object(gathered, blob, group=process_group)
         return gathered
+
+    if cfg.ranks_per_gpu > 1:
+        _placement.check_gpu_sharing(cfg.ranks_per_gpu, _core().mps_state(device, rank),
+                                     os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), rank)
+    import socket
+
+    gpu = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
+    _placement.check_placement([tuple(g.decode().split("\0")) for g in allgather("\0".join(gpu).encode())],
+                               cfg.ranks_per_gpu, rank)
 
     _core().init(rank, world_size, allgather, cfg.symmetric_heap_size, cfg.local_world_size,
                  _nvshmem.library_dir())
@@ -185,3 +204,15 @@ def device_barrier(stream=None) -> None:
 
     stream = stream or torch.cuda.current_stream()
     _core().barrier_all_on_stream(stream.cuda_stream)
+
+
+def process_group():
+    """The torch.distributed process group triton_dist was initialised over (host exchange)."""
+    _require_initialized("process_group")
+    return _state["process_group"]
+
+
+def ranks_per_gpu() -> int:
+    """Ranks sharing each GPU (1 unless the several-ranks-per-GPU mode is on; see Config)."""
+    _require_initialized("ranks_per_gpu")
+    return _state["config"].ranks_per_gpu

@@ -41,6 +41,20 @@ def fresh_op_contexts():
         ops.clear_contexts()
 
 
+SHARED_GPU_TRAP = (
+    "a kernel trap in one CUDA MPS client is delivered to every client of the GPU (NVIDIA's MPS documentation, "
+    "'Error containment'; scripts/gpu-test's mps-shared-fault check shows it), so a deliberately trapped child "
+    "would end every rank's CUDA context: this check runs with one rank per GPU (scripts/gpu-test without "
+    "--ranks-per-gpu)")
+"""Why tests that make a kernel trap on purpose are skipped when ranks share GPUs."""
+
+
+def skip_if_ranks_share_gpus(reason: str = SHARED_GPU_TRAP) -> None:
+    """Skip (on every rank alike: the setting is the same everywhere) when ranks share GPUs."""
+    if tdist.ranks_per_gpu() > 1:
+        pytest.skip(reason)
+
+
 def all_ranks_agree(ok: bool, what: str) -> None:
     """Assert `ok` on every rank; fails everywhere if it failed anywhere, naming the ranks."""
     flags = [None] * dist.get_world_size()

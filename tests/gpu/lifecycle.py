@@ -4,6 +4,8 @@
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py finalize
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py world-size-mismatch
     RANK=0 WORLD_SIZE=1 ... python tests/gpu/lifecycle.py wait-timeout   (one rank; test_language runs it)
+    torchrun --nproc-per-node=2 tests/gpu/lifecycle.py mps-shared-fault   (two ranks sharing a GPU under MPS)
+    torchrun --nproc-per-node=1 tests/gpu/lifecycle.py shared-without-mps (no MPS daemon)
 
 Each mode prints "PASS <mode>" on every rank and exits 0, or raises.
 """
@@ -57,7 +59,9 @@ def world_size_mismatch() -> None:
     # init/finalize first (a second init_process_group after destroy_process_group in one torchrun
     # job), gloo's connect failed twice on 2 x H200 with "Connection refused" (2026-11-29; our
     # guess: the second group read the first one's addresses from the shared store).
-    dist.init_process_group(backend="cpu:gloo,cuda:nccl")
+    from triton_dist import placement
+
+    dist.init_process_group(backend=placement.host_backend(tdist.get_config().ranks_per_gpu))
     real = os.environ["WORLD_SIZE"]
     os.environ["WORLD_SIZE"] = str(int(real) + 1)
     try:
@@ -97,8 +101,60 @@ def wait_timeout() -> None:
     os._exit(0)
 
 
+def shared_without_mps() -> None:
+    # Ranks sharing a GPU that MPS does not share would deadlock in their first wait: init refuses.
+    try:
+        tdist.init(heap_size="256M", ranks_per_gpu=2)
+        raise AssertionError("init accepted ranks_per_gpu=2 on a GPU without MPS")
+    except RuntimeError as e:
+        assert "needs CUDA MPS" in str(e), e
+        print(f"init refused: {str(e)[:160]}...", flush=True)
+    assert not tdist.is_initialized()
+
+
+def mps_shared_fault() -> None:
+    # Two ranks on one GPU under MPS: rank 1's kernel traps (a wait that times out), rank 0 only runs
+    # small kernels of its own. NVIDIA's MPS documentation says a fatal fault in one client reaches
+    # every client of the GPU; this shows it here, which is why tests that trap on purpose are
+    # skipped when ranks share GPUs. Rank 0 passes when its own, correct work fails.
+    import time
+
+    tdist.init(heap_size="256M")
+    assert tdist.ranks_per_gpu() > 1 and tdist.world_size() == 2, "run at world 2 with ranks sharing a GPU"
+    pad = tdist.SignalPad(4)
+    pad.signals.fill_(5)
+    x = torch.ones(1 << 20, device="cuda")
+    wait_for_seven.preload(pad.signals, grid=(1, ))
+    torch.cuda.synchronize()
+    tdist.barrier()
+    start = time.monotonic()
+    if tdist.rank() == 1:
+        try:
+            wait_for_seven[(1, )](pad.signals)
+            torch.cuda.synchronize()
+            raise AssertionError("a wait that can never complete returned")
+        except RuntimeError as e:
+            print(f"rank 1: my trapped kernel: {str(e).splitlines()[0]}", flush=True)
+    else:
+        seen = None
+        while seen is None and time.monotonic() - start < 30:
+            try:
+                x.mul_(1.0)
+                torch.cuda.synchronize()
+            except RuntimeError as e:
+                seen = str(e).splitlines()[0]
+        assert seen is not None, "rank 0's CUDA context survived rank 1's trap for 30 s: MPS isolates faults here"
+        print(f"rank 0: after {time.monotonic() - start:.2f} s, my own correct kernels failed with: {seen}", flush=True)
+    print(f"PASS mps-shared-fault rank {tdist.rank()}", flush=True)
+    import ctypes
+
+    ctypes.CDLL(None).fflush(None)
+    os._exit(0)  # the CUDA context is gone: no teardown
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     {"exit-without-finalize": exit_without_finalize, "finalize": finalize_then_uninitialized,
-     "world-size-mismatch": world_size_mismatch, "wait-timeout": wait_timeout}[mode]()
+     "world-size-mismatch": world_size_mismatch, "wait-timeout": wait_timeout,
+     "mps-shared-fault": mps_shared_fault, "shared-without-mps": shared_without_mps}[mode]()
     print(f"PASS {mode} rank {os.environ.get('RANK')}", flush=True)

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 import triton_dist as tdist
 from conftest import all_ranks_agree, raises_everywhere
-from triton_dist import ops
+from triton_dist import host_collectives, ops
 from triton_dist.kernels import AllGatherContext
 from triton_dist.kernels.allgather import (AUTO_CE_CHUNKED, AUTO_SM_MAX_BYTES, AUTO_ZERO_COPY, CE_MAX_CHUNKS,
                                           LL_MAX_BYTES)
@@ -29,9 +29,7 @@ def _fresh(n, dtype, seed, rank=None):
 
 
 def _reference(x):
-    ref = torch.empty((dist.get_world_size() * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.all_gather_into_tensor(ref, x)
-    return ref
+    return host_collectives.all_gather(x)
 
 
 def _fits(method, n, dtype):

@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 import triton_dist as tdist
 from conftest import all_ranks_agree, raises_everywhere
-from triton_dist import ops
+from triton_dist import host_collectives, ops
 from triton_dist.kernels import AllReduceContext
 
 # 4099 * 1031 elements: several ce_two_shot chunks per shard (CE_MIN_CHUNK_BYTES), a short last one.
@@ -36,8 +36,7 @@ def _fresh(n, dtype, seed):
 def _matches(x, got):
     """True when ``got`` is the sum over ranks of ``x`` (fp32: 1e-5 relative; bf16/fp16: within
     one ulp of the fp32 sum of the same inputs, rounded)."""
-    ref = x.float().clone()
-    dist.all_reduce(ref)
+    ref = host_collectives.all_reduce(x.float())
     if x.dtype == torch.float32:
         return torch.allclose(got, ref, rtol=1e-5, atol=1e-6 * dist.get_world_size())
     rounded = ref.to(x.dtype).float()
@@ -47,9 +46,7 @@ def _matches(x, got):
 
 def _same_everywhere(t):
     """Every rank holds the same bits."""
-    every = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, t)
-    return all(torch.equal(e, t) for e in every)
+    return host_collectives.same_on_every_rank(t)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

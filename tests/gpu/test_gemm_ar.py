@@ -1,5 +1,5 @@
 """triton_dist.ops.gemm_ar (GEMM+AllReduce) against torch: the fp32 sum over ranks of ``a @ b.T``
-(``dist.all_reduce`` of each rank's fp32 product), and bit-identical results on every rank. Back-to-
+(the host all-reduce of each rank's fp32 product), and bit-identical results on every rank. Back-to-
 back calls with fresh inputs and NaN-poisoned outputs (a tile summed before a peer's partial
 landed, or from the previous call's half, shows up as a large error or a NaN), M and N not
 multiples of the tile, changing M on one context, CUDA graph replay, the protocol on one rank,
@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 import triton_dist as tdist
 from conftest import all_ranks_agree, raises_everywhere, rank_randn
-from triton_dist import ops
+from triton_dist import host_collectives, ops
 from triton_dist.bench.script import relative_error as _rel_error
 from triton_dist.kernels import GemmAllReduceContext
 
@@ -19,17 +19,12 @@ _REL_TOL = 1e-2  # bf16/fp16 output rounding is 2**-8 relative; a missing or sta
 
 
 def _reference(a, b):
-    full = a.float() @ b.float().T
-    dist.all_reduce(full)
-    return full
+    return host_collectives.all_reduce(a.float() @ b.float().T)
 
 
 def _identical_everywhere(t) -> bool:
     """Whether every rank holds the same bits in ``t``."""
-    gathered = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, t.contiguous())
-    mine = t.contiguous().view(torch.int16)
-    return all(torch.equal(g.view(torch.int16), mine) for g in gathered)
+    return host_collectives.same_on_every_rank(t)
 
 
 _VARIANTS = ["split_k", "output_tiles"]

@@ -1,5 +1,5 @@
 """triton_dist.ops.gemm_rs (GEMM+ReduceScatter), both variants, against torch: the fp32 sum over
-ranks of ``a @ b.T`` (``dist.all_reduce`` of each rank's fp32 product), this rank's rows. Back-to-
+ranks of ``a @ b.T`` (the host all-reduce of each rank's fp32 product), this rank's rows. Back-to-
 back calls with fresh inputs and a NaN-poisoned output (a tile reduced before a rank's partial
 landed, or from the previous call's half, shows up as a large error or a NaN), M not a multiple of
 the tile, CUDA graph replay, bad inputs. Runs at any world size, 1 included."""
@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 import triton_dist as tdist
 from conftest import all_ranks_agree, raises_everywhere, rank_randn
-from triton_dist import ops
+from triton_dist import host_collectives, ops
 from triton_dist.bench.script import relative_error as _rel_error
 from triton_dist.kernels import GemmReduceScatterContext
 
@@ -20,10 +20,7 @@ _VARIANTS = ["fused", "fused_tma", "fused_ce", "push", "pull"]
 
 def _reference(a, b):
     """This rank's rows of the fp32 sum over ranks of a @ b.T."""
-    full = a.float() @ b.float().T
-    dist.all_reduce(full)
-    m = a.shape[0] // dist.get_world_size()
-    return full[dist.get_rank() * m:(dist.get_rank() + 1) * m]
+    return host_collectives.reduce_scatter(a.float() @ b.float().T)
 
 
 @pytest.mark.parametrize("variant", _VARIANTS)

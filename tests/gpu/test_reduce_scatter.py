@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 import triton_dist as tdist
 from conftest import all_ranks_agree, raises_everywhere
-from triton_dist import ops
+from triton_dist import host_collectives, ops
 from triton_dist.kernels import ReduceScatterContext
 
 _SHARDS = [1, 7, 4099 * 3, 1_000_003]  # elements per shard
@@ -22,11 +22,8 @@ def _fresh(n, dtype, seed):
 
 
 def _reference(x):
-    """This rank's shard of the fp32 sum over ranks of ``x`` (NCCL)."""
-    world = dist.get_world_size()
-    ref = torch.empty(x.numel() // world, device=x.device, dtype=torch.float32)
-    dist.reduce_scatter_tensor(ref, x.float().view(-1))
-    return ref
+    """This rank's shard of the fp32 sum over ranks of ``x``."""
+    return host_collectives.reduce_scatter(x.float().view(-1))
 
 
 def _matches(x, got, ulps=1):
@@ -44,8 +41,7 @@ def _rank_order_sum(x):
     """This rank's shard of the sum over ranks, summed in fp32 in rank order 0..W-1 and rounded
     once: what push must produce bit for bit."""
     world, me = dist.get_world_size(), dist.get_rank()
-    every = [torch.empty_like(x) for _ in range(world)]
-    dist.all_gather(every, x)
+    every = host_collectives.all_gather_list(x)
     m = x.numel() // world
     acc = torch.zeros(m, device=x.device, dtype=torch.float32)
     for r in range(world):

@@ -11,6 +11,8 @@ struct CudaDriver {
   decltype(&cuInit) init;
   decltype(&cuGetErrorString) get_error_string;
   decltype(&cuCtxGetDevice) ctx_get_device;
+  decltype(&cuDeviceGet) device_get;
+  decltype(&cuDeviceGetAttribute) device_get_attribute;
   decltype(&cuStreamWriteValue64) stream_write_value64;
   decltype(&cuStreamWaitValue64) stream_wait_value64;
   decltype(&cuMemcpy2DAsync) memcpy_2d_async;

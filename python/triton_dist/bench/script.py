@@ -62,7 +62,15 @@ def finish(name: str, records: list[dict], args: argparse.Namespace, extra: tupl
 
 
 def guard(args: argparse.Namespace) -> None:
-    """Multicast off (unless the caller set these variables) and the watchdog armed."""
+    """Refuse to time with ranks sharing GPUs; multicast off (unless the caller set these variables)
+    and the watchdog armed."""
+    from .. import config
+
+    shared = config.get().ranks_per_gpu
+    if shared > 1:
+        raise SystemExit(f"benchmarks refuse to run with ranks sharing GPUs (TRITON_DIST_RANKS_PER_GPU={shared}): "
+                         "ranks on one GPU split its SMs and talk through its own memory, so the times would say "
+                         "nothing about the ops over NVLink. Run one rank per GPU.")
     for name, value in _MULTICAST_OFF:
         os.environ.setdefault(name, value)
     faulthandler.dump_traceback_later(args.timeout_s, exit=True)

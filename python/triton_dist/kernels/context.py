@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import triton
 
+from .. import residency as _residency
 from .. import runtime as _runtime
 from ..signals import SignalPad
 from ..symmetric import symm_empty
@@ -64,8 +65,8 @@ class CollectiveContext:
         self.max_bytes = max_numel * dtype.itemsize
         device = torch.device("cuda", torch.cuda.current_device())
         # Every program of a grid must be resident at once (programs spin on their peers'
-        # programs), so never more programs than SMs.
-        self.max_programs = min(max_programs, torch.cuda.get_device_properties(device).multi_processor_count)
+        # programs), so never more programs than this process's SMs (triton_dist.residency).
+        self.max_programs = min(max_programs, _residency.max_waiting_programs(device, what=op))
         self.halves = {}
         for name, elements in buffers.items():
             half = triton.cdiv(max(elements, 1), self.BLOCK) * self.BLOCK

@@ -40,6 +40,7 @@ import triton
 import triton.language as tl
 
 from .. import language as dl
+from .. import residency as _residency
 from .tickets import last_to_finish
 
 DTYPES = ("bfloat16", "float16")
@@ -489,10 +490,9 @@ def check_context_args(op: str, dtype, *, aligned: str, **sizes) -> None:
 
 
 def num_sms(device=None) -> int:
-    import torch
-
-    device = torch.cuda.current_device() if device is None else device
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    """SMs this process may use (an MPS share lowers it): persistent grids are sized from it
+    (:mod:`triton_dist.residency`)."""
+    return _residency.sm_count(device)
 
 
 def operand_descriptors(a, b, config: str):

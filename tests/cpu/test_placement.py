@@ -1,0 +1,95 @@
+"""Several ranks per GPU: which GPU a rank uses, when sharing is allowed (MPS on, SM share capped),
+and the errors otherwise (triton_dist.placement; init() calls these with what it reads)."""
+
+import pytest
+
+from triton_dist import config, placement
+
+
+@pytest.mark.parametrize("local_rank,k,expected", [(0, 1, 0), (1, 1, 1), (7, 1, 7), (0, 4, 0), (3, 4, 0), (4, 4, 1),
+                                                   (7, 8, 0), (5, 2, 2)])
+def test_device_follows_the_local_rank(local_rank, k, expected):
+    assert placement.device_of(local_rank, k, 8, rank=local_rank) == expected
+
+
+def test_more_ranks_than_gpus_says_how_to_share():
+    with pytest.raises(RuntimeError, match=r"local rank 2 would use GPU 2.*1 GPU\(s\).*TRITON_DIST_RANKS_PER_GPU"):
+        placement.device_of(2, 1, 1, rank=2)
+    with pytest.raises(RuntimeError, match="at most 8 ranks per node"):
+        placement.device_of(8, 8, 1, rank=8)
+
+
+def test_host_backend_has_no_nccl_when_ranks_share_gpus():
+    assert placement.host_backend(1) == "cpu:gloo,cuda:nccl"
+    assert placement.host_backend(2) == placement.host_backend(8) == "gloo"
+
+
+def test_one_rank_per_gpu_needs_nothing():
+    placement.check_gpu_sharing(1, "off", None, rank=0)
+
+
+def test_sharing_without_mps_is_refused_with_the_reason():
+    with pytest.raises(RuntimeError, match=r"\[rank 3\].*needs CUDA MPS.*deadlock.*nvidia-cuda-mps-control -d"):
+        placement.check_gpu_sharing(4, "off", "25", rank=3)
+
+
+@pytest.mark.parametrize("state", ["on", "unknown"])
+@pytest.mark.parametrize("k,percent", [(2, "50"), (4, "25"), (8, "12"), (8, "12.5"), (3, "33")])
+def test_sharing_under_mps_within_the_share(state, k, percent):
+    placement.check_gpu_sharing(k, state, percent, rank=0)
+
+
+@pytest.mark.parametrize("percent,match", [(None, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE <= 25"),
+                                           ("", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE <= 25"),
+                                           ("50", "ask for 200 % of one GPU"), ("100", "at most 25"),
+                                           ("abc", "not a number"), ("0", "at most 25")])
+def test_sm_share_must_leave_room_for_every_rank(percent, match):
+    with pytest.raises(RuntimeError, match=match):
+        placement.check_gpu_sharing(4, "on", percent, rank=1)
+
+
+def test_placement_allows_up_to_k_ranks_per_gpu():
+    gpus = [("h", "GPU-a")] * 4 + [("h", "GPU-b")] * 4
+    placement.check_placement(gpus, 4, rank=0)
+    placement.check_placement([("h", "GPU-a"), ("h", "GPU-b")], 1)
+    placement.check_placement([("h1", "GPU-a"), ("h2", "GPU-a")], 1)  # same UUID string on two hosts: two GPUs
+
+
+def test_two_ranks_on_one_gpu_by_accident_names_them():
+    with pytest.raises(RuntimeError, match=r"ranks \[0, 2\] all use GPU GPU-a on h.*TRITON_DIST_RANKS_PER_GPU=1"):
+        placement.check_placement([("h", "GPU-a"), ("h", "GPU-b"), ("h", "GPU-a")], 1, rank=2)
+    with pytest.raises(RuntimeError, match="at most 2 ranks on each GPU"):
+        placement.check_placement([("h", "GPU-a")] * 3, 2)
+
+
+def test_a_given_nccl_group_is_refused_when_ranks_share_gpus():
+    placement.check_host_group("cpu:gloo,cuda:nccl", 1)
+    placement.check_host_group("gloo", 4)
+    with pytest.raises(RuntimeError, match="NCCL refuses two ranks on one GPU"):
+        placement.check_host_group("cpu:gloo,cuda:nccl", 2, rank=0)
+    with pytest.raises(RuntimeError, match="backend='gloo'"):
+        placement.check_host_group("nccl", 8)
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True, "2"])
+def test_ranks_per_gpu_must_be_a_positive_int(value):
+    with pytest.raises(ValueError, match="ranks_per_gpu must be an int >= 1"):
+        placement.check_ranks_per_gpu(value)
+
+
+def test_ranks_per_gpu_from_the_environment(monkeypatch):
+    monkeypatch.setenv("TRITON_DIST_RANKS_PER_GPU", "4")
+    assert config.Config.from_environment().ranks_per_gpu == 4
+    monkeypatch.setenv("TRITON_DIST_RANKS_PER_GPU", "0")
+    with pytest.raises(ValueError, match="TRITON_DIST_RANKS_PER_GPU=0 must be >= 1"):
+        config.Config.from_environment()
+    monkeypatch.delenv("TRITON_DIST_RANKS_PER_GPU")
+    assert config.Config.from_environment().ranks_per_gpu == 1
+
+
+def test_benchmarks_refuse_to_time_with_shared_gpus(monkeypatch):
+    from triton_dist.bench import script
+
+    monkeypatch.setenv("TRITON_DIST_RANKS_PER_GPU", "2")
+    with pytest.raises(SystemExit, match="benchmarks refuse to run with ranks sharing GPUs"):
+        script.guard(script.argument_parser("x", "/tmp").parse_args([]))
