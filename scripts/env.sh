@@ -38,11 +38,13 @@ tdist_start_mps() {  # K
 tdist_stop_mps() {
   # Runs as an EXIT trap, maybe under set -e: no command here may fail.
   [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] || return 0
+  # The daemon leaves its sockets behind when it quits: its pid file says whether it still runs.
+  local pid i
+  pid=$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" 2>/dev/null || true)
   echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
-  local i
-  for i in $(seq 50); do [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] || break; sleep 0.2; done
-  if [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ]; then
-    echo "warning: the MPS daemon of $CUDA_MPS_PIPE_DIRECTORY did not quit in 10 s"
+  for i in $(seq 100); do [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    echo "warning: the MPS control daemon (pid $pid) did not quit in 10 s"
   else
     echo "== MPS control daemon quit"
   fi
@@ -53,12 +55,15 @@ tdist_stop_mps() {
 
 tdist_quit_stale_mps() {
   # A run killed from outside (SIGKILL) could not quit its daemon: quit ours that still answer.
-  local dir
+  local dir pid
   for dir in /tmp/tdist-mps-pipe.*; do
-    [ -e "$dir/control" ] || continue
-    echo "== quitting a stale MPS control daemon ($dir)"
-    echo quit | CUDA_MPS_PIPE_DIRECTORY=$dir nvidia-cuda-mps-control >/dev/null 2>&1
-    sleep 1
+    [ -d "$dir" ] || continue
+    pid=$(cat "$dir/nvidia-cuda-mps-control.pid" 2>/dev/null || true)
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+      echo "== quitting a stale MPS control daemon ($dir, pid $pid)"
+      echo quit | CUDA_MPS_PIPE_DIRECTORY=$dir nvidia-cuda-mps-control >/dev/null 2>&1 || true
+      sleep 1
+    fi
     rm -rf "$dir"
   done
 }

@@ -39,7 +39,9 @@ def symm_empty(shape, dtype=None):
 
 
 def symm_zeros(shape, dtype=None):
-    """Collective: like :func:`symm_empty`, filled with zeros (on the current stream)."""
+    """Collective: like :func:`symm_empty`, filled with zeros on the current stream. The zeroing
+    is this rank's own stream work: peers may write into the tensor only after it is done
+    (``torch.cuda.synchronize()`` then :func:`triton_dist.barrier`), or it may erase their writes."""
     return symm_empty(shape, dtype).zero_()
 
 

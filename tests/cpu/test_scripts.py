@@ -13,11 +13,17 @@ _ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 _STUB = textwrap.dedent("""\
     #!/usr/bin/env bash
-    # Records each call; -d makes the control pipe, quit removes it, as the real daemon does.
-    if [ "${1:-}" = "-d" ]; then echo "start $CUDA_MPS_PIPE_DIRECTORY" >>"$STUB_LOG"; mkfifo "$CUDA_MPS_PIPE_DIRECTORY/control"; exit 0; fi
+    # Records each call; -d leaves a daemon (a sleep) and its pid file, as the real one does; quit ends it.
+    pid_file=$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid
+    if [ "${1:-}" = "-d" ]; then
+      echo "start $CUDA_MPS_PIPE_DIRECTORY" >>"$STUB_LOG"
+      setsid sleep 300 </dev/null >/dev/null 2>&1 &
+      echo $! >"$pid_file"
+      exit 0
+    fi
     read -r command
     echo "$command $CUDA_MPS_PIPE_DIRECTORY" >>"$STUB_LOG"
-    [ "$command" = quit ] && rm -f "$CUDA_MPS_PIPE_DIRECTORY/control"
+    [ "$command" = quit ] && kill "$(cat "$pid_file")"
     exit 0
 """)
 
@@ -50,6 +56,7 @@ def test_mps_daemon_is_quit_on_every_way_out(stub, ending):
     pipe = calls[0].split()[1]
     assert calls[0] == f"start {pipe}" and calls[1] == f"quit {pipe}", calls
     assert not pathlib.Path(pipe).exists(), "the private pipe directory was left behind"
+    assert "did not quit" not in run.stdout
     assert "MPS control daemon quit" in run.stdout
 
 
@@ -64,14 +71,17 @@ def test_a_stale_daemon_of_ours_is_quit_first(stub):
     env, log = stub
     stale = pathlib.Path("/tmp/tdist-mps-pipe.stale-test")
     stale.mkdir(exist_ok=True)
-    os.mkfifo(stale / "control")
+    daemon = subprocess.Popen(["sleep", "300"])
+    (stale / "nvidia-cuda-mps-control.pid").write_text(f"{daemon.pid}\n")
     try:
-        _bash("tdist_start_mps 2", env)
-        assert f"quit {stale}" in log.read_text()
+        run = _bash("tdist_start_mps 2", env)
+        assert f"quit {stale}" in log.read_text(), run.stdout + run.stderr
         assert not stale.exists()
+        assert daemon.wait(timeout=10) is not None
     finally:
+        daemon.kill()
         if stale.exists():
-            (stale / "control").unlink(missing_ok=True)
+            (stale / "nvidia-cuda-mps-control.pid").unlink(missing_ok=True)
             stale.rmdir()
 
 
