@@ -14,6 +14,14 @@ never a constant: CUDA MPS lowers it to the client's share (``CUDA_MPS_ACTIVE_TH
 programs that cannot start. The library's grids are sized from :func:`max_waiting_programs`
 with one program per SM (a program of our persistent kernels takes most of an SM's shared memory
 or registers); :func:`programs_per_sm` checks a compiled kernel against that assumption.
+
+Copies count as kernels when ranks share a GPU. Between GPUs, a copy-engine transfer needs no SM;
+between two processes on one GPU it is a same-device copy, which the driver may run as a kernel
+on the SMs. A grid that holds every SM while it waits for such a copy then waits for ever: seen
+at world 8 on one H200 (tutorial 05's GEMM+ReduceScatter ``"fused_ce"`` with its grid on all 14
+SMs of a rank timed out; with 12 it passed, and ``"fused"``, which copies nothing, passed on all
+14). Grids that wait for copies therefore ask with ``waits_for_copies=True``, which leaves
+:data:`SHARED_GPU_COPY_SMS` SMs free in that mode.
 """
 
 from __future__ import annotations
@@ -43,13 +51,30 @@ def sm_count(device=None) -> int:
     return _sm_count(index)
 
 
-def max_waiting_programs(device=None, reserved: int = 0, what: str = "a waiting kernel") -> int:
+SHARED_GPU_COPY_SMS = 2
+"""SMs a grid that waits for copies leaves free when ranks share a GPU (see the module notes); two,
+so that a copy still finds one while a small kernel of the same process holds the other."""
+
+
+def _ranks_share_gpus() -> bool:
+    from . import config
+
+    return config.get().ranks_per_gpu > 1
+
+
+def max_waiting_programs(device=None, reserved: int = 0, what: str = "a waiting kernel",
+                         waits_for_copies: bool = False) -> int:
     """The most programs a grid that waits may have, one per SM, when ``reserved`` SMs stay free for
-    kernels it waits on in this process (a producer on another stream). Raises when nothing is left."""
+    kernels it waits on in this process (a producer on another stream), and, with
+    ``waits_for_copies``, :data:`SHARED_GPU_COPY_SMS` more when ranks share a GPU (their copies
+    run on SMs). Raises when nothing is left."""
     sms = sm_count(device)
+    if waits_for_copies and _ranks_share_gpus():
+        reserved += SHARED_GPU_COPY_SMS
     if sms - reserved < 1:
-        raise RuntimeError(f"triton_dist {what}: {reserved} SMs reserved for its producer leave none of the "
-                           f"{sms} this process may use (an MPS share lowers the count); reserve fewer")
+        raise RuntimeError(f"triton_dist {what}: {reserved} SMs reserved for the kernels and copies it waits on "
+                           f"leave none of the {sms} this process may use (an MPS share lowers the count); "
+                           "reserve fewer")
     return sms - reserved
 
 

@@ -6,6 +6,7 @@
     RANK=0 WORLD_SIZE=1 ... python tests/gpu/lifecycle.py wait-timeout   (one rank; test_language runs it)
     torchrun --nproc-per-node=2 tests/gpu/lifecycle.py mps-shared-fault   (two ranks sharing a GPU under MPS)
     torchrun --nproc-per-node=1 tests/gpu/lifecycle.py shared-without-mps (no MPS daemon)
+    torchrun --nproc-per-node=1 tests/gpu/lifecycle.py same-gpu-copy      (does a same-device copy need SMs?)
 
 Each mode prints "PASS <mode>" on every rank and exits 0, or raises.
 """
@@ -14,6 +15,7 @@ import os
 import sys
 
 import torch
+import triton.language as tl
 
 import triton_dist as tdist
 import triton_dist.language as dl
@@ -22,6 +24,17 @@ import triton_dist.language as dl
 @tdist.jit
 def wait_for_seven(signals):
     dl.wait(signals + 2, 1, "sys", "acquire", 7, timeout_ns=200_000_000)
+
+
+@tdist.jit(do_not_specialize=["max_polls"])
+def spin_until_set(flag, seen, max_polls):
+    # A bounded spin that records what it saw instead of trapping: 1 if the flag rose in time.
+    value = dl.ld(flag, "sys", "acquire")
+    polls = 0
+    while (value == 0) & (polls < max_polls):
+        value = dl.ld(flag, "sys", "acquire")
+        polls += 1
+    tl.store(seen + tl.program_id(0), (value != 0).to(tl.int32))
 
 
 def exit_without_finalize() -> None:
@@ -101,6 +114,37 @@ def wait_timeout() -> None:
     os._exit(0)
 
 
+def same_gpu_copy() -> None:
+    # Does a copy between two buffers of one GPU need SMs? Every SM is held by programs that spin
+    # (bounded) on a flag which another stream raises right after a 256 MiB device-to-device copy.
+    # If the copy ran as a kernel it could not start until the spinners gave up: they report a flag
+    # never seen. This is what ranks sharing a GPU face (their "copy-engine" transfers are same-device
+    # copies), and why grids that wait for copies leave SMs free then (triton_dist.residency).
+    from triton_dist import residency
+
+    tdist.init(heap_size="256M")
+    src = torch.randn(64 << 20, device="cuda")
+    dst = torch.empty_like(src)
+    flag = torch.zeros(1, dtype=torch.int64, device="cuda")
+    sms = residency.sm_count()
+    programs = 2 * sms  # two 1024-thread programs fill an SM's 2048 threads
+    seen = torch.full((programs, ), -1, dtype=torch.int32, device="cuda")
+    spin_until_set.preload(flag, seen, 1, grid=(1, ), num_warps=32)
+    copier = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    spin_until_set[(programs, )](flag, seen, 20_000_000, num_warps=32)  # a few seconds of polls at most
+    with torch.cuda.stream(copier):
+        dst.copy_(src)
+        tdist.stream_write_value64(flag, 0, 1, copier)
+    torch.cuda.synchronize()
+    waited = int((seen == 1).sum())
+    assert int((seen == -1).sum()) == 0 and torch.equal(dst, src), "the probe itself failed"
+    verdict = ("did not need SMs (every spinner saw the flag)" if waited == programs else
+               f"needed SMs ({programs - waited} of {programs} spinners gave up first)")
+    print(f"same-device copy of 256 MiB with every SM held: {verdict}", flush=True)
+    tdist.finalize()
+
+
 def shared_without_mps() -> None:
     # Ranks sharing a GPU that MPS does not share would deadlock in their first wait: init refuses.
     try:
@@ -156,5 +200,6 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     {"exit-without-finalize": exit_without_finalize, "finalize": finalize_then_uninitialized,
      "world-size-mismatch": world_size_mismatch, "wait-timeout": wait_timeout,
-     "mps-shared-fault": mps_shared_fault, "shared-without-mps": shared_without_mps}[mode]()
+     "mps-shared-fault": mps_shared_fault, "shared-without-mps": shared_without_mps,
+     "same-gpu-copy": same_gpu_copy}[mode]()
     print(f"PASS {mode} rank {os.environ.get('RANK')}", flush=True)

@@ -101,6 +101,7 @@ from __future__ import annotations
 import triton.language as tl
 
 from .. import language as dl
+from .. import residency as _residency
 from .. import runtime as _runtime
 from ..distributed_jit import DistributedKernel, jit
 from ..signals import SignalPad
@@ -246,7 +247,11 @@ class AllGatherGemmContext:
             raise ValueError(f"triton_dist AllGatherGemmContext: push_programs must be an int in [1, "
                              f"{self.num_sms - 1}], got {push_programs!r}")
         self.push_programs = push_programs
-        self.max_programs = max(1, self.num_sms - (push_programs if producer == "sm_push" else RESERVED_SMS))
+        if producer == "sm_push":
+            self.max_programs = max(1, self.num_sms - push_programs)
+        else:  # the GEMM waits for copies, which need SMs of their own when ranks share a GPU
+            self.max_programs = _residency.max_waiting_programs(self.device, reserved=RESERVED_SMS,
+                                                                what="AllGatherGemmContext", waits_for_copies=True)
         pull = producer == "ce_pull"
         gathered_elems = self.world * max_m_per_rank * k
         self.gathered = (torch.empty((gathered_elems, ), dtype=dtype, device=self.device) if pull else

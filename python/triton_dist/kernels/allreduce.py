@@ -697,7 +697,7 @@ class AllReduceContext(CollectiveContext):
                         dst = me * shard + lo - s * shard
                         self._peer_stage[s][dst:dst + hi - lo].copy_(x[lo:hi])
                     stream_write_value64(self._peer_ce_pad[s], me * max_chunks + c, 1, self._push)
-        all_reduce_ce_reduce_kernel[self.grid(chunk_tiles)](x, out, self.stage, self.gather, self.ce_pad.signals,
+        all_reduce_ce_reduce_kernel[self.grid(chunk_tiles, waits_for_copies=True)](x, out, self.stage, self.gather, self.ce_pad.signals,
                                                              self.ce_tickets, n, shard_tiles, chunk_tiles, chunks,
                                                              **self._ce_meta())
         with torch.cuda.stream(self._pull):

@@ -67,6 +67,9 @@ class CollectiveContext:
         # Every program of a grid must be resident at once (programs spin on their peers'
         # programs), so never more programs than this process's SMs (triton_dist.residency).
         self.max_programs = min(max_programs, _residency.max_waiting_programs(device, what=op))
+        self.copy_wait_programs = min(self.max_programs,
+                                      _residency.max_waiting_programs(device, what=op, waits_for_copies=True))
+        """The grid limit of kernels that wait for copies into this GPU (fewer when ranks share it)."""
         self.halves = {}
         for name, elements in buffers.items():
             half = triton.cdiv(max(elements, 1), self.BLOCK) * self.BLOCK
@@ -95,8 +98,10 @@ class CollectiveContext:
         self.calls.add_(1)
         return self.calls
 
-    def grid(self, tiles: int) -> tuple[int]:
-        return (max(1, min(tiles, self.max_programs)), )
+    def grid(self, tiles: int, waits_for_copies: bool = False) -> tuple[int]:
+        """One program per tile, at most the co-resident limit (:mod:`triton_dist.residency`)."""
+        limit = self.copy_wait_programs if waits_for_copies else self.max_programs
+        return (max(1, min(tiles, limit)), )
 
     def meta(self, **extra) -> dict:
         return dict(WORLD=self.world, MAX_PROGRAMS=self.max_programs, BLOCK=self.BLOCK, num_warps=self.NUM_WARPS,

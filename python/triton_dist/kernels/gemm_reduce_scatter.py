@@ -133,6 +133,7 @@ import triton.language as tl
 
 from .. import language as dl
 from .. import config as _config
+from .. import residency as _residency
 from .. import runtime as _runtime
 from ..distributed_jit import DistributedKernel, jit
 from ..signals import SignalPad
@@ -287,6 +288,8 @@ class GemmReduceScatterContext:
             raise ValueError(f"{op}: reduce_sms must be an int in [1, {self.num_sms - 1}], got {reduce_sms!r}")
         self.reduce_sms = reduce_sms
         self.max_programs = self.num_sms - reduce_sms
+        # "fused_ce"'s GEMM waits for the peers' copies, which need SMs when ranks share a GPU.
+        self.ce_programs = _residency.max_waiting_programs(self.device, what=op, waits_for_copies=True)
         bm, bn_min = _config_blocks()
         self.tiles_per_rank = triton.cdiv(triton.cdiv(max_m, self.world), bm) * triton.cdiv(n, bn_min)
         """The most tiles of one rank's rows (signals per source rank)."""
@@ -465,7 +468,7 @@ class GemmReduceScatterContext:
         if copies_first:
             schedule.enqueue(side)
         tiles = world * triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"])
-        gemm_rs_producer_kernel[(max(1, min(tiles, self.num_sms)), )](
+        gemm_rs_producer_kernel[(max(1, min(tiles, self.ce_programs)), )](
             a_desc, b_desc, self.ce_rows, big_m, n, k, self.ce_pad.signals, self.calls, me, m, half_elems=self.half,
             signal_region=region, out=target, chunk_n=chunk_n, chunk_flags=self.chunk_flags, tickets=self.tickets,
             **_gemm.kernel_meta(config, False, signal_rows=True, world=world, reduce_own=True,
