@@ -34,6 +34,28 @@ def _to(value, dtype, _semantic):
     return _semantic.cast(value, dtype)
 
 
+def require_distributed_jit(what: str, _semantic) -> None:
+    """Raise, at compile time, unless the kernel being compiled links NVSHMEM's device library and
+    the language's support library for the settings in force, as ``triton_dist.jit`` arranges.
+
+    A plain ``triton.jit`` kernel lacks both: NVSHMEM's symbols do not resolve, and the settings
+    that change the code of a wait (timeout, debug barriers) would be missing from Triton's cache
+    key, so a kernel compiled under one setting would be reused under another."""
+    from . import support_library
+
+    options = getattr(getattr(_semantic, "builder", None), "options", None)
+    if options is None:  # not compiling (the interpreter): nothing to link
+        return
+    libs = dict(getattr(options, "extern_libs", None) or ())
+    if _LIB not in libs or support_library.NAME not in libs:
+        raise RuntimeError(f"{what} needs a kernel decorated with @triton_dist.jit, not @triton.jit: it links "
+                           "NVSHMEM's device library and the language's support library, whose settings are part "
+                           "of the kernel's cache key")
+    if libs[support_library.NAME] != support_library.path():
+        raise RuntimeError(f"{what}: the kernel was given extern_libs for other language settings than those in "
+                           "force (wait timeout, debug barriers); let triton_dist.jit supply extern_libs")
+
+
 def _define(name: str, symbol: str, params: list[tuple[str, str]], returns, doc: str):
     arg_types = tuple(_KINDS[kind] for _, kind in params)
 
@@ -41,6 +63,7 @@ def _define(name: str, symbol: str, params: list[tuple[str, str]], returns, doc:
         if len(args) != len(params):
             names = ", ".join(p for p, _ in params)
             raise TypeError(f"shmem.{name}({names}) takes {len(params)} arguments, got {len(args)}")
+        require_distributed_jit(f"shmem.{name}", _semantic)
         values = [_to(a, t, _semantic) for a, t in zip(args, arg_types)]
         return core.extern_elementwise(_LIB, "", values, {arg_types: (symbol, returns)}, is_pure=False,
                                        _semantic=_semantic)
@@ -101,6 +124,7 @@ for _name, (_symbol, _params, _returns, _doc) in _TABLE.items():
 def ptr(dest, pe, _semantic=None):
     """nvshmem_ptr(dest, pe): `dest` as `pe` maps it into this PE (same pointer type), or 0 when
     `pe` cannot be reached with loads and stores."""
+    require_distributed_jit("shmem.ptr (dl.symm_at)", _semantic)
     dest = _semantic.to_tensor(dest)
     address = core.extern_elementwise(_LIB, "", [_to(dest, tl.int64, _semantic), _to(pe, tl.int32, _semantic)],
                                       {(tl.int64, tl.int32): ("nvshmem_ptr", tl.int64)}, is_pure=True,

@@ -95,6 +95,7 @@ def _spin(ptr, num_barriers, wait_value, timeout_ns, pred, scope, semantic, pure
 @core.builtin
 def _settings(timeout_ns, _semantic=None):
     """``(timeout_ns, debug_barriers)`` for a wait: the call's timeout, else the configured one."""
+    shmem.require_distributed_jit("dl.wait", _semantic)
     cfg = _config.get()
     timeout_ns = core._unwrap_if_constexpr(timeout_ns)
     return core.constexpr(cfg.wait_timeout_ns if timeout_ns is None else timeout_ns), core.constexpr(
@@ -223,11 +224,16 @@ def consume_token(value, token, _semantic=None):
 
     ``value`` is a pointer, a tensor of pointers, an integer (tensor) such as an offset or a TMA
     coordinate, or a tensor descriptor. For a descriptor, the result's ``load``/``gather`` carry
-    the token in their first coordinate; use it in the same block (a loop-carried copy is a plain
-    descriptor again). Alignment and contiguity facts of ``value`` are kept.
+    the token in their first coordinate, with an async-proxy fence. The binding survives ``if``
+    and loop bodies; a descriptor bound on one path of a block and plain on another is a compile
+    error (bind it before the block with a zero token, ``tl.zeros((), tl.int32)``, and rebind it
+    after the wait). Alignment and contiguity facts of ``value`` are kept.
     """
+    if isinstance(value, _TokenBoundDescriptor):  # rebinding: both tokens order the loads
+        return _TokenBoundDescriptor(value, _semantic.add(_semantic.to_tensor(value.token),
+                                                          _semantic.to_tensor(token), True))
     if isinstance(value, core.tensor_descriptor):
-        return _TokenBoundDescriptor(value, token)
+        return _TokenBoundDescriptor(value, _semantic.to_tensor(token))
     value = _semantic.to_tensor(value)
     token = _semantic.to_tensor(token)
     if value.dtype.is_ptr():
@@ -237,13 +243,45 @@ def consume_token(value, token, _semantic=None):
     return _semantic.add(value, _semantic.cast(token, value.dtype), True)
 
 
+class _TokenBoundDescriptorType(core.tensor_descriptor_type):
+    """The type of a descriptor bound to a wait's token. The token is part of the value: it flows
+    through ``if`` and loop bodies with the descriptor (one more IR value), so loads after the
+    block still wait. A plain descriptor and a bound one are different types, so a block that binds
+    it on one path only is a compile error that names the fix, never a silent loss of the wait."""
+
+    def __init__(self, base: core.tensor_descriptor_type):
+        super().__init__(base.block_type, base.shape_type, base.strides_type)
+
+    def _unflatten_ir(self, handles, cursor):
+        desc, cursor = super()._unflatten_ir(handles, cursor)
+        return _TokenBoundDescriptor(desc, core.tensor(handles[cursor], tl.int32)), cursor + 1
+
+    def _flatten_ir_types(self, builder, out) -> None:
+        super()._flatten_ir_types(builder, out)
+        out.append(tl.int32.to_ir(builder))
+
+    def __str__(self) -> str:
+        # Triton prints this when two paths of a block disagree: say how to write it.
+        return (f"tensor_descriptor<{self.block_type}> bound to a dl.wait token (bind it on every path: before "
+                "the block, x = dl.consume_token(desc, tl.zeros((), tl.int32)), then rebind it after the wait)")
+
+    def mangle(self) -> str:
+        return "TK" + super().mangle()
+
+
 class _TokenBoundDescriptor(core.tensor_descriptor):
     """A tensor descriptor whose loads wait for a token: the first coordinate of each load is
-    passed through :func:`consume_token`, so the TMA copy is issued after the wait."""
+    passed through :func:`consume_token`, so the TMA copy is issued after the wait. It keeps the
+    token through control flow (:class:`_TokenBoundDescriptorType`)."""
 
     def __init__(self, desc, token):
         super().__init__(desc.handle, desc.shape, desc.strides, desc.block_type)
+        self.type = _TokenBoundDescriptorType(self.type)
         self.token = token
+
+    def _flatten_ir(self, handles) -> None:
+        super()._flatten_ir(handles)
+        handles.append(self.token.handle)
 
     def _async_proxy_token(self, _semantic):
         # TMA reads through the async proxy, which the generic-proxy acquire of the wait does not

@@ -93,34 +93,71 @@ def ptx_calls(ptx: str) -> list[str]:
 
 
 _DEFINITION = re.compile(r"^\s*(%[\w.]+)(?::\d+)?\s*=\s*(.*)$")
+_REGION_OPS = re.compile(r"^(scf\.if|scf\.for|scf\.while)\b")
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
-def _definitions(ir: str) -> dict[str, str]:
+def _definitions(ir: str) -> dict[str, tuple[str, int]]:
+    """SSA name -> (its op's text after ``=``, the line it is on)."""
     defs = {}
-    for line in ir.splitlines():
+    for i, line in enumerate(ir.splitlines()):
         match = _DEFINITION.match(line)
         if match:
-            defs[match.group(1)] = match.group(2)
+            defs[match.group(1)] = (match.group(2), i)
     return defs
 
 
-def _operands(text: str) -> list[str]:
+def _refs(text: str) -> list[tuple[str, int | None]]:
+    """The SSA operands of an op's text, each with the result index it names (``%5#1``) or None."""
     # Drop the location and the attribute dictionary's strings so asm text is not read as operands.
-    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text.split(" loc(")[0])
-    return [m.group(1) for m in re.finditer(r"(%[\w.]+)(?:#\d+)?", text)]
+    text = _QUOTED.sub('""', text.split(" loc(")[0])
+    return [(m.group(1), int(m.group(2)) if m.group(2) else None) for m in re.finditer(r"(%[\w.]+)(?:#(\d+))?", text)]
+
+
+def _operands(text: str) -> list[str]:
+    return [name for name, _ in _refs(text)]
+
+
+def _region_yields(lines: list[str], start: int) -> list[list[tuple[str, int | None]]]:
+    """The operands of each ``scf.yield`` (or ``scf.condition``) directly inside the regions of the
+    region op on line ``start`` (an ``scf.if``, ``scf.for`` or ``scf.while``)."""
+    yields, depth = [], 0
+    for line in lines[start:]:
+        code = _QUOTED.sub('""', line.split(" loc(")[0])
+        if depth == 1 and re.match(r"^\s*(scf\.yield|scf\.condition)\b", code):
+            refs = _refs(code.split(":")[0])
+            yields.append(refs[1:] if "scf.condition" in code else refs)  # a condition's first is the test
+        depth += code.count("{") - code.count("}")
+        if depth <= 0 and line is not lines[start]:
+            break
+    return yields
 
 
 def ancestors(ir: str, value: str) -> set[str]:
     """Every SSA value that ``value`` is computed from in Triton IR text (TTIR or TTGIR), following
-    operands within the function; loop-carried block arguments end the walk."""
-    defs, seen, todo = _definitions(ir), set(), [value]
+    operands within the function and the results of ``scf.if`` / ``scf.for`` / ``scf.while`` into
+    what their regions yield (result ``i`` from each region's ``i``-th yielded value); block
+    arguments (a loop's iteration values) end the walk."""
+    return _walk(ir, [(value, None)]) - {value}
+
+
+def _walk(ir: str, start: list[tuple[str, int | None]]) -> set[str]:
+    """The names reached from ``start`` (``(name, result index)`` pairs) by :func:`ancestors`' rules,
+    the start included."""
+    lines = ir.splitlines()
+    defs, seen, todo = _definitions(ir), set(), list(start)
     while todo:
-        name = todo.pop()
-        if name in seen:
+        name, index = todo.pop()
+        if (name, index) in seen:
             continue
-        seen.add(name)
-        todo.extend(_operands(defs.get(name, "")))
-    return seen - {value}
+        seen.add((name, index))
+        text, line = defs.get(name, ("", -1))
+        todo.extend(_refs(text.split("{")[0] if _REGION_OPS.match(text) else text))
+        if line >= 0 and _REGION_OPS.match(text):
+            for yielded in _region_yields(lines, line):
+                picked = yielded if index is None else yielded[index:index + 1]
+                todo.extend(picked)
+    return {name for name, _ in seen}
 
 
 def ops_matching(ir: str, pattern: str) -> list[str]:
@@ -131,10 +168,7 @@ def ops_matching(ir: str, pattern: str) -> list[str]:
 def depends_on(ir: str, op: str, values: set[str]) -> bool:
     """Whether the op whose text is ``op`` is computed from any of ``values`` (SSA names)."""
     text = _DEFINITION.match(op).group(2) if _DEFINITION.match(op) else op
-    found = set()
-    for operand in _operands(text):
-        found |= {operand} | ancestors(ir, operand)
-    return bool(found & values)
+    return bool(_walk(ir, _refs(text)) & values)
 
 
 def results(ops: list[str]) -> set[str]:
