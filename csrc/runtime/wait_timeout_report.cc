@@ -96,9 +96,10 @@ std::string WaitTimeoutReport::describe(const WaitTimeoutRecord& r) {
   char text[320];
   std::snprintf(text, sizeof(text),
                 "triton_dist: rank %d: wait timed out after %" PRIu64 " ns on signal %d at 0x%" PRIx64
-                ": expected >= %" PRIu64 ", observed %" PRIu64
+                ": expected %s %" PRIu64 ", observed %" PRIu64
                 " (the kernel traps; its peer never signalled, or signalled another epoch)",
-                r.rank, r.waited_ns, r.signal_index, r.signal_address, r.expected, r.observed);
+                r.rank, r.waited_ns, r.signal_index, r.signal_address,
+                r.comparison == kWaitEqual ? "==" : ">=", r.expected, r.observed);
   return text;
 }
 

@@ -18,6 +18,7 @@ TEST(WaitTimeoutReport, RecordLayoutMatchesTheSupportLibrary) {
   EXPECT_EQ(offsetof(WaitTimeoutRecord, expected), 24u);
   EXPECT_EQ(offsetof(WaitTimeoutRecord, observed), 32u);
   EXPECT_EQ(offsetof(WaitTimeoutRecord, waited_ns), 40u);
+  EXPECT_EQ(offsetof(WaitTimeoutRecord, comparison), 48u);
 }
 
 TEST(WaitTimeoutReport, DescribesOnlyPublishedRecords) {
@@ -36,6 +37,8 @@ TEST(WaitTimeoutReport, DescribesOnlyPublishedRecords) {
                       "0x7f0012345678: expected >= 7, observed 5"),
             std::string::npos)
       << text;
+  record.comparison = kWaitEqual;
+  EXPECT_NE(WaitTimeoutReport::describe(record).find("expected == 7, observed 5"), std::string::npos);
 }
 
 }  // namespace

@@ -27,8 +27,14 @@ struct WaitTimeoutRecord {
   std::uint64_t expected;
   std::uint64_t observed;
   std::uint64_t waited_ns;
+  std::uint32_t comparison;  // how the wait compared: kWaitAtLeast or kWaitEqual
+  std::uint32_t reserved;
 };
-static_assert(sizeof(WaitTimeoutRecord) == 48, "the support library's IR assumes this layout");
+static_assert(sizeof(WaitTimeoutRecord) == 56, "the support library's IR assumes this layout");
+
+// WaitTimeoutRecord::comparison, as triton_dist.language's dl.wait(cmp=...) writes it.
+inline constexpr std::uint32_t kWaitAtLeast = 0;  // cmp="ge": signal >= expected
+inline constexpr std::uint32_t kWaitEqual = 1;    // cmp="eq": signal == expected
 
 // The global each triton_dist.jit module carries: the record's device address (0: no report).
 inline constexpr const char* kWaitReportSymbol = "triton_dist_wait_report";

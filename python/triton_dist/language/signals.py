@@ -41,38 +41,65 @@ def symm_at(ptr, pe, _semantic=None):
     return shmem.ptr(ptr, pe, _semantic=_semantic)
 
 
+_COMPARISONS = {"ge": 0, "eq": 1}
+"""``dl.wait``'s ``cmp`` -> the code the timeout report carries (WaitTimeoutRecord::comparison)."""
+
+
+def _signal_kind(ptr, _semantic):
+    """``(bits, signed)`` of the signals ``ptr`` points to: 32 or 64-bit integers."""
+    if ptr.type.is_block() or not ptr.dtype.is_ptr():
+        raise TypeError(f"wait expects a scalar pointer to 32- or 64-bit integer signals, got {ptr.type}")
+    element = ptr.dtype.element_ty
+    if not element.is_int() or element.primitive_bitwidth not in (32, 64):
+        raise TypeError(f"wait expects a scalar pointer to 32- or 64-bit integer signals, got {ptr.type}")
+    return element.primitive_bitwidth, element.is_int_signed()
+
+
 @core.builtin
-def _spin(ptr, num_barriers, wait_value, timeout_ns, pred, scope, semantic, pure, _semantic=None):
+def _spin(ptr, num_barriers, wait_value, timeout_ns, pred, scope, semantic, pure, cmp, _semantic=None):
     """The spin loop of :func:`wait` in every thread: returns ``(failed, observed, waited_ns)``;
-    ``failed`` is 0, or 1 + the index of the signal that did not arrive within ``timeout_ns``."""
+    ``failed`` is 0, or 1 + the index of the signal that did not arrive within ``timeout_ns``.
+    ``observed`` is the last value read, widened to 64 bits."""
     scope = _choice("scope", scope, SCOPES)
     semantic = _choice("semantic", semantic, _WAIT_SEMANTICS)
+    cmp = _choice("cmp", cmp, tuple(_COMPARISONS))
     ptr = _semantic.to_tensor(ptr)
-    if ptr.type.is_block() or not ptr.dtype.is_ptr() or ptr.dtype.element_ty.primitive_bitwidth != 64:
-        raise TypeError(f"wait expects a scalar pointer to 64-bit signals, got {ptr.type}")
+    bits, signed = _signal_kind(ptr, _semantic)
     count = _semantic.cast(_semantic.to_tensor(num_barriers), tl.int32)
     value = _semantic.cast(_semantic.to_tensor(wait_value), tl.uint64)
     timeout = _semantic.cast(_semantic.to_tensor(timeout_ns), tl.uint64)
     enabled = _semantic.cast(_semantic.to_tensor(pred), tl.int32)
-    load = f"ld.{_qualifier(semantic, scope)}.global.u64"
+    width = "u64" if bits == 64 else "u32"
+    load = f"ld.{_qualifier(semantic, scope)}.global.{width}"
+    # ">=" compares as the signal's signedness; "==" bit for bit. 32-bit signals compare their low
+    # half of the (widened) expected value.
+    test = f"setp.{cmp}.{('s' if signed else 'u') if cmp == 'ge' else 'b'}{bits}"
+    if bits == 64:
+        declare, read, compare, widen = ".reg .u64 %v;", "%v", "%v, $5", "mov.u64 $1, %v;"
+    else:
+        declare = ".reg .u32 %v, %e;"
+        read, compare = "%v", "%v, %e"
+        widen = f"cvt.{'s' if signed else 'u'}64.{'s' if signed else 'u'}32 $1, %v;"
+    step = bits // 8
+    setup = "" if bits == 64 else "cvt.u32.u64 %e, $5;"
     # The clock is read only once a load has failed, so a signal that is already there costs one
     # load. %globaltimer is in nanoseconds on every GPU since Volta.
     asm = f"""{{
-    .reg .pred %p<4>; .reg .u64 %v, %a, %t0, %t; .reg .u32 %i;
+    .reg .pred %p<4>; {declare} .reg .u64 %a, %t0, %t; .reg .u32 %i;
     mov.u32 $0, 0; mov.u64 $1, 0; mov.u64 $2, 0;
-    mov.u64 %a, $3; mov.u32 %i, 0;
+    mov.u64 %a, $3; mov.u32 %i, 0; {setup}
     setp.eq.s32 %p3, $7, 0;
     @%p3 bra done_${{:uid}};
     next_${{:uid}}:
     setp.ge.s32 %p0, %i, $4;
     @%p0 bra done_${{:uid}};
-    {load} %v, [%a];
-    setp.ge.u64 %p1, %v, $5;
+    {load} {read}, [%a];
+    {test} %p1, {compare};
     @%p1 bra arrived_${{:uid}};
     mov.u64 %t0, %globaltimer;
     spin_${{:uid}}:
-    {load} %v, [%a];
-    setp.ge.u64 %p1, %v, $5;
+    {load} {read}, [%a];
+    {test} %p1, {compare};
     @%p1 bra arrived_${{:uid}};
     mov.u64 %t, %globaltimer;
     sub.u64 %t, %t, %t0;
@@ -80,16 +107,21 @@ def _spin(ptr, num_barriers, wait_value, timeout_ns, pred, scope, semantic, pure
     @%p2 bra spin_${{:uid}};
     setp.lt.u64 %p2, %t, $6;
     @%p2 bra spin_${{:uid}};
-    add.u32 $0, %i, 1; mov.u64 $1, %v; mov.u64 $2, %t;
+    add.u32 $0, %i, 1; {widen} mov.u64 $2, %t;
     bra done_${{:uid}};
     arrived_${{:uid}}:
-    add.u64 %a, %a, 8; add.u32 %i, %i, 1;
+    add.u64 %a, %a, {step}; add.u32 %i, %i, 1;
     bra next_${{:uid}};
     done_${{:uid}}:
     }}"""
     return core.inline_asm_elementwise(asm, "=r,=l,=l,l,r,l,l,r", [address(ptr, _semantic), count, value, timeout,
                                                                    enabled], dtype=(tl.int32, tl.uint64, tl.uint64),
                                        is_pure=core._unwrap_if_constexpr(pure), pack=1, _semantic=_semantic)
+
+
+@core.builtin
+def _comparison_code(cmp, _semantic=None):
+    return core.constexpr(_COMPARISONS[_choice("cmp", cmp, tuple(_COMPARISONS))])
 
 
 @core.builtin
@@ -103,9 +135,9 @@ def _settings(timeout_ns, _semantic=None):
 
 
 @core.builtin
-def _timed_out(index, ptr, expected, observed, waited_ns, _semantic=None):
-    args = [shmem.my_pe(_semantic=_semantic), index, address(ptr, _semantic), expected, observed, waited_ns]
-    types = (tl.int32, tl.int32, tl.int64, tl.uint64, tl.uint64, tl.uint64)
+def _timed_out(index, ptr, expected, observed, waited_ns, cmp_code, _semantic=None):
+    args = [shmem.my_pe(_semantic=_semantic), index, address(ptr, _semantic), expected, observed, waited_ns, cmp_code]
+    types = (tl.int32, tl.int32, tl.int64, tl.uint64, tl.uint64, tl.uint64, tl.int32)
     args = [_semantic.cast(_semantic.to_tensor(a), t) for a, t in zip(args, types)]
     return core.extern_elementwise(support_library.NAME, "", args,
                                    {types: (support_library.WAIT_TIMED_OUT, tl.int32)}, is_pure=False,
@@ -121,9 +153,14 @@ def _barrier_and_fence(_semantic=None):
 
 @triton.jit
 def wait(ptr, num_barriers, scope: tl.constexpr = tl.constexpr("gpu"), semantic: tl.constexpr = tl.constexpr("acquire"),
-         wait_value=1, pred=None, timeout_ns: tl.constexpr = None):
-    """Spin until each of the ``num_barriers`` uint64 signals at ``ptr`` is ``>= wait_value``;
+         wait_value=1, pred=None, timeout_ns: tl.constexpr = None, cmp: tl.constexpr = tl.constexpr("ge")):
+    """Spin until each of the ``num_barriers`` signals at ``ptr`` is ``>= wait_value`` (``cmp="ge"``,
+    the epoch convention) or ``== wait_value`` (``cmp="eq"``, for flags that take several states);
     returns a token for :func:`consume_token`.
+
+    Signals are 64-bit (the signal pads') or 32-bit integers (int32 flags), as ``ptr``'s element
+    type says: the spin loads that width, ``>=`` compares as the type's signedness, ``==`` bit for
+    bit (a 32-bit signal against the low half of ``wait_value``).
 
     Every thread of the program spins, so every thread acquires. ``scope`` is where the notifier
     lives: ``"gpu"`` for this GPU, ``"sys"`` for a peer.
@@ -147,12 +184,12 @@ def wait(ptr, num_barriers, scope: tl.constexpr = tl.constexpr("gpu"), semantic:
     if DEBUG_BARRIERS:
         _barrier_and_fence()
     if pred is None:
-        failed, observed, waited = _spin(ptr, num_barriers, wait_value, TIMEOUT_NS, 1, scope, semantic, False)
+        failed, observed, waited = _spin(ptr, num_barriers, wait_value, TIMEOUT_NS, 1, scope, semantic, False, cmp)
     else:
-        failed, observed, waited = _spin(ptr, num_barriers, wait_value, TIMEOUT_NS, pred, scope, semantic, True)
+        failed, observed, waited = _spin(ptr, num_barriers, wait_value, TIMEOUT_NS, pred, scope, semantic, True, cmp)
     if TIMEOUT_NS != 0:
         if failed != 0:
-            _timed_out(failed - 1, ptr + failed - 1, wait_value, observed, waited)
+            _timed_out(failed - 1, ptr + failed - 1, wait_value, observed, waited, _comparison_code(cmp))
     if DEBUG_BARRIERS:
         _barrier_and_fence()
     return _as_token(failed)

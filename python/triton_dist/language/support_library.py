@@ -34,7 +34,8 @@ _LINGER_MS = 100  # the host polls every 10 ms (wait_timeout_report.cc)
 
 def _source(wait_timeout_ns: int, debug_barriers: bool) -> str:
     # Record layout (WaitTimeoutRecord): u32 claimed @0, u32 published @4, i32 rank @8,
-    # i32 signal index @12, u64 signal address @16, expected @24, observed @32, waited ns @40.
+    # i32 signal index @12, u64 signal address @16, expected @24, observed @32, waited ns @40,
+    # u32 comparison @48 (0: >=, 1: ==).
     return f"""; triton_dist language support library
 ; settings: wait_timeout_ns={wait_timeout_ns} debug_barriers={int(debug_barriers)}
 target datalayout = "e-p3:32:32-p4:32:32-p5:32:32-p6:32:32-p7:32:32-i64:64-i128:128-i256:256-v16:16-v32:32-n16:32:64"
@@ -53,7 +54,7 @@ declare void @llvm.trap()
 ; Called by every thread whose wait expired. Thread (0,0,0) of the first program to get here
 ; claims and fills the record; every thread then lingers before trapping, because a trap ends the
 ; whole grid and the host must read the record first.
-define i32 @{WAIT_TIMED_OUT}(i32 %rank, i32 %index, i64 %address, i64 %expected, i64 %observed, i64 %waited_ns) {{
+define i32 @{WAIT_TIMED_OUT}(i32 %rank, i32 %index, i64 %address, i64 %expected, i64 %observed, i64 %waited_ns, i32 %cmp) {{
 entry:
   %x = call i32 @llvm.nvvm.read.ptx.sreg.tid.x()
   %y = call i32 @llvm.nvvm.read.ptx.sreg.tid.y()
@@ -78,18 +79,21 @@ fill:
   %p_expected = add i64 %record, 24
   %p_observed = add i64 %record, 32
   %p_waited = add i64 %record, 40
+  %p_cmp = add i64 %record, 48
   %q_rank = inttoptr i64 %p_rank to ptr addrspace(1)
   %q_index = inttoptr i64 %p_index to ptr addrspace(1)
   %q_address = inttoptr i64 %p_address to ptr addrspace(1)
   %q_expected = inttoptr i64 %p_expected to ptr addrspace(1)
   %q_observed = inttoptr i64 %p_observed to ptr addrspace(1)
   %q_waited = inttoptr i64 %p_waited to ptr addrspace(1)
+  %q_cmp = inttoptr i64 %p_cmp to ptr addrspace(1)
   store volatile i32 %rank, ptr addrspace(1) %q_rank, align 4
   store volatile i32 %index, ptr addrspace(1) %q_index, align 4
   store volatile i64 %address, ptr addrspace(1) %q_address, align 8
   store volatile i64 %expected, ptr addrspace(1) %q_expected, align 8
   store volatile i64 %observed, ptr addrspace(1) %q_observed, align 8
   store volatile i64 %waited_ns, ptr addrspace(1) %q_waited, align 8
+  store volatile i32 %cmp, ptr addrspace(1) %q_cmp, align 4
   ; The fields reach the host before the flag that the host acquires.
   call void asm sideeffect "fence.sc.sys;", "~{{memory}}"()
   %p_published = add i64 %record, 4
