@@ -221,11 +221,12 @@ NB_MODULE(_C, m) {
       "stream"_a, "address"_a, "value"_a);
   m.def(
       "stream_wait_value64",
-      [](std::uintptr_t stream, std::uintptr_t address, std::uint64_t value) {
+      [](std::uintptr_t stream, std::uintptr_t address, std::uint64_t value, bool equal) {
         tdist::stream_wait_value64(reinterpret_cast<CUstream>(stream),
-                                   reinterpret_cast<const std::uint64_t*>(address), value);
+                                   reinterpret_cast<const std::uint64_t*>(address), value,
+                                   equal ? tdist::StreamWait::kEqual : tdist::StreamWait::kAtLeast);
       },
-      "stream"_a, "address"_a, "value"_a);
+      "stream"_a, "address"_a, "value"_a, "equal"_a = false);
   m.def(
       "stream_copy_2d",
       [](std::uintptr_t stream, std::uintptr_t dst, std::size_t dst_pitch, std::uintptr_t src,
@@ -241,10 +242,11 @@ NB_MODULE(_C, m) {
       .def(nb::init<>())
       .def(
           "wait_value64",
-          [](tdist::StreamSchedule& self, std::uintptr_t address, std::uint64_t value) {
-            self.wait_value64(reinterpret_cast<const std::uint64_t*>(address), value);
+          [](tdist::StreamSchedule& self, std::uintptr_t address, std::uint64_t value, bool equal) {
+            self.wait_value64(reinterpret_cast<const std::uint64_t*>(address), value,
+                              equal ? tdist::StreamWait::kEqual : tdist::StreamWait::kAtLeast);
           },
-          "address"_a, "value"_a)
+          "address"_a, "value"_a, "equal"_a = false)
       .def(
           "write_value64",
           [](tdist::StreamSchedule& self, std::uintptr_t address, std::uint64_t value) {

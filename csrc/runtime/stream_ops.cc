@@ -15,13 +15,17 @@ void stream_write_value64(CUstream stream, std::uint64_t* address, std::uint64_t
              -1, "stream_write_value64", "cuStreamWriteValue64");
 }
 
-void stream_wait_value64(CUstream stream, const std::uint64_t* address, std::uint64_t value) {
+unsigned stream_wait_flags(StreamWait wait) {
   // No CU_STREAM_WAIT_VALUE_FLUSH: few platforms support it, and peers publish over NVLink with
   // a system-scope barrier before the flag (stream_write_value64, release stores), which already
   // orders their data before it.
+  return wait == StreamWait::kEqual ? CU_STREAM_WAIT_VALUE_EQ : CU_STREAM_WAIT_VALUE_GEQ;
+}
+
+void stream_wait_value64(CUstream stream, const std::uint64_t* address, std::uint64_t value,
+                         StreamWait wait) {
   check_cuda(CudaDriver::get().stream_wait_value64(
-                 stream, reinterpret_cast<CUdeviceptr>(address), value,
-                 CU_STREAM_WAIT_VALUE_GEQ),
+                 stream, reinterpret_cast<CUdeviceptr>(address), value, stream_wait_flags(wait)),
              -1, "stream_wait_value64", "cuStreamWaitValue64");
 }
 

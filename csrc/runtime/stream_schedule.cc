@@ -19,14 +19,13 @@ void StreamSchedule::add_memop(const CUstreamBatchMemOpParams& op) {
   steps_.emplace_back(MemOpBatch{op});
 }
 
-void StreamSchedule::wait_value64(const std::uint64_t* address, std::uint64_t value) {
+void StreamSchedule::wait_value64(const std::uint64_t* address, std::uint64_t value, StreamWait wait) {
   CUstreamBatchMemOpParams op;
   std::memset(&op, 0, sizeof(op));
   op.waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
   op.waitValue.address = reinterpret_cast<CUdeviceptr>(address);
   op.waitValue.value64 = value;
-  // GEQ, no flush: as stream_wait_value64 (stream_ops.cc says why).
-  op.waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+  op.waitValue.flags = stream_wait_flags(wait);
   add_memop(op);
 }
 

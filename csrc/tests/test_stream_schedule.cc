@@ -33,6 +33,16 @@ TEST(StreamSchedule, CopiesSplitBatchesAndKeepTheirPlace) {
   EXPECT_EQ(s.driver_calls(), 5u);  // batch, copy, batch, copy, batch of two
 }
 
+TEST(StreamSchedule, WaitsCompareAsAsked) {
+  EXPECT_EQ(stream_wait_flags(StreamWait::kAtLeast), static_cast<unsigned>(CU_STREAM_WAIT_VALUE_GEQ));
+  EXPECT_EQ(stream_wait_flags(StreamWait::kEqual), static_cast<unsigned>(CU_STREAM_WAIT_VALUE_EQ));
+  StreamSchedule s;
+  s.wait_value64(flag(0), 3, StreamWait::kEqual);
+  s.wait_value64(flag(1), 3);
+  EXPECT_EQ(s.size(), 2u);
+  EXPECT_EQ(s.driver_calls(), 1u);
+}
+
 TEST(StreamSchedule, BatchesStopBelowTheDriversLimit) {
   StreamSchedule s;
   for (std::size_t i = 0; i < StreamSchedule::kMaxBatch + 1; ++i) s.write_value64(flag(i), 1);

@@ -20,13 +20,14 @@ from .runtime import (barrier, device_barrier, finalize, init, is_initialized, l
                       process_group, rank, ranks_per_gpu, world_size)
 from .signals import SignalPad, stream_copy_2d, stream_wait_value64, stream_write_value64
 from .stream_schedule import StreamSchedule
-from .symmetric import check_symmetric, is_symmetric, peer_tensor, symm_empty, symm_zeros
+from .symmetric import check_symmetric, is_symmetric, peer_tensor, peer_tensors, symm_empty, symm_zeros
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Config", "DistributedKernel", "SignalPad", "StreamSchedule", "barrier", "check_symmetric", "device_barrier", "finalize",
-    "get_config", "host_collectives", "init", "is_initialized", "is_symmetric", "jit", "local_rank", "local_world_size",
-    "peer_tensor", "placement", "process_group", "rank", "ranks_per_gpu", "residency", "stream_copy_2d", "stream_wait_value64", "stream_write_value64", "symm_empty", "symm_zeros",
+    "Config", "DistributedKernel", "SignalPad", "StreamSchedule", "barrier", "check_symmetric", "device_barrier",
+    "finalize", "get_config", "host_collectives", "init", "is_initialized", "is_symmetric", "jit", "local_rank",
+    "local_world_size", "peer_tensor", "peer_tensors", "placement", "process_group", "rank", "ranks_per_gpu",
+    "residency", "stream_copy_2d", "stream_wait_value64", "stream_write_value64", "symm_empty", "symm_zeros",
     "symmetric_map", "symmetric_map_bytes", "world_size"
 ]

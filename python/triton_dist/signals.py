@@ -70,13 +70,22 @@ def stream_write_value64(signals, index: int, value: int, stream=None) -> None:
     _core().stream_write_value64(stream.cuda_stream, address, value)
 
 
-def stream_wait_value64(signals, index: int, value: int, stream=None) -> None:
-    """Hold ``stream`` (default: current) until ``signals[index] >= value``."""
+def _equal(cmp: str, op: str) -> bool:
+    if cmp not in ("ge", "eq"):
+        raise ValueError(f"triton_dist {op}: cmp must be 'ge' (>=, the epoch convention) or 'eq' (==), got {cmp!r}")
+    return cmp == "eq"
+
+
+def stream_wait_value64(signals, index: int, value: int, stream=None, cmp: str = "ge") -> None:
+    """Hold ``stream`` (default: current) until ``signals[index] >= value`` (``cmp="ge"``) or
+    ``== value`` (``cmp="eq"``). With :func:`stream_write_value64`, this is how the host sets a
+    signal and waits for one, in stream order, without a kernel."""
     import torch
 
+    equal = _equal(cmp, "stream_wait_value64")
     address = u64_address(signals, index, "stream_wait_value64")
     stream = stream or torch.cuda.current_stream()
-    _core().stream_wait_value64(stream.cuda_stream, address, value)
+    _core().stream_wait_value64(stream.cuda_stream, address, value, equal)
 
 
 def stream_copy_2d(dst, src, stream=None) -> None:

@@ -32,9 +32,12 @@ class StreamSchedule:
     def __init__(self):
         self._schedule = _core().StreamSchedule()
 
-    def wait(self, signals, index: int, value: int) -> "StreamSchedule":
-        """Hold the stream until ``signals[index] >= value``."""
-        self._schedule.wait_value64(u64_address(signals, index, "StreamSchedule.wait"), value)
+    def wait(self, signals, index: int, value: int, cmp: str = "ge") -> "StreamSchedule":
+        """Hold the stream until ``signals[index] >= value`` (``cmp="ge"``) or ``== value`` (``"eq"``)."""
+        from .signals import _equal
+
+        equal = _equal(cmp, "StreamSchedule.wait")
+        self._schedule.wait_value64(u64_address(signals, index, "StreamSchedule.wait"), value, equal)
         return self
 
     def write(self, signals, index: int, value: int) -> "StreamSchedule":

@@ -85,3 +85,14 @@ def peer_tensor(tensor, pe: int):
     storage = tensor.untyped_storage()
     raw = _core().peer_bytes(storage.data_ptr(), storage.nbytes(), pe, "peer_tensor")
     return raw.view(tensor.dtype).as_strided(tensor.size(), tensor.stride(), tensor.storage_offset())
+
+
+def peer_tensors(tensor) -> list:
+    """Every rank's view of the symmetric ``tensor`` in one call: element ``r`` is rank ``r``'s
+    (:func:`peer_tensor`; this rank's own entry is ``tensor`` itself). Every rank must be on this
+    node; for other nodes use NVSHMEM's put and get."""
+    from .runtime import rank, world_size
+
+    check_symmetric(tensor, "peer_tensors")
+    me = rank()
+    return [tensor if pe == me else peer_tensor(tensor, pe) for pe in range(world_size())]

@@ -90,3 +90,59 @@ def test_typed_rma_and_team_collectives_link():
     ptx = compile_for_hopper(typed_and_team_calls, {"ints": "*i32", "floats": "*fp32", "signals": "*u64",
                                                     "out": "*fp32", "n": "i32"}).asm["ptx"]
     assert re.search(r"\.entry typed_and_team_calls", ptx)
+
+
+@triton_dist.jit
+def per_thread_barrier(signals, epoch):
+    dl.simt.barrier_all_ranks(signals, epoch)
+
+
+@triton_dist.jit
+def per_thread_atomics(flags, counts, out):
+    t = dl.tid(0)
+    old = dl.simt.atomic_add(counts + t, 1, "sys", "release", t < 8)
+    swapped = dl.simt.atomic_cas(flags + t, 0, 1, "gpu", "acq_rel", t < 8)
+    dl.simt.st(out + t, old + swapped.to(tl.int32), "gpu", "relaxed", t < 8)
+
+
+def test_per_thread_barrier_stores_and_spins_in_every_thread():
+    ptx = compile_for_hopper(per_thread_barrier, {"signals": "*u64", "epoch": "i64"}, num_warps=1).asm["ptx"]
+    assert re.search(r"@%p\d* st\.release\.sys\.global\.b64", ptx), "the release store is not per-thread"
+    assert "ld.acquire.sys.global.u64" in ptx and "trap;" in ptx  # a bounded acquire spin, with its report
+    assert ptx.count("bar.sync") >= 2  # the program's writes before, every peer's arrival after
+
+
+def test_per_thread_atomics_are_predicated_asm():
+    ptx = compile_for_hopper(per_thread_atomics, {"flags": "*u64", "counts": "*i32", "out": "*i32"}).asm["ptx"]
+    assert re.search(r"@%p\d* atom\.release\.sys\.global\.add\.u32", ptx)
+    assert re.search(r"@%p\d* atom\.acq_rel\.gpu\.global\.cas\.b64", ptx)
+    assert re.search(r"@%p\d* st\.relaxed\.gpu\.global\.b32", ptx)
+
+
+@triton_dist.jit
+def ranks_by_axis(out):
+    tl.store(out + 0, dl.rank())
+    tl.store(out + 1, dl.rank("intra_node"))
+    tl.store(out + 2, dl.rank("inter_node"))
+    tl.store(out + 3, dl.num_ranks("intra_node"))
+    tl.store(out + 4, dl.num_ranks("inter_node"))
+
+
+def test_rank_by_axis_uses_the_declared_node_size(monkeypatch):
+    import dataclasses
+
+    from triton_dist import config
+
+    saved = config._current
+    try:
+        config._set(dataclasses.replace(config.Config.from_environment(), local_world_size=4))
+        ptx = compile_for_hopper(ranks_by_axis, {"out": "*i32"}).asm["ptx"]
+        assert "rem.s32" in ptx or "and.b32" in ptx  # my_pe % 4
+        config._set(dataclasses.replace(config.Config.from_environment(), local_world_size=0))
+        import triton
+
+        with pytest.raises(triton.CompilationError) as caught:
+            compile_for_hopper(ranks_by_axis, {"out": "*i32"})
+        assert "ranks per node are not known" in f"{caught.value} {caught.value.__cause__}"
+    finally:
+        config._set(saved)

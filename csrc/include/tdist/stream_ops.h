@@ -14,8 +14,18 @@ namespace tdist {
 // made visible system-wide (peers read it across NVLink).
 void stream_write_value64(CUstream stream, std::uint64_t* address, std::uint64_t value);
 
-// Holds `stream` until *address >= value (the monotonic epoch convention of signal pads).
-void stream_wait_value64(CUstream stream, const std::uint64_t* address, std::uint64_t value);
+// How a stream wait compares the signal with its value.
+enum class StreamWait {
+  kAtLeast,  // *address >= value: the monotonic epoch convention of signal pads
+  kEqual,    // *address == value: flags that take several states
+};
+
+// The driver's flags for `wait` (no flush; stream_ops.cc says why).
+unsigned stream_wait_flags(StreamWait wait);
+
+// Holds `stream` until the signal at `address` compares true with `value`.
+void stream_wait_value64(CUstream stream, const std::uint64_t* address, std::uint64_t value,
+                         StreamWait wait = StreamWait::kAtLeast);
 
 // Enqueues a copy-engine copy of `height` rows of `width_bytes` bytes on `stream`: row i goes from
 // src + i * src_pitch to dst + i * dst_pitch. Device pointers of this process (a peer's symmetric

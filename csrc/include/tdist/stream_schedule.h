@@ -12,6 +12,8 @@
 #include <variant>
 #include <vector>
 
+#include "tdist/stream_ops.h"
+
 namespace tdist {
 
 class StreamSchedule {
@@ -19,8 +21,9 @@ class StreamSchedule {
   // cuStreamBatchMemOp takes fewer than 256 operations per call.
   static constexpr std::size_t kMaxBatch = 255;
 
-  // Hold the stream until *address >= value (stream_wait_value64's semantics).
-  void wait_value64(const std::uint64_t* address, std::uint64_t value);
+  // Hold the stream until the signal compares true (stream_wait_value64's semantics).
+  void wait_value64(const std::uint64_t* address, std::uint64_t value,
+                    StreamWait wait = StreamWait::kAtLeast);
   // *address = value after a system-scope barrier (stream_write_value64's semantics).
   void write_value64(std::uint64_t* address, std::uint64_t value);
   // `bytes` contiguous bytes, device to device (a peer's mapped symmetric memory included).

@@ -22,16 +22,44 @@ _SIG_OPS = ("set", "add")
 _WAIT_SEMANTICS = ("acquire", "volatile", "relaxed")
 
 
-@core.builtin
-def rank(_semantic=None):
-    """This rank (NVSHMEM PE) number."""
-    return shmem.my_pe(_semantic=_semantic)
+_AXES = (None, "world", "intra_node", "inter_node")
+
+
+def _ranks_per_node(what, _semantic) -> int:
+    shmem.require_distributed_jit(what, _semantic)
+    local = support_library.local_world_size()
+    if local <= 0:
+        raise RuntimeError(f"{what}: the ranks per node are not known yet; compile after triton_dist.init(), or "
+                           "declare them with TRITON_DIST_LOCAL_WORLD_SIZE")
+    return local
 
 
 @core.builtin
-def num_ranks(_semantic=None):
-    """Number of ranks."""
-    return shmem.n_pes(_semantic=_semantic)
+def rank(axis=None, _semantic=None):
+    """This rank's number: in the world (``axis`` None or ``"world"``, the NVSHMEM PE), among the ranks
+    of its node (``"intra_node"``) or the number of its node (``"inter_node"``). Nodes are the
+    runtime's: contiguous blocks of ``local_world_size`` ranks, discovered from host names or
+    declared (``TRITON_DIST_LOCAL_WORLD_SIZE``), which is part of the kernel's cache key."""
+    axis = _choice("axis", core._unwrap_if_constexpr(axis), _AXES)
+    me = shmem.my_pe(_semantic=_semantic)
+    if axis in (None, "world"):
+        return me
+    local = _ranks_per_node(f"dl.rank({axis!r})", _semantic)
+    return _semantic.mod(me, local) if axis == "intra_node" else _semantic.floordiv(me, local)
+
+
+@core.builtin
+def num_ranks(axis=None, _semantic=None):
+    """Number of ranks: in the world (``axis`` None or ``"world"``), on one node (``"intra_node"``),
+    or the number of nodes (``"inter_node"``); see :func:`rank`."""
+    axis = _choice("axis", core._unwrap_if_constexpr(axis), _AXES)
+    world = shmem.n_pes(_semantic=_semantic)
+    if axis in (None, "world"):
+        return world
+    local = _ranks_per_node(f"dl.num_ranks({axis!r})", _semantic)
+    if axis == "intra_node":
+        return _semantic.to_tensor(local)
+    return _semantic.floordiv(world, local)
 
 
 @core.builtin

@@ -9,8 +9,9 @@ watcher prints it, and traps. No function call: ``vprintf`` is one, and ptxas se
 wgmma of a kernel that contains a call (C7510), which cost the waiting GEMMs 15-20 % of their time
 (measured on H200, AllGather+GEMM consumer: 2872 us against 2426 us for the plain GEMM).
 
-It also carries the language settings that change generated code (the default wait timeout and
-debug barriers) in its file name and contents. Triton keys its in-memory kernel cache on the
+It also carries the language settings that change generated code (the default wait timeout,
+debug barriers, and the ranks per node that ``dl.rank(axis)`` divides by) in its file name and
+contents. Triton keys its in-memory kernel cache on the
 ``extern_libs`` paths and its on-disk cache on their contents, so a kernel compiled under one
 setting is never reused under another. Written as textual IR, so no LLVM newer than Triton's
 ever touches it.
@@ -32,12 +33,12 @@ REPORT_SYMBOL = "triton_dist_wait_report"
 _LINGER_MS = 100  # the host polls every 10 ms (wait_timeout_report.cc)
 
 
-def _source(wait_timeout_ns: int, debug_barriers: bool) -> str:
+def _source(wait_timeout_ns: int, debug_barriers: bool, local_world_size: int) -> str:
     # Record layout (WaitTimeoutRecord): u32 claimed @0, u32 published @4, i32 rank @8,
     # i32 signal index @12, u64 signal address @16, expected @24, observed @32, waited ns @40,
     # u32 comparison @48 (0: >=, 1: ==).
     return f"""; triton_dist language support library
-; settings: wait_timeout_ns={wait_timeout_ns} debug_barriers={int(debug_barriers)}
+; settings: wait_timeout_ns={wait_timeout_ns} debug_barriers={int(debug_barriers)} local_world_size={local_world_size}
 target datalayout = "e-p3:32:32-p4:32:32-p5:32:32-p6:32:32-p7:32:32-i64:64-i128:128-i256:256-v16:16-v32:32-n16:32:64"
 target triple = "nvptx64-nvidia-cuda"
 
@@ -124,11 +125,11 @@ trap:
 
 
 @functools.lru_cache(maxsize=None)
-def _write(wait_timeout_ns: int, debug_barriers: bool) -> str:
+def _write(wait_timeout_ns: int, debug_barriers: bool, local_world_size: int) -> str:
     root = os.path.join(os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache"), "triton_dist")
     os.makedirs(root, exist_ok=True)
-    path = os.path.join(root, f"{NAME}-t{wait_timeout_ns}-d{int(debug_barriers)}.ll")
-    source = _source(wait_timeout_ns, debug_barriers)
+    path = os.path.join(root, f"{NAME}-t{wait_timeout_ns}-d{int(debug_barriers)}-l{local_world_size}.ll")
+    source = _source(wait_timeout_ns, debug_barriers, local_world_size)
     try:
         with open(path) as f:
             if f.read() == source:
@@ -143,7 +144,17 @@ def _write(wait_timeout_ns: int, debug_barriers: bool) -> str:
     return path
 
 
+def local_world_size() -> int:
+    """Ranks per node as kernels see them: the runtime's (discovered or declared) once initialised,
+    else the declared ``TRITON_DIST_LOCAL_WORLD_SIZE``, else 0 (unknown)."""
+    from .. import runtime
+
+    if runtime.is_initialized():
+        return runtime.local_world_size()
+    return _config.get().local_world_size
+
+
 def path() -> str:
     """The support library for the settings in force (written on first use)."""
     cfg = _config.get()
-    return _write(cfg.wait_timeout_ns, cfg.debug_barriers)
+    return _write(cfg.wait_timeout_ns, cfg.debug_barriers, local_world_size())
