@@ -92,3 +92,10 @@ def test_a_stale_daemon_of_ours_is_quit_first(stub):
 def test_bad_options_are_refused_before_anything_runs(script, args, message):
     run = subprocess.run(["bash", f"scripts/{script}", *args], cwd=_ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and message in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("args,message", [(["--concurrent"], "give --ranks-per-gpu K"),
+                                          (["--budget-s", "soon"], "take seconds")])
+def test_gpu_test_option_rules(args, message):
+    run = subprocess.run(["bash", "scripts/gpu-test", *args], cwd=_ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and message in run.stdout, run.stdout + run.stderr

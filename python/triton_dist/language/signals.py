@@ -163,7 +163,7 @@ def _settings(timeout_ns, _semantic=None):
 
 
 @core.builtin
-def _timed_out(index, ptr, expected, observed, waited_ns, cmp_code, _semantic=None):
+def _timed_out(index, ptr, expected, observed, waited_ns, cmp_code=0, _semantic=None):
     args = [shmem.my_pe(_semantic=_semantic), index, address(ptr, _semantic), expected, observed, waited_ns, cmp_code]
     types = (tl.int32, tl.int32, tl.int64, tl.uint64, tl.uint64, tl.uint64, tl.int32)
     args = [_semantic.cast(_semantic.to_tensor(a), t) for a, t in zip(args, types)]
