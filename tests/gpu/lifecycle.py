@@ -89,6 +89,17 @@ def world_size_mismatch() -> None:
     dist.destroy_process_group()
 
 
+def _trapped_wait(pad) -> str:
+    """Run a wait for 7 on ``pad``'s signal 2 (which holds 5) with a 200 ms timeout; the first line
+    of the error the host gets when the kernel traps."""
+    try:
+        wait_for_seven[(1, )](pad.signals)
+        torch.cuda.synchronize()
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    raise AssertionError("a wait that can never complete returned")
+
+
 def wait_timeout() -> None:
     # A wait for 7 on a signal that holds 5, with a 200 ms timeout: the kernel must report and
     # trap, and the host must get an exception well before any test timeout, not hang.
@@ -100,12 +111,8 @@ def wait_timeout() -> None:
     pad.signals.fill_(5)
     torch.cuda.synchronize()
     start = time.monotonic()
-    try:
-        wait_for_seven[(1, )](pad.signals)
-        torch.cuda.synchronize()
-        raise AssertionError("a wait that can never complete returned")
-    except RuntimeError as e:
-        print(f"host raised after {time.monotonic() - start:.2f} s: {str(e).splitlines()[0]}", flush=True)
+    error = _trapped_wait(pad)
+    print(f"host raised after {time.monotonic() - start:.2f} s: {error}", flush=True)
     assert time.monotonic() - start < 30
     print("PASS wait-timeout", flush=True)
     # The CUDA context is gone after the trap: skip interpreter teardown (finalize would touch it),
@@ -173,12 +180,7 @@ def mps_shared_fault() -> None:
     tdist.barrier()
     start = time.monotonic()
     if tdist.rank() == 1:
-        try:
-            wait_for_seven[(1, )](pad.signals)
-            torch.cuda.synchronize()
-            raise AssertionError("a wait that can never complete returned")
-        except RuntimeError as e:
-            print(f"rank 1: my trapped kernel: {str(e).splitlines()[0]}", flush=True)
+        print(f"rank 1: my trapped kernel: {_trapped_wait(pad)}", flush=True)
     else:
         seen = None
         while seen is None and time.monotonic() - start < 30:
