@@ -438,3 +438,46 @@ def gemm_ar(a, b, *, out=None, variant: str = "auto", context=None):
     context = _n_keyed_gemm_context("gemm_ar", GemmAllReduceContext, a, n, context, min_m=128)
     context.run(a, b, out, variant)
     return out
+
+
+def _flash_decode_context(q, context):
+    from .kernels.attention.decode import MAX_Q_TOKENS
+    from .kernels.attention.flash_decode import FlashDecodeContext
+
+    if context is not None:
+        if not isinstance(context, FlashDecodeContext):
+            raise TypeError(f"triton_dist flash_decode: context must be a FlashDecodeContext, got {type(context).__name__}")
+        return context
+    if not (hasattr(q, "dim") and q.dim() == 4):
+        raise ValueError(f"triton_dist flash_decode: q must be [batch, q_tokens, q_heads, head_dim], got "
+                         f"{list(getattr(q, 'shape', []))}")
+    batch, _, q_heads, head_dim = q.shape
+    fitting = [ctx for (o, _, key), ctx in _CONTEXTS.items() if o == "flash_decode" and key == (q_heads, head_dim)
+               and ctx.max_batch >= batch]
+    if fitting:
+        return min(fitting, key=lambda c: c.max_batch)
+    max_batch = 8
+    while max_batch < batch:
+        max_batch *= 2
+    ctx = FlashDecodeContext(max_batch, MAX_Q_TOKENS, q_heads, head_dim)
+    _CONTEXTS[("flash_decode", max_batch, (q_heads, head_dim))] = ctx
+    return ctx
+
+
+def flash_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,
+                 soft_cap: float | None = None, out=None, lse=None, context=None):
+    """Distributed flash decoding: attention of ``q`` over a KV cache split along the sequence over
+    the ranks; returns ``(out, lse)`` on every rank (see
+    :mod:`triton_dist.kernels.attention.flash_decode`).
+
+    ``q``: ``[batch, q_tokens, q_heads, head_dim]`` (the same on every rank; ``q_tokens`` 1..8,
+    ``head_dim`` 64 or 128, bfloat16 or float16); ``k_cache``/``v_cache``: this rank's paged part,
+    ``[blocks, block_size, kv_heads, head_dim]``; ``block_table`` ``[batch, max_blocks]`` and
+    ``seq_lens`` ``[batch]`` (int32): this rank's pages and token counts (0 where it holds none of a
+    sequence; the new tokens live on the rank holding each sequence's last part). ``scale``
+    defaults to ``head_dim ** -0.5``; ``soft_cap``: ``soft_cap * tanh(score / soft_cap)``. ``out``
+    like ``q``, ``lse`` fp32 ``[batch, q_tokens, q_heads]`` (natural log). Collective; the context
+    (symmetric partial buffers) is created on first use for ``q``'s heads and head dim."""
+    _require_initialized("flash_decode")
+    ctx = _flash_decode_context(q, context)
+    return ctx(q, k_cache, v_cache, block_table, seq_lens, scale=scale, soft_cap=soft_cap, out=out, lse=lse)
