@@ -213,3 +213,14 @@ def test_bad_inputs_are_refused():
     raises_everywhere(lambda: paged_decode(q, k, k, table, torch.tensor([33], device="cuda", dtype=torch.int32)),
                       ValueError, "seq_len must be in")
     raises_everywhere(lambda: paged_decode(q.cpu(), k, k, table, lens), ValueError, "CUDA")
+
+
+def test_flash_decode_tutorial():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "tutorials", "07_flash_decode.py")
+    spec = importlib.util.spec_from_file_location("tutorial_07", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    all_ranks_agree(module.check(length=64 * 1024, rounds=2), "tutorial 07 (flash decoding) failed its checks")
