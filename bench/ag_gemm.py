@@ -18,7 +18,7 @@ its bandwidth, decides).
   (omitted when unavailable or failing; timed without a CUDA graph, see ``timing``);
 - ``gemm_us`` / ``cublas_us``: our GEMM alone / ``torch.matmul`` on the gathered ``[M, K]``;
 - ``transfer_us``: the gather alone, the faster of ``ops.all_gather`` (auto) and NCCL;
-- ``bound_us`` = max(``gemm_us``, ``transfer_us``) (DESIGN §7, an overlapped op);
+- ``bound_us`` = max(``gemm_us``, ``transfer_us``) (docs/design.md §7, an overlapped op);
 - diagnostics of the gap between ``ours_us`` and the bound: ``consumer_only_us``, the waiting GEMM
   alone after a call (every ready signal already set, nothing in flight); ``gemm_symm_us``, the
   plain GEMM reading A from the context's symmetric buffer.

@@ -16,7 +16,7 @@ size, ``K`` = its intermediate size split across ranks) at ``M`` = 1, 16, 64 and
   (omitted when unavailable);
 - ``gemm_us`` / ``cublas_us``: our GEMM / ``torch.matmul`` alone; ``transfer_us``: the faster of
   ``ops.all_reduce`` and NCCL alone on the ``[M, N]`` result; ``bound_us`` = max(``gemm_us``,
-  ``transfer_us``) (DESIGN §7).
+  ``transfer_us``) (docs/design.md §7).
 
 Every contender's result is checked against the fp32 reference first (max |error| / max |ref| <
 1e-2), and ours and each forced variant for bit-identical results on every rank. Timing: :mod:`triton_dist.bench.timing`,
@@ -47,7 +47,7 @@ ROWS = (1, 16, 64, 128)
 VARIANTS = ("split_k", "output_tiles")  # ops.gemm_ar's variants besides "auto" (what "ours" runs)
 GROUP = 10
 """Calls per timed sample, captured in one CUDA graph: with one decode-sized call per sample the
-graph launch's host latency sat inside the sample (DESIGN §3): the run at 129a76a timed our
+graph launch's host latency sat inside the sample (docs/design.md §3): the run at 129a76a timed our
 all-reduce of 8-512 KiB at 17-96 us, where bench/allreduce.py measures 6-14 us."""
 
 

@@ -17,7 +17,7 @@ M sweep for llama3.1-70b), ``K`` split across ranks.
 - ``gemm_us`` / ``cublas_us``: our GEMM alone / ``torch.matmul``, ``[M, N, K]``;
 - ``transfer_us``: the reduce-scatter of the ``[M, N]`` partial alone, the faster of
   ``ops.reduce_scatter`` and NCCL;
-- ``bound_us`` = max(``gemm_us``, ``transfer_us``) (DESIGN §7, an overlapped op);
+- ``bound_us`` = max(``gemm_us``, ``transfer_us``) (docs/design.md §7, an overlapped op);
 - outside CUDA graphs: ``ours_eager_us`` and ``torch_nccl_eager_us`` (per-call timing, host launch
   included), ``ours_host_enqueue_us`` (host time of one call with the GPU idle: the Python and
   driver calls that queue it; ``fused_ce`` queues its copy stream's operations one by one).

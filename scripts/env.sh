@@ -1,5 +1,5 @@
 # Sourced by the other scripts: the environment every triton_dist command runs in.
-# NVLink multicast must stay off on shared machines (DESIGN.md §3).
+# NVLink multicast must stay off on shared machines (docs/design.md §3).
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export PYTHONUNBUFFERED=1
 # CMake finds the CUDA headers through nvcc, or here when nvcc is not on PATH.

@@ -1,5 +1,5 @@
 """The distributed autotuner: every rank times every candidate config the same way, and every rank
-chooses the same one (DESIGN.md §4, last bullet).
+chooses the same one (docs/design.md §4, last bullet).
 
 Triton's own autotuner picks repeat counts from local timings and decides locally, so ranks can
 make different numbers of calls (a collective kernel then waits for a peer that stopped calling:
@@ -90,6 +90,7 @@ class Communicator(Protocol):
     world_size: int
 
     def all_gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (collective)."""
         ...
 
 
@@ -100,6 +101,7 @@ class LocalCommunicator:
     world_size = 1
 
     def all_gather(self, value: Any) -> list[Any]:
+        """``[value]``: one process is the whole world."""
         return [value]
 
 
@@ -115,6 +117,7 @@ class TorchCommunicator:
         self.world_size = dist.get_world_size(group)
 
     def all_gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value``, in rank order (over torch.distributed's objects)."""
         out: list = [None] * self.world_size
         self._dist.all_gather_object(out, value, group=self._group)
         return out

@@ -1,5 +1,7 @@
 """The host side of ``tdist/device.cuh``: the ``SymmetricMap`` a CUDA C++ kernel takes by value.
 
+::
+
     from triton_dist.device_map import symmetric_map_bytes
     lib.my_launcher(..., symmetric_map_bytes(), stream)   # the launcher memcpy's it into a
                                                            # tdist::device::SymmetricMap argument

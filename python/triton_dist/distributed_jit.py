@@ -41,6 +41,7 @@ def install_module_hook() -> None:
 
 
 def remove_module_hook() -> None:
+    """Stop initialising the modules Triton loads (finalize() calls it)."""
     triton.knobs.runtime.kernel_load_end_hook.remove(_initialize_module)
 
 
@@ -60,9 +61,13 @@ class DistributedKernel:
         return kwargs
 
     def run(self, *args, grid, warmup=False, **kwargs):
+        """Launch on ``grid``, as ``triton.jit``'s ``run``, with NVSHMEM's bitcode and the support
+        library linked."""
         return self.fn.run(*args, grid=grid, warmup=warmup, **self._options(kwargs))
 
     def warmup(self, *args, grid, **kwargs):
+        """Compile (and load) the variant these arguments select, as ``triton.jit``'s ``warmup``,
+        with the libraries linked."""
         return self.fn.warmup(*args, grid=grid, **self._options(kwargs))
 
     def preload(self, *args, grid, **kwargs):

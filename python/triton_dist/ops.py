@@ -446,7 +446,8 @@ def _flash_decode_context(q, context):
 
     if context is not None:
         if not isinstance(context, FlashDecodeContext):
-            raise TypeError(f"triton_dist flash_decode: context must be a FlashDecodeContext, got {type(context).__name__}")
+            raise TypeError(f"triton_dist flash_decode: context must be a FlashDecodeContext, got "
+                            f"{type(context).__name__}")
         return context
     if not (hasattr(q, "dim") and q.dim() == 4):
         raise ValueError(f"triton_dist flash_decode: q must be [batch, q_tokens, q_heads, head_dim], got "

@@ -33,6 +33,7 @@ def host_backend(ranks_per_gpu: int) -> str:
 
 
 def check_ranks_per_gpu(ranks_per_gpu) -> int:
+    """``ranks_per_gpu`` if it is an int >= 1, else a ValueError naming it."""
     if isinstance(ranks_per_gpu, bool) or not isinstance(ranks_per_gpu, int) or ranks_per_gpu < 1:
         raise ValueError(f"triton_dist init: ranks_per_gpu must be an int >= 1, got {ranks_per_gpu!r}")
     return ranks_per_gpu

@@ -29,6 +29,7 @@ def _rank_main(rank: int, world: int, unique_id: str, queue) -> None:
 
 
 def check_bootstrap(world: int = 4) -> str:
+    """Run ``world`` processes through the TCP bootstrap's allgathers and barrier; a one-line result."""
     from triton_dist import _C
 
     root = _C.TcpBootstrap.create_root(world, "127.0.0.1", 0, timeout_ms=30000)
@@ -51,6 +52,8 @@ def check_bootstrap(world: int = 4) -> str:
 
 
 def check_compile() -> str:
+    """Compile a kernel that links NVSHMEM's bitcode for sm_90 without a GPU; a one-line
+    result."""
     import triton_dist
     from triton_dist.language import shmem
     from triton_dist.tools.compile_check import compile_for_hopper
@@ -67,6 +70,7 @@ def check_compile() -> str:
 
 
 def main() -> int:
+    """Run every check, print one line each; 0 when all passed."""
     for check in (check_bootstrap, check_compile):
         start = time.perf_counter()
         try:

@@ -1,4 +1,4 @@
-"""Benchmark records (DESIGN §7): their format, the JSON files, the table; no torch, no GPU."""
+"""Benchmark records (docs/design.md §7): their format, the JSON files, the table; no torch, no GPU."""
 
 import json
 import subprocess

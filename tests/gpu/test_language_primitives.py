@@ -128,7 +128,8 @@ def test_team_collectives_match_the_host_reference():
     tdist.barrier()
     team_collectives[(1, )](src, summed, gathered, n)
     torch.cuda.synchronize()
-    ok = torch.equal(summed, host_collectives.all_reduce(src)) and torch.equal(gathered, host_collectives.all_gather(src))
+    ok = torch.equal(summed, host_collectives.all_reduce(src))
+    ok = ok and torch.equal(gathered, host_collectives.all_gather(src))
     all_ranks_agree(ok, "NVSHMEM team sum_reduce / fcollect differ from the host reference")
     tdist.barrier()
 

@@ -12,10 +12,14 @@
 
 namespace tdist {
 
+// The exchange every implementation provides: allgather (the primitive), and broadcast and
+// barrier built on it unless an implementation has faster ones.
 class Bootstrap {
  public:
   virtual ~Bootstrap() = default;
+  // This process's rank, 0 .. world_size() - 1.
   virtual int rank() const = 0;
+  // Number of ranks taking part.
   virtual int world_size() const = 0;
 
   // Collective: every rank contributes one blob (lengths may differ between ranks); returns all
@@ -29,6 +33,7 @@ class Bootstrap {
   virtual void barrier();
 };
 
+// Settings of TcpBootstrap.
 struct TcpBootstrapOptions {
   // How long any one collective (including the first, which waits for every rank to connect)
   // may take before it throws TimeoutError naming the ranks still missing.
@@ -60,6 +65,7 @@ class TcpBootstrap final : public Bootstrap {
 
   int rank() const override;
   int world_size() const override;
+  // "ip:port" of rank 0's listening socket: what the other ranks pass to connect().
   const std::string& unique_id() const;
   std::vector<std::string> allgather(const std::string& mine) override;
 
@@ -74,7 +80,9 @@ class TcpBootstrap final : public Bootstrap {
 // callback receives this rank's blob and must return every rank's blob, indexed by rank.
 class CallbackBootstrap final : public Bootstrap {
  public:
+  // This rank's blob in, every rank's blob out (indexed by rank).
   using AllgatherFn = std::function<std::vector<std::string>(const std::string&)>;
+  // `rank` of `world_size`, exchanging through `allgather`.
   CallbackBootstrap(int rank, int world_size, AllgatherFn allgather);
 
   int rank() const override { return rank_; }

@@ -7,22 +7,24 @@
 
 namespace tdist {
 
+// The driver's functions the core calls, each the entry point of the same name (the _v2 ones
+// where cuda.h maps the name to them).
 struct CudaDriver {
-  decltype(&cuInit) init;
-  decltype(&cuGetErrorString) get_error_string;
-  decltype(&cuCtxGetDevice) ctx_get_device;
-  decltype(&cuDeviceGet) device_get;
-  decltype(&cuDeviceGetAttribute) device_get_attribute;
-  decltype(&cuStreamWriteValue64) stream_write_value64;
-  decltype(&cuStreamWaitValue64) stream_wait_value64;
-  decltype(&cuMemcpy2DAsync) memcpy_2d_async;
-  decltype(&cuMemcpyDtoDAsync) memcpy_dtod_async;
-  decltype(&cuStreamBatchMemOp) stream_batch_mem_op;
-  decltype(&cuModuleGetGlobal) module_get_global;
-  decltype(&cuMemcpyHtoD) memcpy_htod;
-  decltype(&cuMemHostAlloc) mem_host_alloc;
-  decltype(&cuMemHostGetDevicePointer) mem_host_get_device_pointer;
-  decltype(&cuMemFreeHost) mem_free_host;
+  decltype(&cuInit) init;                                          // cuInit
+  decltype(&cuGetErrorString) get_error_string;                    // cuGetErrorString
+  decltype(&cuCtxGetDevice) ctx_get_device;                        // cuCtxGetDevice
+  decltype(&cuDeviceGet) device_get;                               // cuDeviceGet
+  decltype(&cuDeviceGetAttribute) device_get_attribute;            // cuDeviceGetAttribute
+  decltype(&cuStreamWriteValue64) stream_write_value64;            // cuStreamWriteValue64_v2
+  decltype(&cuStreamWaitValue64) stream_wait_value64;              // cuStreamWaitValue64_v2
+  decltype(&cuMemcpy2DAsync) memcpy_2d_async;                      // cuMemcpy2DAsync_v2
+  decltype(&cuMemcpyDtoDAsync) memcpy_dtod_async;                  // cuMemcpyDtoDAsync_v2
+  decltype(&cuStreamBatchMemOp) stream_batch_mem_op;               // cuStreamBatchMemOp_v2
+  decltype(&cuModuleGetGlobal) module_get_global;                  // cuModuleGetGlobal_v2
+  decltype(&cuMemcpyHtoD) memcpy_htod;                             // cuMemcpyHtoD_v2
+  decltype(&cuMemHostAlloc) mem_host_alloc;                        // cuMemHostAlloc
+  decltype(&cuMemHostGetDevicePointer) mem_host_get_device_pointer;  // cuMemHostGetDevicePointer_v2
+  decltype(&cuMemFreeHost) mem_free_host;                          // cuMemFreeHost
 
   // Loads libcuda.so.1 once per process; throws Error when no driver is installed.
   static const CudaDriver& get();

@@ -294,7 +294,7 @@ __device__ __forceinline__ T* symm_at(T* ptr, int pe, const SymmetricMap& map) {
   return reinterpret_cast<T*>(map.base[pe] + offset);
 }
 
-/// Load `*p` with `ld.<M>.<S>` (M: relaxed, acquire or volatile_); 32- or 64-bit T. Any thread.
+/// Load `*p` with `ld.M.S` (M: relaxed, acquire or volatile_); 32- or 64-bit T. Any thread.
 template <Scope S, Semantic M = Semantic::acquire, class T>
 __device__ __forceinline__ T ld(const T* p) {
   static_assert(detail::is_load_semantic<M>, "ld: semantic must be relaxed, acquire or volatile_");
@@ -306,7 +306,7 @@ __device__ __forceinline__ T ld(const T* p) {
   }
 }
 
-/// Store `v` to `*p` with `st.<M>.<S>` (M: relaxed, release or volatile_); 32- or 64-bit T.
+/// Store `v` to `*p` with `st.M.S` (M: relaxed, release or volatile_); 32- or 64-bit T.
 /// A release store orders only the calling thread's earlier accesses: call cta_barrier() first
 /// when other threads wrote the data it publishes. Any thread.
 template <Scope S, Semantic M = Semantic::release, class T>
@@ -320,7 +320,7 @@ __device__ __forceinline__ void st(T* p, T v) {
   }
 }
 
-/// `fence.acq_rel.<S>`: the calling thread's accesses before it are ordered before its accesses
+/// `fence.acq_rel.S`: the calling thread's accesses before it are ordered before its accesses
 /// after it, as observed at scope S. Any thread.
 template <Scope S>
 __device__ __forceinline__ void fence() {
@@ -333,7 +333,7 @@ __device__ __forceinline__ void fence() {
   }
 }
 
-/// Atomically `*p += v` (`atom.<M>.<S>.global.add`); returns the old value. Integer T of 32 or
+/// Atomically `*p += v` (`atom.M.S.global.add`); returns the old value. Integer T of 32 or
 /// 64 bits. Any thread.
 template <Scope S, Semantic M, class T>
 __device__ __forceinline__ T atomic_add(T* p, T v) {
@@ -347,7 +347,7 @@ __device__ __forceinline__ T atomic_add(T* p, T v) {
   }
 }
 
-/// Atomically exchange `*p` with `v` (`atom.<M>.<S>.global.exch`); returns the old value. Any
+/// Atomically exchange `*p` with `v` (`atom.M.S.global.exch`); returns the old value. Any
 /// thread.
 template <Scope S, Semantic M, class T>
 __device__ __forceinline__ T atomic_xchg(T* p, T v) {
@@ -360,7 +360,7 @@ __device__ __forceinline__ T atomic_xchg(T* p, T v) {
   }
 }
 
-/// Atomically `if (*p == compare) *p = v` (`atom.<M>.<S>.global.cas`); returns the old value.
+/// Atomically `if (*p == compare) *p = v` (`atom.M.S.global.cas`); returns the old value.
 /// Any thread.
 template <Scope S, Semantic M, class T>
 __device__ __forceinline__ T atomic_cas(T* p, T compare, T v) {
@@ -390,7 +390,7 @@ __device__ __forceinline__ int laneid() {
 __device__ __forceinline__ void cta_barrier() { __syncthreads(); }
 
 /// Spin until each of the `num_signals` uint64 signals at `signals` is >= `value`, with
-/// `ld.acquire.<scope>` (`scope`: where the notifier lives, sys for a peer GPU); on return the
+/// `ld.acquire.SCOPE` (`scope`: where the notifier lives, sys for a peer GPU); on return the
 /// calling thread may read what the notifiers published. `timeout_ns` == 0 waits forever;
 /// otherwise the kernel prints rank `rank`, the signal and the values, and traps. Calling thread
 /// only (any number of threads may call it).

@@ -5,6 +5,7 @@
 
 namespace tdist {
 
+// What the driver says of a device's sharing.
 enum class MpsState {
   kOff,      // contexts on this device are not shared: processes take turns on it
   kOn,       // contexts on this device are clients of an MPS server

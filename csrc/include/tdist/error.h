@@ -9,6 +9,7 @@
 
 namespace tdist {
 
+// Every failure of the core: the message names the rank, the operation and the fix.
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -29,24 +30,32 @@ std::string error_prefix(int rank, const std::string& op);
 // on the GPU machine with Triton and torch loaded, 2026-11-29).
 class Message {
  public:
+  // Appends `s`.
   Message& operator<<(const std::string& s) { text_ += s; return *this; }
+  // Appends `s` ("(null)" for a null pointer).
   Message& operator<<(const char* s) { text_ += s ? s : "(null)"; return *this; }
+  // Appends one character.
   Message& operator<<(char c) { text_ += c; return *this; }
+  // Appends "true" or "false".
   Message& operator<<(bool b) { text_ += b ? "true" : "false"; return *this; }
+  // Appends an integer in decimal.
   template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
   Message& operator<<(T value) { text_ += std::to_string(value); return *this; }
+  // Appends a number with three significant digits.
   Message& operator<<(double value) {
     char buf[32];
     std::snprintf(buf, sizeof(buf), "%.3g", value);
     text_ += buf;
     return *this;
   }
+  // Appends a pointer in hexadecimal.
   Message& operator<<(const void* p) {
     char buf[32];
     std::snprintf(buf, sizeof(buf), "%p", p);
     text_ += buf;
     return *this;
   }
+  // The message so far.
   const std::string& str() const { return text_; }
 
  private:

@@ -10,11 +10,12 @@
 
 namespace tdist {
 
+// Where a rank stands among the nodes: nodes are contiguous blocks of ranks.
 struct LocalWorld {
-  int local_rank = 0;
-  int local_world_size = 1;
-  int node = 0;
-  int num_nodes = 1;
+  int local_rank = 0;        // this rank's index on its node
+  int local_world_size = 1;  // ranks on this node
+  int node = 0;              // this node's index
+  int num_nodes = 1;         // nodes in the world
 };
 
 // Pure function of the gathered host names, so it is tested without sockets. Ranks of one host

@@ -12,6 +12,7 @@
 
 namespace tdist {
 
+// Settings of NvshmemBackend.
 struct NvshmemOptions {
   // Directory holding libnvshmem_host.so.3 (the wheel's nvidia/nvshmem/lib); empty: let the
   // dynamic loader search.
@@ -20,6 +21,7 @@ struct NvshmemOptions {
   std::size_t heap_bytes = 0;
 };
 
+// NVSHMEM as the symmetric heap's transport (file notes).
 class NvshmemBackend final : public SymmetricBackend {
  public:
   // Collective over `bootstrap`. The CUDA device must already be current on the calling thread.
@@ -33,6 +35,7 @@ class NvshmemBackend final : public SymmetricBackend {
   bool initialize_module(CUmodule module) override;
   void finalize() override;
 
+  // Where libnvshmem_host.so.3 was loaded from.
   std::string library_path() const;
 
   struct Api;  // resolved entry points; defined in nvshmem_backend.cc

@@ -13,7 +13,9 @@
 
 namespace tdist {
 
+// What Runtime::init needs besides a bootstrap.
 struct RuntimeOptions {
+  // Bytes of symmetric memory every rank reserves (the same on every rank).
   std::size_t heap_bytes = 1ull << 30;
   // 0: discover from host names; > 0: declare (see local_world.h).
   int local_world_size = 0;
@@ -21,6 +23,7 @@ struct RuntimeOptions {
   std::string nvshmem_library_dir;
 };
 
+// The one runtime of a process, between init() and finalize().
 class Runtime {
  public:
   // Collective. `backend` is for tests and other transports; null selects NVSHMEM. Throws if the
@@ -29,16 +32,23 @@ class Runtime {
                        std::unique_ptr<SymmetricBackend> backend = nullptr);
   // Throws "not initialised" naming the fix when init() has not run.
   static Runtime& get();
+  // Whether init() has run and finalize() has not.
   static bool initialized();
   // Collective: barrier, then backend teardown. Symmetric tensors still alive afterwards keep
   // their (now invalid) addresses; using them is an error the heap reports.
   static void finalize();
 
+  // This rank (the bootstrap's).
   int rank() const { return bootstrap_->rank(); }
+  // Number of ranks.
   int world_size() const { return bootstrap_->world_size(); }
+  // This rank's place among the nodes, discovered or declared at init.
   const LocalWorld& local_world() const { return local_world_; }
+  // The host exchange init was given.
   Bootstrap& bootstrap() { return *bootstrap_; }
+  // The transport that maps peers' memory (NVSHMEM unless init was given another).
   SymmetricBackend& backend() { return *backend_; }
+  // The symmetric heap every collective allocation comes from.
   SymmetricHeap& heap() { return *heap_; }
 
   // Sets up a module Triton loaded: the backend's device state (if the module uses the backend)

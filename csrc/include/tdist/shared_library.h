@@ -7,6 +7,7 @@
 
 namespace tdist {
 
+// A library opened with dlopen, closed when the handle goes.
 class SharedLibrary {
  public:
   // Tries each candidate path in order; throws Error listing every attempt and `install_hint`.
@@ -16,11 +17,13 @@ class SharedLibrary {
   SharedLibrary(const SharedLibrary&) = delete;
   SharedLibrary& operator=(const SharedLibrary&) = delete;
 
+  // The candidate that opened.
   const std::string& path() const { return path_; }
 
   // Throws Error naming the symbol and the library when it is absent.
   void* symbol(const char* name) const;
 
+  // `fn` = the function `name` (throws as symbol() does).
   template <typename Fn>
   void bind(Fn*& fn, const char* name) const {
     fn = reinterpret_cast<Fn*>(symbol(name));

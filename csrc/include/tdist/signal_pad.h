@@ -11,20 +11,26 @@
 
 namespace tdist {
 
+// A symmetric array of signals and the epoch of the call being prepared (file notes).
 class SignalPad {
  public:
   // Collective: allocates `num_signals` uint64 slots on every rank. The caller zeroes them on
   // the device before first use (the heap hands out uninitialised memory).
   SignalPad(SymmetricHeap& heap, std::size_t num_signals);
 
+  // This rank's signals.
   std::uint64_t* local() const { return static_cast<std::uint64_t*>(block_->local()); }
+  // Rank `pe`'s signals, mapped here (same node).
   std::uint64_t* peer(int pe) const { return static_cast<std::uint64_t*>(block_->peer(pe)); }
+  // Number of signals.
   std::size_t size() const { return num_signals_; }
+  // The symmetric allocation holding them.
   const std::shared_ptr<SymmetricBlock>& block() const { return block_; }
 
   // The epoch of the call being prepared: 1 for the first call, then 2, 3, ... Every rank must
   // call this once per collective call, so that all ranks agree on the value.
   std::uint64_t next_epoch() { return ++epoch_; }
+  // The epoch next_epoch() returned last (0 before the first call).
   std::uint64_t epoch() const { return epoch_; }
 
  private:

@@ -16,6 +16,7 @@
 
 namespace tdist {
 
+// Stream operations recorded in order and enqueued together (file notes).
 class StreamSchedule {
  public:
   // cuStreamBatchMemOp takes fewer than 256 operations per call.
@@ -35,8 +36,9 @@ class StreamSchedule {
   // Enqueues every recorded operation on `stream`, in order. Safe under stream capture.
   void enqueue(CUstream stream) const;
 
-  // Operations recorded, and the driver calls enqueue() makes for them.
+  // Operations recorded.
   std::size_t size() const { return operations_; }
+  // Driver calls enqueue() makes for them (waits and writes in a row share one).
   std::size_t driver_calls() const { return steps_.size(); }
 
  private:

@@ -9,9 +9,12 @@
 
 namespace tdist {
 
+// What the heap needs of a transport: one reservation, peers' bases, a stream barrier, module
+// set-up, teardown.
 class SymmetricBackend {
  public:
   virtual ~SymmetricBackend() = default;
+  // The transport's name, for messages ("NVSHMEM").
   virtual std::string name() const = 0;
 
   // Collective: reserves `bytes` of device memory at the same offset on every rank and returns

@@ -30,14 +30,18 @@ class SymmetricHeap;
 // One symmetric allocation. Lives as long as any tensor viewing it.
 class SymmetricBlock {
  public:
+  // Made by SymmetricHeap::allocate: `bytes` at `offset` of `heap`, at `local` on this rank.
   SymmetricBlock(std::shared_ptr<SymmetricHeap> heap, std::size_t offset, std::size_t bytes,
                  void* local);
   ~SymmetricBlock();
   SymmetricBlock(const SymmetricBlock&) = delete;
   SymmetricBlock& operator=(const SymmetricBlock&) = delete;
 
+  // This rank's copy.
   void* local() const { return local_; }
+  // Bytes asked for.
   std::size_t bytes() const { return bytes_; }
+  // Offset from the heap's base, the same on every rank.
   std::size_t offset() const { return offset_; }
   // This block as `pe` maps it into this process; throws if `pe` is out of range or unreachable.
   void* peer(int pe) const;
@@ -49,13 +53,16 @@ class SymmetricBlock {
   void* local_;
 };
 
+// A snapshot of the heap's bookkeeping (SymmetricHeap::stats).
 struct SymmetricHeapStats {
-  std::size_t capacity = 0;
-  std::size_t bytes_in_use = 0;
-  std::size_t live_allocations = 0;
-  std::size_t pending_releases = 0;
+  std::size_t capacity = 0;          // bytes reserved
+  std::size_t bytes_in_use = 0;      // bytes of live blocks (rounded sizes)
+  std::size_t live_allocations = 0;  // blocks not yet reclaimed
+  std::size_t pending_releases = 0;  // blocks dropped here, waiting for every rank to drop them
 };
 
+// The symmetric heap: collective, size-checked allocations inside one reservation, freed once
+// every rank has dropped them (file notes).
 class SymmetricHeap : public std::enable_shared_from_this<SymmetricHeap> {
  public:
   // Collective: reserves `capacity` bytes through the backend. Both references must outlive the
@@ -78,9 +85,13 @@ class SymmetricHeap : public std::enable_shared_from_this<SymmetricHeap> {
   // Offset of `ptr` from this rank's base; throws the "not a symmetric tensor" error otherwise.
   std::size_t offset_of(const void* ptr, std::size_t bytes, const std::string& op) const;
 
+  // The current bookkeeping.
   SymmetricHeapStats stats() const;
+  // This rank.
   int rank() const { return rank_; }
+  // Number of ranks sharing the heap.
   int world_size() const { return world_size_; }
+  // This rank's base of the reservation.
   void* base() const { return base_; }
 
   // Called from SymmetricBlock's destructor: queue only, see the file comment.

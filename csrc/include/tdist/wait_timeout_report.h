@@ -21,14 +21,14 @@ namespace tdist {
 struct WaitTimeoutRecord {
   std::uint32_t claimed;    // 0 -> 1 by the first reporting thread (atom.cas, system scope)
   std::uint32_t published;  // set last, after a system fence, once the fields below are written
-  std::int32_t rank;
-  std::int32_t signal_index;
-  std::uint64_t signal_address;
-  std::uint64_t expected;
-  std::uint64_t observed;
-  std::uint64_t waited_ns;
-  std::uint32_t comparison;  // how the wait compared: kWaitAtLeast or kWaitEqual
-  std::uint32_t reserved;
+  std::int32_t rank;              // the rank whose wait timed out
+  std::int32_t signal_index;      // which of the wait's signals (0 for a wait on one)
+  std::uint64_t signal_address;   // its device address
+  std::uint64_t expected;         // the value waited for
+  std::uint64_t observed;         // the value last read
+  std::uint64_t waited_ns;        // how long the thread spun
+  std::uint32_t comparison;       // how the wait compared: kWaitAtLeast or kWaitEqual
+  std::uint32_t reserved;         // padding to 8 bytes
 };
 static_assert(sizeof(WaitTimeoutRecord) == 56, "the support library's IR assumes this layout");
 
@@ -39,6 +39,7 @@ inline constexpr std::uint32_t kWaitEqual = 1;    // cmp="eq": signal == expecte
 // The global each triton_dist.jit module carries: the record's device address (0: no report).
 inline constexpr const char* kWaitReportSymbol = "triton_dist_wait_report";
 
+// The process's record and the thread that prints it (file notes).
 class WaitTimeoutReport {
  public:
   // The process's report, created on first use (needs a current CUDA context), and its watcher.

@@ -1,5 +1,5 @@
 """Benchmark harness: how ours and the baselines are timed (``timing``) and how results are
-recorded, written and printed (``results``), in the format of DESIGN.md §7.
+recorded, written and printed (``results``), in the format of docs/design.md §7.
 
 Importing needs neither torch nor a GPU; torch is imported inside the functions that time.
 

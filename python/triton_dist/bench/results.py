@@ -1,4 +1,4 @@
-"""Benchmark records (DESIGN.md §7): building, writing and printing them.
+"""Benchmark records (docs/design.md §7): building, writing and printing them.
 
 Each results file ``bench/results/<gpu>-x<world>/<name>.json`` is a JSON list of records
 
@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 
 FIELDS = ("op", "shape", "dtype", "world_size", "gpu", "ours_us", "baselines", "bound_us", "commit", "versions")
-"""The record's fields, in order (DESIGN §7)."""
+"""The record's fields, in order (docs/design.md §7)."""
 
 RESULTS_ROOT: Path | None = None
 """Where ``<gpu>-x<world>/`` folders go when ``write_results`` is given no root; ``None``: the
@@ -43,7 +43,7 @@ def _number(value, what: str, *, optional: bool = False) -> float | None:
 
 def record(op: str, *, shape, dtype: str, world_size: int, gpu: str, ours_us: float, baselines: dict | None = None,
            bound_us: float | None = None, commit: str | None = None, versions: dict | None = None, **extra) -> dict:
-    """One result record with DESIGN §7's fields in order, then ``extra`` fields.
+    """One result record with docs/design.md §7's fields in order, then ``extra`` fields.
 
     ``shape`` is a sequence of ints; baselines whose value is ``None`` are dropped; ``commit`` and
     ``versions`` default to this checkout's (see :func:`commit`, :func:`versions`).
@@ -69,7 +69,7 @@ def record(op: str, *, shape, dtype: str, world_size: int, gpu: str, ours_us: fl
 
 
 def validate_record(rec: dict) -> None:
-    """Raise ValueError unless ``rec`` has DESIGN §7's fields, in order, with sane types."""
+    """Raise ValueError unless ``rec`` has docs/design.md §7's fields, in order, with sane types."""
     if not isinstance(rec, dict):
         raise ValueError(f"triton_dist.bench: a record is a dict, got {type(rec).__name__}")
     keys = tuple(rec)[:len(FIELDS)]
@@ -237,7 +237,7 @@ def _short(baseline: str) -> str:
 
 
 def format_table(records: list[dict], extra: tuple[str, ...] = ("gbps", )) -> str:
-    """The table DESIGN §7 asks for: op, shape, dtype, ours, each baseline, the bound, then
+    """The table docs/design.md §7 asks for: op, shape, dtype, ours, each baseline, the bound, then
     ``baseline/ours`` (above 1: ours is faster) per baseline and ``bound/ours`` (1: at the bound),
     and the ``extra`` fields any record has."""
     baselines = []

@@ -8,7 +8,7 @@ import faulthandler
 import os
 from pathlib import Path
 
-# NVLink multicast stays off on shared machines (DESIGN.md §3); scripts/env.sh sets the same.
+# NVLink multicast stays off on shared machines (docs/design.md §3); scripts/env.sh sets the same.
 _MULTICAST_OFF = (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"))
 
 

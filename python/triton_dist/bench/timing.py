@@ -1,4 +1,4 @@
-"""Timing a GPU operation the same way on every rank (DESIGN.md §7).
+"""Timing a GPU operation the same way on every rank (docs/design.md §7).
 
 Method:
 
@@ -23,7 +23,7 @@ latency (a few µs for a Triton launch from Python, more for NCCL) is inside the
 per-call timing. To measure GPU time instead, either time ``group > 1`` calls (launch latency
 overlaps earlier calls once the queue runs ahead) or set ``gpu_delay_us``: a GPU spin of that
 length is enqueued before the start event so every launch of the sample queues up behind it (the
-delay must exceed the host time to enqueue the group). DESIGN §3 notes that per-call and loop
+delay must exceed the host time to enqueue the group). docs/design.md §3 notes that per-call and loop
 timing differ by up to 2x for small ops: compare numbers from one harness, one run.
 
 ``fn`` may use other streams, but must make the current stream wait for them before returning.

@@ -697,9 +697,9 @@ class AllReduceContext(CollectiveContext):
                         dst = me * shard + lo - s * shard
                         self._peer_stage[s][dst:dst + hi - lo].copy_(x[lo:hi])
                     stream_write_value64(self._peer_ce_pad[s], me * max_chunks + c, 1, self._push)
-        all_reduce_ce_reduce_kernel[self.grid(chunk_tiles, waits_for_copies=True)](x, out, self.stage, self.gather, self.ce_pad.signals,
-                                                             self.ce_tickets, n, shard_tiles, chunk_tiles, chunks,
-                                                             **self._ce_meta())
+        grid = self.grid(chunk_tiles, waits_for_copies=True)
+        all_reduce_ce_reduce_kernel[grid](x, out, self.stage, self.gather, self.ce_pad.signals, self.ce_tickets, n,
+                                          shard_tiles, chunk_tiles, chunks, **self._ce_meta())
         with torch.cuda.stream(self._pull):
             for c in range(chunks):
                 for i in range(1, world):

@@ -104,5 +104,6 @@ class CollectiveContext:
         return (max(1, min(tiles, limit)), )
 
     def meta(self, **extra) -> dict:
+        """The launch keywords every collective kernel of the context takes (constexprs and warps), plus ``extra``."""
         return dict(WORLD=self.world, MAX_PROGRAMS=self.max_programs, BLOCK=self.BLOCK, num_warps=self.NUM_WARPS,
                     **extra)

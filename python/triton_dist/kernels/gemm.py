@@ -513,6 +513,7 @@ def descriptors(a, b, c, config: str):
 
 
 def grid_for(m: int, n: int, config: str, max_programs: int) -> tuple[int]:
+    """One program per output tile of ``config``, at most ``max_programs`` (the persistent grid)."""
     cfg = config_params(config)
     tiles = triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"])
     return (max(1, min(tiles, max_programs)), )

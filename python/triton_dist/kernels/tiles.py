@@ -11,6 +11,7 @@ import triton.language as tl
 
 @triton.jit
 def load_tile(ptrs, idx, n, MASKED: tl.constexpr):
+    """Load through ``ptrs``, masked to ``idx < n`` only when ``MASKED``."""
     if MASKED:
         return tl.load(ptrs, mask=idx < n)
     else:
@@ -19,6 +20,7 @@ def load_tile(ptrs, idx, n, MASKED: tl.constexpr):
 
 @triton.jit
 def store_tile(ptrs, value, idx, n, MASKED: tl.constexpr):
+    """Store ``value`` through ``ptrs``, masked to ``idx < n`` only when ``MASKED``."""
     if MASKED:
         tl.store(ptrs, value, mask=idx < n)
     else:

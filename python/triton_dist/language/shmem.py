@@ -193,7 +193,7 @@ for _op, _types in _REDUCTIONS.items():
             _prefix = "nvshmem" if _scope == "" else "nvshmemx"
             _TABLE[f"{_t}_{_op}_reduce{_scope}"] = (
                 f"{_prefix}_{_t}_{_op}_reduce{_scope}", [("team", _I), ("dest", _P), ("source", _P), ("nreduce", _S)],
-                tl.int32, f"every PE's `dest` = the elementwise {_op} over `team` of the `source`s ({_t}).")
+                tl.int32, f"every PE's `dest` = the elementwise {_op} over `team` of each PE's `source` ({_t}).")
 
 for _name, (_symbol, _params, _returns, _doc) in _TABLE.items():
     globals()[_name] = _define(_name, _symbol, _params, _returns, _doc)

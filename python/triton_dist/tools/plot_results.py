@@ -86,6 +86,8 @@ def plot_collective(name: str, records: list[dict], out: Path) -> Path:
 
 
 def plot_overlapped(name: str, records: list[dict], out: Path) -> Path:
+    """The overlapped-GEMM plot of ``records`` (ours, the baselines and the bound per shape) into
+    ``out``; returns its path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -134,6 +136,7 @@ def plot_dir(results: Path, out: Path | None = None) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command line: plot every results file of a directory (see the module notes)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, help="a bench/results/<gpu>-x<world> directory")
     parser.add_argument("--out", type=Path, default=None, help="where the PNGs go (default: the results directory)")

@@ -270,8 +270,8 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | N
     group = q_heads // kv_heads
     decode_split_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, block_table, seq_lens, part_out, part_lse, num_splits, block_table.shape[1],
-        k_cache.shape[0], scale, float(soft_cap or 1.0), int(bool(causal)), Q_HEADS=q_heads, KV_HEADS=kv_heads, T=tokens, D=head_dim,
-        PAGE=page, M_PAD=row_pad(group, tokens), BLOCK_N=BLOCK_N, SOFT_CAP=soft_cap is not None,
+        k_cache.shape[0], scale, float(soft_cap or 1.0), int(bool(causal)), Q_HEADS=q_heads, KV_HEADS=kv_heads,
+        T=tokens, D=head_dim, PAGE=page, M_PAD=row_pad(group, tokens), BLOCK_N=BLOCK_N, SOFT_CAP=soft_cap is not None,
         num_warps=split_warps(row_pad(group, tokens), head_dim), num_stages=2)
     combine_splits_kernel[(batch, tokens * q_heads)](part_out, part_lse, out, lse, num_splits,
                                                      ROWS_PER_BATCH=tokens * q_heads, D=head_dim,

@@ -116,6 +116,7 @@ class FlashDecodeContext(CollectiveContext):
         self.ready()
 
     def preload(self) -> None:
+        """Compile and load the combine kernel before any rank can spin in it."""
         p = self.parts
         flash_decode_combine_kernel.preload(p, p, p, p, self.pad.signals, p, p, 2, self.calls, 2, 2, 2, grid=(1, ),
                                             **self._meta())
