@@ -35,21 +35,33 @@ tdist_start_mps() {  # K
   echo "== MPS control daemon started (pipe $CUDA_MPS_PIPE_DIRECTORY): $k ranks per GPU, ${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE} % of the SMs each"
 }
 
+tdist_kill_tree() {  # PID: the process and all its descendants (children first)
+  local child
+  for child in $(pgrep -P "$1" 2>/dev/null || true); do tdist_kill_tree "$child"; done
+  kill -TERM "$1" 2>/dev/null || true
+}
+
 tdist_stop_mps() {
   # Runs as an EXIT trap, maybe under set -e: no command here may fail.
   [ -n "${CUDA_MPS_PIPE_DIRECTORY:-}" ] || return 0
+  # Ranks still running (a TERM during gpu-test --concurrent) are MPS clients: the daemon waits
+  # for them before it quits, so end them first.
+  local job
+  for job in $(pgrep -P $$ 2>/dev/null | grep -vx "$BASHPID" || true); do tdist_kill_tree "$job"; done
   # The daemon leaves its sockets behind when it quits: its pid file says whether it still runs.
   local pid i
   pid=$(cat "$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid" 2>/dev/null || true)
   echo quit | nvidia-cuda-mps-control >/dev/null 2>&1 || true
   for i in $(seq 100); do [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  tail -3 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null || true
   if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-    echo "warning: the MPS control daemon (pid $pid) did not quit in 10 s"
+    # Its pipe directory stays, so that the next tdist_start_mps (tdist_quit_stale_mps) finds it.
+    echo "warning: the MPS control daemon (pid $pid) did not quit in 10 s; left $CUDA_MPS_PIPE_DIRECTORY for the next run to quit it"
+    rm -rf "$CUDA_MPS_LOG_DIRECTORY" || true
   else
     echo "== MPS control daemon quit"
+    rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" || true
   fi
-  tail -3 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null || true
-  rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" || true
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY CUDA_MPS_ACTIVE_THREAD_PERCENTAGE TRITON_DIST_RANKS_PER_GPU
 }
 

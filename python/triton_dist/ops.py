@@ -474,8 +474,11 @@ def flash_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | N
     ``q``: ``[batch, q_tokens, q_heads, head_dim]`` (the same on every rank; ``q_tokens`` 1..8,
     ``head_dim`` 64 or 128, bfloat16 or float16); ``k_cache``/``v_cache``: this rank's paged part,
     ``[blocks, block_size, kv_heads, head_dim]``; ``block_table`` ``[batch, max_blocks]`` and
-    ``seq_lens`` ``[batch]`` (int32): this rank's pages and token counts (0 where it holds none of a
-    sequence; the new tokens live on the rank holding each sequence's last part). ``scale``
+    ``seq_lens`` ``[batch]`` (int32): this rank's pages and token counts. Ranks hold consecutive
+    parts of every sequence in rank order, and the last rank (``world_size - 1``) holds the newest
+    tokens of every sequence, the ``q_tokens`` new ones included (its ``seq_lens >= q_tokens``;
+    only there are the new tokens causal among themselves); other ranks may hold 0 tokens of a
+    sequence. ``scale``
     defaults to ``head_dim ** -0.5``; ``soft_cap``: ``soft_cap * tanh(score / soft_cap)``. ``out``
     like ``q``, ``lse`` fp32 ``[batch, q_tokens, q_heads]`` (natural log). Collective; the context
     (symmetric partial buffers) is created on first use for ``q``'s heads and head dim."""

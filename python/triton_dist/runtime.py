@@ -89,9 +89,30 @@ def init(process_group=None, *, heap_size: int | str | None = None,
                                     timeout=datetime.timedelta(seconds=cfg.bootstrap_timeout_s))
             created_group = True
         process_group = dist.group.WORLD
+    try:
+        device, mps_state = _join(process_group, cfg, device)
+    except BaseException:
+        # A group init() created must not outlive a failed init(): the next init() in this
+        # process would find it and skip the checks the caller asked for.
+        if created_group:
+            dist.destroy_process_group()
+        raise
+    _state.update(process_group=process_group, device=device, created_group=created_group,
+                  config=cfg, mps_active=mps_state == "on")
+
+
+def _join(process_group, cfg, device: int | None) -> tuple[int, str]:
+    """The checks and the NVSHMEM bring-up of init() once the host group exists; returns this
+    rank's device and its MPS state (``_C.mps_state``)."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
     rank = dist.get_rank(process_group)
     world_size = dist.get_world_size(process_group)
     _placement.check_host_group(str(dist.get_backend(process_group)), cfg.ranks_per_gpu, rank)
+    env_world = _env_int("WORLD_SIZE")
     if env_world is not None and process_group is dist.group.WORLD and env_world != world_size:
         raise RuntimeError(
             f"triton_dist [rank {rank}] init: the process group has {world_size} ranks but "
@@ -112,11 +133,10 @@ def init(process_group=None, *, heap_size: int | str | None = None,
         dist.all_gather_object(gathered, blob, group=process_group)
         return gathered
 
+    mps_state = _core().mps_state(device, rank)
     if cfg.ranks_per_gpu > 1:
-        _placement.check_gpu_sharing(cfg.ranks_per_gpu, _core().mps_state(device, rank),
+        _placement.check_gpu_sharing(cfg.ranks_per_gpu, mps_state,
                                      os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), rank)
-    import socket
-
     gpu = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
     _placement.check_placement([tuple(g.decode().split("\0")) for g in allgather("\0".join(gpu).encode())],
                                cfg.ranks_per_gpu, rank)
@@ -127,8 +147,7 @@ def init(process_group=None, *, heap_size: int | str | None = None,
     from . import distributed_jit as _jit
 
     _jit.install_module_hook()
-    _state.update(process_group=process_group, device=device, created_group=created_group,
-                  config=cfg)
+    return device, mps_state
 
 
 def finalize() -> None:
@@ -216,3 +235,10 @@ def ranks_per_gpu() -> int:
     """Ranks sharing each GPU (1 unless the several-ranks-per-GPU mode is on; see Config)."""
     _require_initialized("ranks_per_gpu")
     return _state["config"].ranks_per_gpu
+
+
+def mps_active() -> bool:
+    """True when this rank's GPU runs under CUDA MPS (whether or not ranks share it): kernels of
+    other processes then run beside ours, and a fault in any client ends every client's work."""
+    _require_initialized("mps_active")
+    return _state["mps_active"]

@@ -176,3 +176,13 @@ def test_extern_libs_from_other_settings_are_refused(settings):
     with pytest.raises(triton.CompilationError) as caught:
         compile_for_hopper(distributed_wait, {"signals": "*u64"}, extern_libs=stale)
     assert "other language settings" in str(caught.value.__cause__)
+
+
+def test_a_change_of_the_language_changes_every_kernels_cache_key(monkeypatch):
+    # Triton keys a compiled kernel by the contents of its extern_libs, not by the sources of
+    # builtins such as dl.simt's; the support library carries their hash so that a change recompiles.
+    before = support_library._source(1, False, 0)
+    assert f"; language sources: {support_library._language_fingerprint()}" in before
+    support_library._language_fingerprint.cache_clear()
+    monkeypatch.setattr(support_library, "_language_fingerprint", lambda: "0" * 16)
+    assert support_library._source(1, False, 0) != before

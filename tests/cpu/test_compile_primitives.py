@@ -110,6 +110,20 @@ def test_per_thread_barrier_stores_and_spins_in_every_thread():
     assert re.search(r"@%p\d* st\.release\.sys\.global\.b64", ptx), "the release store is not per-thread"
     assert "ld.acquire.sys.global.u64" in ptx and "trap;" in ptx  # a bounded acquire spin, with its report
     assert ptx.count("bar.sync") >= 2  # the program's writes before, every peer's arrival after
+    assert "%ntid.x" in ptx  # a program with fewer threads than ranks traps instead of skipping ranks
+
+
+@triton_dist.jit
+def float_atomic(x):
+    dl.simt.atomic_add(x + dl.tid(0), 1.0)
+
+
+def test_per_thread_atomics_refuse_floats():
+    import triton
+
+    with pytest.raises(triton.CompilationError) as caught:
+        compile_for_hopper(float_atomic, {"x": "*fp32"})
+    assert "pointers to 32- or 64-bit integers" in f"{caught.value} {caught.value.__cause__}"
 
 
 def test_per_thread_atomics_are_predicated_asm():

@@ -93,3 +93,37 @@ def test_benchmarks_refuse_to_time_with_shared_gpus(monkeypatch):
     monkeypatch.setenv("TRITON_DIST_RANKS_PER_GPU", "2")
     with pytest.raises(SystemExit, match="benchmarks refuse to run with ranks sharing GPUs"):
         script.guard(script.argument_parser("x", "/tmp").parse_args([]))
+
+
+
+def test_a_failed_init_destroys_the_group_it_created(monkeypatch):
+    """With a stand-in for torch (the CPU suite has none): init() creates the default group from the
+    torchrun environment, a later step fails, and the group is gone again."""
+    import sys
+    import types
+
+    from triton_dist import runtime
+
+    groups = []
+    dist = types.ModuleType("torch.distributed")
+    dist.is_initialized = lambda: bool(groups)
+    dist.init_process_group = lambda backend, timeout: groups.append(backend)
+    dist.destroy_process_group = lambda: groups.clear()
+    dist.group = types.SimpleNamespace(WORLD="world")
+    torch = types.ModuleType("torch")
+    torch.distributed = dist
+    torch.cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: 1, set_device=lambda d: None)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "TRITON_DIST_RANKS_PER_GPU": "2"}.items():
+        monkeypatch.setenv(name, value)
+
+    def refuse(group, cfg, device):
+        assert groups == [placement.SHARED_GPU_BACKEND] and group == "world" and device == 0
+        raise RuntimeError("triton_dist [rank 0] init: refused for the test")
+
+    monkeypatch.setattr(runtime, "_join", refuse)
+    with pytest.raises(RuntimeError, match="refused for the test"):
+        runtime.init()
+    assert not groups, "init() left behind the process group it created"
+    assert not runtime.is_initialized()

@@ -44,15 +44,23 @@ def fresh_op_contexts():
 SHARED_GPU_TRAP = (
     "a kernel trap in one CUDA MPS client is delivered to every client of the GPU (NVIDIA's MPS documentation, "
     "'Error containment'; scripts/gpu-test's mps-shared-fault check shows it), so a deliberately trapped child "
-    "would end every rank's CUDA context: this check runs with one rank per GPU (scripts/gpu-test without "
-    "--ranks-per-gpu)")
-"""Why tests that make a kernel trap on purpose are skipped when ranks share GPUs."""
+    "would end the CUDA context of every process on the GPU, other worlds' included: this check runs without MPS "
+    "(scripts/gpu-test without --ranks-per-gpu)")
+"""Why tests that make a kernel trap on purpose are skipped under MPS."""
 
 
 def skip_if_ranks_share_gpus(reason: str = SHARED_GPU_TRAP) -> None:
-    """Skip (on every rank alike: the setting is the same everywhere) when ranks share GPUs."""
-    if tdist.ranks_per_gpu() > 1:
+    """Skip (on every rank alike) when ranks share GPUs or this GPU runs under MPS at all: with
+    ``--concurrent``, a world of one rank per GPU shares the MPS server with other worlds."""
+    if all_ranks_any(tdist.ranks_per_gpu() > 1 or tdist.mps_active()):
         pytest.skip(reason)
+
+
+def all_ranks_any(flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on any rank (so that all ranks take the same branch)."""
+    flags = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, bool(flag))
+    return any(flags)
 
 
 def all_ranks_agree(ok: bool, what: str) -> None:

@@ -23,8 +23,12 @@ def ping_pong_states(flags, rounds):
             if me % 2 == 0:
                 dl.st(dl.symm_at(flags, partner), 2 * i + 1, "sys", "release")
                 dl.wait(flags, 1, "sys", "acquire", 2 * i + 2, cmp="eq")
+                # Every thread spins: all must have seen this state before any lets the partner
+                # move the flag on (dl.wait's note on cmp="eq").
+                tl.debug_barrier()
             else:
                 dl.wait(flags, 1, "sys", "acquire", 2 * i + 1, cmp="eq")
+                tl.debug_barrier()
                 dl.st(dl.symm_at(flags, partner), 2 * i + 2, "sys", "release")
 
 
@@ -128,8 +132,9 @@ def test_team_collectives_match_the_host_reference():
     tdist.barrier()
     team_collectives[(1, )](src, summed, gathered, n)
     torch.cuda.synchronize()
-    ok = torch.equal(summed, host_collectives.all_reduce(src))
-    ok = ok and torch.equal(gathered, host_collectives.all_gather(src))
+    # Both host references are collectives: every rank must call both, whatever the first says.
+    want_sum, want_gathered = host_collectives.all_reduce(src), host_collectives.all_gather(src)
+    ok = torch.equal(summed, want_sum) and torch.equal(gathered, want_gathered)
     all_ranks_agree(ok, "NVSHMEM team sum_reduce / fcollect differ from the host reference")
     tdist.barrier()
 

@@ -26,6 +26,17 @@ DTYPES = ("float32", "bfloat16", "float16")
 MAX_NUMEL = 2**31 // 4  # element counts reach the kernels as 32-bit ints
 
 
+def _smallest_on_any_rank(*values: int) -> tuple[int, ...]:
+    """Each of ``values``, the smallest any rank passed (collective)."""
+    if _runtime.world_size() == 1:
+        return values
+    import torch.distributed as dist
+
+    every: list = [None] * _runtime.world_size()
+    dist.all_gather_object(every, tuple(int(v) for v in values), group=_runtime.process_group())
+    return tuple(min(column) for column in zip(*every))
+
+
 class CollectiveContext:
     """Base of the collectives' contexts. Collective to create: every rank, same arguments, same
     order as its other symmetric allocations.
@@ -66,9 +77,12 @@ class CollectiveContext:
         device = torch.device("cuda", torch.cuda.current_device())
         # Every program of a grid must be resident at once (programs spin on their peers'
         # programs), so never more programs than this process's SMs (triton_dist.residency).
-        self.max_programs = min(max_programs, _residency.max_waiting_programs(device, what=op))
-        self.copy_wait_programs = min(self.max_programs,
-                                      _residency.max_waiting_programs(device, what=op, waits_for_copies=True))
+        # The grid and the pad's layout (MAX_PROGRAMS) must be the same on every rank, and ranks
+        # may see different SM counts (MPS shares, mixed GPUs): every rank takes the smallest.
+        self.max_programs, self.copy_wait_programs = _smallest_on_any_rank(
+            min(max_programs, _residency.max_waiting_programs(device, what=op)),
+            min(max_programs, _residency.max_waiting_programs(device, what=op, waits_for_copies=True)))
+        self.copy_wait_programs = min(self.copy_wait_programs, self.max_programs)
         """The grid limit of kernels that wait for copies into this GPU (fewer when ranks share it)."""
         self.halves = {}
         for name, elements in buffers.items():

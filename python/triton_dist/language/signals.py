@@ -191,7 +191,10 @@ def wait(ptr, num_barriers, scope: tl.constexpr = tl.constexpr("gpu"), semantic:
     bit (a 32-bit signal against the low half of ``wait_value``).
 
     Every thread of the program spins, so every thread acquires. ``scope`` is where the notifier
-    lives: ``"gpu"`` for this GPU, ``"sys"`` for a peer.
+    lives: ``"gpu"`` for this GPU, ``"sys"`` for a peer. With ``cmp="eq"`` on a flag that moves on
+    to further states, put a CTA barrier (``tl.debug_barrier()``) between the wait and whatever lets
+    a peer move the flag on: a thread that has not yet seen the state would otherwise miss it and
+    spin until the timeout.
 
     ``pred``: for waits in a software-pipelined loop (``tl.range(..., num_stages > 1)``). Without
     it the wait is ordered with every memory operation around it, which Triton's pipeliner cannot

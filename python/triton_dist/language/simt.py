@@ -62,12 +62,21 @@ def st(ptr, value, scope="gpu", semantic="release", pred=1, _semantic=None):
                 [_pred(pred, _semantic), address(ptr, _semantic), value], tl.int32, _semantic)
 
 
+def _integer_pointer(op: str, ptr, _semantic):
+    ptr = _semantic.to_tensor(ptr)
+    element = ptr.dtype.element_ty if ptr.dtype.is_ptr() else ptr.dtype
+    if not element.is_int():
+        raise TypeError(f"dl.simt.{op}: takes pointers to 32- or 64-bit integers (the PTX atomics used are "
+                        f"integer ones), got a pointer to {element}")
+    return ptr
+
+
 def _atomic(op: str, doc: str):
 
     def call(ptr, value, scope="gpu", semantic="acq_rel", pred=1, _semantic=None):
         scope = _choice("scope", scope, SCOPES)
         semantic = _choice("semantic", semantic, _ATOMIC_SEMANTICS)
-        ptr = _semantic.to_tensor(ptr)
+        ptr = _integer_pointer(f"atomic_{op}", ptr, _semantic)
         bits = _element_bits(ptr)
         kind = f"u{bits}" if op == "add" else f"b{bits}"
         value = _semantic.cast(_semantic.to_tensor(value), ptr.dtype.element_ty)
@@ -90,7 +99,7 @@ def atomic_cas(ptr, compare, value, scope="gpu", semantic="acq_rel", pred=1, _se
     """This thread's compare-and-swap on ``*ptr`` where ``pred`` holds; returns the old value."""
     scope = _choice("scope", scope, SCOPES)
     semantic = _choice("semantic", semantic, _ATOMIC_SEMANTICS)
-    ptr = _semantic.to_tensor(ptr)
+    ptr = _integer_pointer("atomic_cas", ptr, _semantic)
     bits = _element_bits(ptr)
     element = ptr.dtype.element_ty
     compare, value = (_semantic.cast(_semantic.to_tensor(v), element) for v in (compare, value))
@@ -98,6 +107,14 @@ def atomic_cas(ptr, compare, value, scope="gpu", semantic="acq_rel", pred=1, _se
     return _asm(f"mov.b{bits} $0, 0; @%p atom.{semantic}.{scope}.global.cas.b{bits} $0, [$2], $3, $4;",
                 f"={c},r,l,{c},{c}", [_pred(pred, _semantic), address(ptr, _semantic), compare, value], element,
                 _semantic)
+
+
+@core.builtin
+def _trap_if_fewer_threads_than(count, _semantic=None):
+    count = _semantic.cast(_semantic.to_tensor(count), tl.int32)
+    return core.inline_asm_elementwise(
+        "{ .reg .u32 %n; .reg .pred %p; mov.u32 %n, %ntid.x; setp.lt.u32 %p, %n, $1; mov.u32 $0, 0; @%p trap; }",
+        "=r,r", [count], dtype=tl.int32, is_pure=False, pack=1, _semantic=_semantic)
 
 
 @triton.jit
@@ -117,15 +134,19 @@ def wait(ptr, wait_value, pred=1, scope: tl.constexpr = tl.constexpr("sys"),
 @triton.jit
 def barrier_all_ranks(signals, epoch, scope: tl.constexpr = tl.constexpr("sys")):
     """A barrier of every rank, one CTA per rank, in which thread ``i`` signals rank ``i`` and waits for
-    rank ``i``'s signal (as many threads as ranks are needed: ``num_warps * 32 >= world``).
+    rank ``i``'s signal (as many threads as ranks are needed: ``num_warps * 32 >= world``; a program with fewer traps
+    rather than skip ranks).
     ``signals``: a symmetric uint64 array of ``world`` slots, slot ``r`` written by rank ``r`` with
     ``epoch`` (monotonic: one epoch per use). Every thread's earlier writes (a CTA barrier first) are
     released to the peers before its signal; each thread acquires its peer's."""
     me = _signals.rank()
     world = _signals.num_ranks()
+    _trap_if_fewer_threads_than(world)
     peer = tid(0)
     active = peer < world
     tl.debug_barrier()
-    st(_signals.symm_at(signals + me, peer), epoch.to(tl.uint64), scope, "release", active)
+    # Threads past the world point at this rank, not at a PE that does not exist: the address is
+    # formed (nvshmem_ptr reads a table by PE) even where the store is predicated off.
+    st(_signals.symm_at(signals + me, tl.where(active, peer, me)), epoch.to(tl.uint64), scope, "release", active)
     wait(signals + peer, epoch.to(tl.uint64), active, scope)
     tl.debug_barrier()

@@ -20,6 +20,7 @@ ever touches it.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import tempfile
 
@@ -39,6 +40,7 @@ def _source(wait_timeout_ns: int, debug_barriers: bool, local_world_size: int) -
     # u32 comparison @48 (0: >=, 1: ==).
     return f"""; triton_dist language support library
 ; settings: wait_timeout_ns={wait_timeout_ns} debug_barriers={int(debug_barriers)} local_world_size={local_world_size}
+; language sources: {_language_fingerprint()}
 target datalayout = "e-p3:32:32-p4:32:32-p5:32:32-p6:32:32-p7:32:32-i64:64-i128:128-i256:256-v16:16-v32:32-n16:32:64"
 target triple = "nvptx64-nvidia-cuda"
 
@@ -125,6 +127,20 @@ trap:
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=1)
+def _language_fingerprint() -> str:
+    """A hash of the language's sources. Triton's cache key covers a kernel's own source and the
+    jit functions it calls, not builtins such as ``dl.simt``'s, so a kernel compiled before the
+    language changed would be reused. The contents of every ``extern_libs`` file are part of the
+    key, so this library carries the hash, and a change of the language recompiles."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    digest = hashlib.sha256()
+    for name in sorted(f for f in os.listdir(here) if f.endswith(".py")):
+        with open(os.path.join(here, name), "rb") as f:
+            digest.update(name.encode() + b"\0" + f.read())
+    return digest.hexdigest()[:16]
+
+
 def _write(wait_timeout_ns: int, debug_barriers: bool, local_world_size: int) -> str:
     root = os.path.join(os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache"), "triton_dist")
     os.makedirs(root, exist_ok=True)

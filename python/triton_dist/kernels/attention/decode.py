@@ -204,6 +204,9 @@ def check_inputs(op: str, q, k_cache, v_cache, block_table, seq_lens, *, check_t
         fail(f"q_tokens must be 1..{MAX_Q_TOKENS}, got {tokens}")
     if q_heads % kv_heads or not 1 <= q_heads // kv_heads <= MAX_GROUP:
         fail(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads}), at most {MAX_GROUP} times it")
+    if k_cache.shape[0] == 0:
+        fail("k_cache has no blocks; a rank that holds no token of any sequence passes a one-block cache "
+             "with seq_lens 0")
     if page & (page - 1):
         fail(f"block_size must be a power of two, got {page}")
     if block_table.dim() != 2 or block_table.shape[0] != batch or seq_lens.shape != (batch, ):

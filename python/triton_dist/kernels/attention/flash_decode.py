@@ -2,8 +2,9 @@
 ranks, each rank attending over its part, the partial results combined across ranks.
 
 Each rank holds a contiguous part of every sequence's KV in its own paged cache, in rank order
-(rank 0 the oldest tokens, the last rank the newest, the ``q_tokens`` new ones included; its
-``seq_lens`` count the tokens it holds, 0 allowed) and computes its partial output and LSE with
+(rank 0 the oldest tokens, the last rank the newest of every sequence, the ``q_tokens`` new ones
+included, so the last rank's ``seq_lens`` are at least ``q_tokens``; each rank's ``seq_lens`` count
+the tokens it holds, 0 allowed on the other ranks) and computes its partial output and LSE with
 :func:`~triton_dist.kernels.attention.decode.paged_decode` (fp32 partials). Then one kernel,
 :func:`flash_decode_combine_kernel`, on every rank:
 
@@ -116,10 +117,16 @@ class FlashDecodeContext(CollectiveContext):
         self.ready()
 
     def preload(self) -> None:
-        """Compile and load the combine kernel before any rank can spin in it."""
+        """Compile and load the combine kernel, for every output dtype a query may have, before any
+        rank can spin in it (a variant first compiled at call time loads an NVSHMEM module while
+        peers wait)."""
+        import torch
+
         p = self.parts
-        flash_decode_combine_kernel.preload(p, p, p, p, self.pad.signals, p, p, 2, self.calls, 2, 2, 2, grid=(1, ),
-                                            **self._meta())
+        for dtype in _decode.DTYPES:
+            out = torch.empty(ROWS_PER_TILE * self.head_dim, dtype=getattr(torch, dtype), device=p.device)
+            flash_decode_combine_kernel.preload(p, p, p, p, self.pad.signals, out, p, 2, self.calls, 2, 2, 2,
+                                                grid=(1, ), **self._meta())
 
     def _meta(self) -> dict:
         return dict(WORLD=self.world, MAX_PROGRAMS=self.max_programs, D=self.head_dim, ROWS=ROWS_PER_TILE,
