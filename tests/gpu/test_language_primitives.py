@@ -2,6 +2,7 @@
 the per-thread barrier of every rank (dl.simt), typed NVSHMEM put/get, team collectives against
 the host reference, dl.rank(axis), a stream wait for equality, and peer_tensors. Any world size."""
 
+import pytest
 import torch
 import triton.language as tl
 
@@ -157,20 +158,38 @@ def test_rank_by_axis_matches_the_runtime():
 
 
 def test_a_stream_waits_for_equality_not_for_more():
-    """The stream is held until the signal is exactly 3: a 5 written first must not release it."""
+    """The stream is held until the signal is exactly 3: a 5 written first must not release it.
+
+    Under MPS the clients of a GPU share one pool of work queues, so two streams of one process
+    may be one queue, and a wait would hold the write it waits for (a hang, seen on one H200 with
+    10 clients): there the writes come from another rank, and a rank either waits or writes."""
+    me, world = tdist.rank(), tdist.world_size()
     pad = tdist.SignalPad(1)
-    seen = torch.zeros(1, dtype=torch.int64, device="cuda")
+    seen = torch.full((1, ), -1, dtype=torch.int64, device="cuda")
+    torch.cuda.synchronize()
+    tdist.barrier()
+    if not tdist.mps_active():
+        waiter, writer, target = True, True, pad.signals
+    elif world == 1:
+        pytest.skip("under MPS the write must come from another process: needs two ranks")
+    else:
+        paired = (me ^ 1) < world
+        waiter, writer = paired and me % 2 == 0, paired and me % 2 == 1
+        target = tdist.peer_tensor(pad.signals, me ^ 1) if writer else None
     waiting, writing = torch.cuda.Stream(), torch.cuda.Stream()
+    if waiter:
+        tdist.stream_wait_value64(pad.signals, 0, 3, stream=waiting, cmp="eq")
+        with torch.cuda.stream(waiting):
+            seen.copy_(pad.signals.view(torch.int64)[:1])
+    tdist.barrier()  # the wait is enqueued before the 5 lands
+    if writer:
+        tdist.stream_write_value64(target, 0, 5, stream=writing)
+        with torch.cuda.stream(writing):
+            torch.cuda._sleep(20_000_000)  # ~10 ms with the 5 in place: a >= wait would go on now
+        tdist.stream_write_value64(target, 0, 3, stream=writing)
     torch.cuda.synchronize()
-    tdist.stream_wait_value64(pad.signals, 0, 3, stream=waiting, cmp="eq")
-    with torch.cuda.stream(waiting):
-        seen.copy_(pad.signals.view(torch.int64)[:1])
-    tdist.stream_write_value64(pad.signals, 0, 5, stream=writing)
-    with torch.cuda.stream(writing):
-        torch.cuda._sleep(20_000_000)  # ~10 ms with the 5 in place: a >= wait would go on now
-    tdist.stream_write_value64(pad.signals, 0, 3, stream=writing)
-    torch.cuda.synchronize()
-    all_ranks_agree(int(seen) == 3, f"the equality wait released at {int(seen)}")
+    all_ranks_agree(not waiter or int(seen) == 3, f"rank {me}: the equality wait released at {int(seen)}")
+    tdist.barrier()
 
 
 def test_peer_tensors_are_every_ranks_view():
