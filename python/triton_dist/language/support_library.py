@@ -126,7 +126,6 @@ trap:
 """
 
 
-@functools.lru_cache(maxsize=None)
 @functools.lru_cache(maxsize=1)
 def _language_fingerprint() -> str:
     """A hash of the language's sources. Triton's cache key covers a kernel's own source and the
@@ -141,6 +140,7 @@ def _language_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
+@functools.lru_cache(maxsize=None)
 def _write(wait_timeout_ns: int, debug_barriers: bool, local_world_size: int) -> str:
     root = os.path.join(os.environ.get("TRITON_CACHE_DIR") or os.path.expanduser("~/.triton/cache"), "triton_dist")
     os.makedirs(root, exist_ok=True)
