@@ -18,7 +18,11 @@ M=1024): ``ops.all_reduce`` 8 KiB (``ll``) vs ``dist.all_reduce``; ``ops.all_gat
 ``ops.gemm_ar`` (M=16) vs ``matmul`` + all-reduce. Each contender's result is checked once against
 the torch one before timing (the record's ``verified``). ``ours_us`` / ``baselines.torch_us`` are host
 µs per call; the GPU time of the same calls is in the other benchmarks' JSON.
-Writes bench/results/<gpu>-x<world>/host_overhead.json.
+With ranks sharing GPUs (``TRITON_DIST_RANKS_PER_GPU`` > 1, MPS) host time still means what it says
+(it does not depend on the link), but NCCL refuses such ranks: the torch contender is then the
+op's local part alone (``baselines.torch_local_us``) and the results are checked against a
+reference gathered through gloo. Writes bench/results/<gpu>-x<world>/host_overhead.json (with
+shared GPUs: ``host_overhead_shared.json``).
 """
 
 from __future__ import annotations
@@ -65,8 +69,12 @@ def issue_us(fn, repeats: int = REPEATS) -> float:
     return bench.max_over_ranks(statistics.median(samples))
 
 
-def _cases(world: int, device, dtype):
-    """``(name, shape, ours, torch)``: zero-argument callables returning their result tensor."""
+def _cases(world: int, device, dtype, shared: bool):
+    """``(name, shape, ours, torch_timed, reference)``: zero-argument callables. ``ours`` returns
+    our result, ``reference`` the torch one it is checked against, ``torch_timed`` is the torch
+    contender timed beside ours: the NCCL equivalent, or, when ranks share GPUs (no NCCL there),
+    the op's local torch part alone (an elementwise op of the same size for the collectives, the
+    matmul for the GEMMs), with the reference gathered through gloo on the CPU."""
     import torch
     import torch.distributed as dist
 
@@ -80,78 +88,106 @@ def _cases(world: int, device, dtype):
     x = randn(n, seed=100 + rank)
     gathered = torch.empty(world * n, device=device, dtype=dtype)
     shard = torch.empty(n // world, device=device, dtype=dtype)
-
-    def nccl_all_reduce():
-        y = x.clone()
-        dist.all_reduce(y)
-        return y
-
-    def nccl_all_gather():
-        dist.all_gather_into_tensor(gathered, x)
-        return gathered
-
-    def nccl_reduce_scatter():
-        dist.reduce_scatter_tensor(shard, x)
-        return shard
-
     m, n_full, k_full = 1024, 14336, 8192  # 70b, M=1024: ag_gemm's N and gemm_rs's K split
     ag_a = randn(m // world, k_full, seed=200 + rank)
     ag_b = randn(n_full // world, k_full, seed=300 + rank)
     ag_full = torch.empty(m, k_full, device=device, dtype=dtype)
-
-    def nccl_ag_gemm():
-        dist.all_gather_into_tensor(ag_full, ag_a)
-        return ag_full @ ag_b.T
-
     rs_a = randn(m, k_full // world, seed=400 + rank)
     rs_b = randn(n_full, k_full // world, seed=500 + rank)
     rs_out = torch.empty(m // world, n_full, device=device, dtype=dtype)
-
-    def nccl_gemm_rs():
-        dist.reduce_scatter_tensor(rs_out, rs_a @ rs_b.T)
-        return rs_out
-
     ar_a = randn(16, k_full // world, seed=600 + rank)
     ar_b = randn(n_full // 2, k_full // world, seed=700 + rank)
 
-    def nccl_gemm_ar():
-        y = ar_a @ ar_b.T
-        dist.all_reduce(y)
-        return y
+    if shared:
+        references = {
+            "all_reduce": lambda: host.all_reduce(x), "all_gather": lambda: host.all_gather(x),
+            "reduce_scatter": lambda: host.reduce_scatter(x), "ag_gemm": lambda: host.all_gather(ag_a) @ ag_b.T,
+            "gemm_rs": lambda: host.reduce_scatter(rs_a @ rs_b.T), "gemm_ar": lambda: host.all_reduce(ar_a @ ar_b.T),
+        }
+        timed = {
+            "all_reduce": lambda: x.add(1), "all_gather": lambda: gathered.copy_(x.repeat(world)),
+            "reduce_scatter": lambda: shard.copy_(x[:n // world]), "ag_gemm": lambda: ag_full[:m // world] @ ag_b.T,
+            "gemm_rs": lambda: rs_a @ rs_b.T, "gemm_ar": lambda: ar_a @ ar_b.T,
+        }
+    else:
+        def nccl_all_reduce():
+            y = x.clone()
+            dist.all_reduce(y)
+            return y
 
-    return [
-        ("all_reduce", [n], lambda: ops.all_reduce(x), nccl_all_reduce),
-        ("all_gather", [n], lambda: ops.all_gather(x), nccl_all_gather),
-        ("reduce_scatter", [n], lambda: ops.reduce_scatter(x), nccl_reduce_scatter),
-        ("ag_gemm", [m, n_full // world, k_full], lambda: ops.ag_gemm(ag_a, ag_b), nccl_ag_gemm),
-        ("gemm_rs", [m, n_full, k_full // world], lambda: ops.gemm_rs(rs_a, rs_b), nccl_gemm_rs),
-        ("gemm_ar", [16, n_full // 2, k_full // world], lambda: ops.gemm_ar(ar_a, ar_b), nccl_gemm_ar),
+        def nccl_all_gather():
+            dist.all_gather_into_tensor(gathered, x)
+            return gathered
+
+        def nccl_reduce_scatter():
+            dist.reduce_scatter_tensor(shard, x)
+            return shard
+
+        def nccl_ag_gemm():
+            dist.all_gather_into_tensor(ag_full, ag_a)
+            return ag_full @ ag_b.T
+
+        def nccl_gemm_rs():
+            dist.reduce_scatter_tensor(rs_out, rs_a @ rs_b.T)
+            return rs_out
+
+        def nccl_gemm_ar():
+            y = ar_a @ ar_b.T
+            dist.all_reduce(y)
+            return y
+
+        timed = {"all_reduce": nccl_all_reduce, "all_gather": nccl_all_gather, "reduce_scatter": nccl_reduce_scatter,
+                 "ag_gemm": nccl_ag_gemm, "gemm_rs": nccl_gemm_rs, "gemm_ar": nccl_gemm_ar}
+        references = timed
+    ours = [
+        ("all_reduce", [n], lambda: ops.all_reduce(x)),
+        ("all_gather", [n], lambda: ops.all_gather(x)),
+        ("reduce_scatter", [n], lambda: ops.reduce_scatter(x)),
+        ("ag_gemm", [m, n_full // world, k_full], lambda: ops.ag_gemm(ag_a, ag_b)),
+        ("gemm_rs", [m, n_full, k_full // world], lambda: ops.gemm_rs(rs_a, rs_b)),
+        ("gemm_ar", [16, n_full // 2, k_full // world], lambda: ops.gemm_ar(ar_a, ar_b)),
     ]
+    return [(name, shape, fn, timed[name], references[name]) for name, shape, fn in ours]
 
 
 def main() -> int:
     parser = bench.script.argument_parser(__doc__, HERE / "results")
+    parser.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter,ag_gemm,gemm_rs,gemm_ar",
+                        help="comma-separated ops to time (default: all six)")
     args = parser.parse_args()
 
     import torch
 
-    world, rank, device, gpu = bench.script.start(args, log)
+    from triton_dist import config
+
+    # Host time does not depend on the link, so ranks sharing a GPU (MPS) may measure it.
+    shared = config.get().ranks_per_gpu > 1
+    world, rank, device, gpu = bench.script.start(args, log, allow_shared_gpus=shared)
     dtype = torch.bfloat16
+    wanted = set(args.ops.split(","))
+    baseline = "torch_local_us" if shared else "torch_us"
     records = []
-    for name, shape, ours, reference in _cases(world, device, dtype):
+    for name, shape, ours, torch_timed, reference in _cases(world, device, dtype, shared):
+        if name not in wanted:
+            continue
         got, want = ours(), reference()  # also the warm-up: contexts, compiles, NCCL communicators
+        torch_timed()
         torch.cuda.synchronize()
         # Both in bf16 from different summation orders: a rounding apart, not a missing rank's share.
         err = bench.script.relative_error(got.float(), want.float())
         verified = all_ok(err < 2e-2)
         repeats = 5 if args.quick else REPEATS
-        ours_us, torch_us = issue_us(ours, repeats), issue_us(reference, repeats)
-        log(f"{name} {shape}: host per call ours {ours_us:.1f} us, torch {torch_us:.1f} us; rel error {err:.2e}")
+        ours_us, torch_us = issue_us(ours, repeats), issue_us(torch_timed, repeats)
+        log(f"{name} {shape}: host per call ours {ours_us:.1f} us, {baseline[:-3]} {torch_us:.1f} us; "
+            f"rel error {err:.2e}")
+        method = "GPU busy (torch.cuda._sleep), wall time of issuing / calls"
+        if shared:
+            method += f"; {world} ranks sharing one GPU (MPS): torch baseline is the op's local part, no NCCL"
         records.append(bench.record(f"host_{name}", shape=shape, dtype="bfloat16", world_size=world, gpu=gpu,
-                                    ours_us=ours_us, baselines={"torch_us": torch_us}, calls=CALLS, repeats=repeats,
-                                    method="GPU busy (torch.cuda._sleep), wall time of issuing / calls",
-                                    relative_error=err, verified=verified))
-    return bench.script.finish("host_overhead", records, args, extra=("calls", ))
+                                    ours_us=ours_us, baselines={baseline: torch_us}, calls=CALLS, repeats=repeats,
+                                    method=method, relative_error=err, verified=verified))
+    return bench.script.finish("host_overhead_shared" if shared else "host_overhead", records, args,
+                               extra=("calls", ))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 
+void bind_kernel_launcher(nb::module_& m);  // kernel_launcher_bindings.cc
+
 namespace {
 
 using TorchBytes = nb::ndarray<nb::pytorch, std::uint8_t, nb::ndim<1>, nb::device::cuda>;
@@ -61,7 +63,9 @@ std::vector<nb::bytes> to_bytes(const std::vector<std::string>& blobs) {
 }  // namespace
 
 NB_MODULE(_C, m) {
-  m.doc() = "triton_dist C++ core: bootstrap, symmetric heap, signal pads, stream memory ops and schedules";
+  m.doc() =
+      "triton_dist C++ core: bootstrap, symmetric heap, signal pads, stream memory ops and schedules, "
+      "kernel launchers";
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
@@ -290,4 +294,6 @@ NB_MODULE(_C, m) {
       .def_prop_ro("size", &tdist::SignalPad::size)
       .def_prop_ro("epoch", &tdist::SignalPad::epoch)
       .def("next_epoch", &tdist::SignalPad::next_epoch);
+
+  bind_kernel_launcher(m);
 }

@@ -33,6 +33,7 @@ const CudaDriver& CudaDriver::get() {
     library->bind(driver.mem_host_alloc, "cuMemHostAlloc");
     library->bind(driver.mem_host_get_device_pointer, "cuMemHostGetDevicePointer_v2");
     library->bind(driver.mem_free_host, "cuMemFreeHost");
+    library->bind(driver.launch_kernel_ex, "cuLaunchKernelEx");
     check_cuda(driver.init(0), -1, "cuda_driver", "cuInit");
   });
   return driver;

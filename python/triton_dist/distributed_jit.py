@@ -20,13 +20,27 @@ import functools
 
 import triton
 
+from . import config as _config
 from . import nvshmem as _nvshmem
+from .eager_launch import EagerLaunches
 from .language import support_library as _support_library
+
+
+_extern_libs_in_force: tuple = (None, ())
+"""(the Config init() installed, its extern_libs): every launch asks, and working them out again
+costs 1.4 µs; init() installs a new Config object, so its identity is the cache key."""
 
 
 def extern_libs() -> tuple[tuple[str, str], ...]:
     """The ``extern_libs`` option of a ``triton_dist.jit`` kernel under the settings in force."""
-    return _nvshmem.extern_libs() + ((_support_library.NAME, _support_library.path()), )
+    global _extern_libs_in_force
+    installed = _config._current
+    if installed is not None and _extern_libs_in_force[0] is installed:
+        return _extern_libs_in_force[1]
+    libs = _nvshmem.extern_libs() + ((_support_library.NAME, _support_library.path()), )
+    if installed is not None:
+        _extern_libs_in_force = (installed, libs)
+    return libs
 
 
 def _initialize_module(module, function, name, metadata_group, hash) -> None:
@@ -50,10 +64,14 @@ class DistributedKernel:
 
     Launch it like a triton.jit kernel: ``kernel[grid](*args, **options)``. Modules loaded before
     :func:`triton_dist.init` are not initialised, so the first launch must come after init.
+    Variants already loaded launch from C++ (:mod:`triton_dist.eager_launch`) when the runtime
+    arguments go by position and the constexprs and options by keyword.
     """
 
     def __init__(self, fn: triton.runtime.JITFunction):
         self.fn = fn
+        self.eager = EagerLaunches(fn)
+        """The variants learnt for C++ launches."""
         functools.update_wrapper(self, fn.fn)
 
     def _options(self, kwargs: dict) -> dict:
@@ -62,8 +80,12 @@ class DistributedKernel:
 
     def run(self, *args, grid, warmup=False, **kwargs):
         """Launch on ``grid``, as ``triton.jit``'s ``run``, with NVSHMEM's bitcode and the support
-        library linked."""
-        return self.fn.run(*args, grid=grid, warmup=warmup, **self._options(kwargs))
+        library linked: from C++ when a learnt variant takes the arguments (returns None then),
+        else through Triton (returns the CompiledKernel), whose variant is then learnt."""
+        kwargs = self._options(kwargs)
+        if warmup:
+            return self.fn.run(*args, grid=grid, warmup=True, **kwargs)
+        return self.eager.run(grid, args, kwargs)
 
     def warmup(self, *args, grid, **kwargs):
         """Compile (and load) the variant these arguments select, as ``triton.jit``'s ``warmup``,
@@ -76,9 +98,7 @@ class DistributedKernel:
         Call this for every kernel of an op before any of them can spin (see the module notes);
         arguments are only inspected for their types and specialisation, never read.
         """
-        compiled = self.fn.warmup(*args, grid=grid, **self._options(kwargs))
-        compiled._init_handles()
-        return compiled
+        return self.eager.preload(grid, args, self._options(kwargs))
 
     def __getitem__(self, grid):
         return functools.partial(self.run, grid=grid, warmup=False)

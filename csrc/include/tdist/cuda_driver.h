@@ -25,6 +25,7 @@ struct CudaDriver {
   decltype(&cuMemHostAlloc) mem_host_alloc;                        // cuMemHostAlloc
   decltype(&cuMemHostGetDevicePointer) mem_host_get_device_pointer;  // cuMemHostGetDevicePointer_v2
   decltype(&cuMemFreeHost) mem_free_host;                          // cuMemFreeHost
+  decltype(&cuLaunchKernelEx) launch_kernel_ex;                    // cuLaunchKernelEx
 
   // Loads libcuda.so.1 once per process; throws Error when no driver is installed.
   static const CudaDriver& get();

@@ -23,10 +23,11 @@ def argument_parser(description: str, results_root: Path) -> argparse.ArgumentPa
     return parser
 
 
-def start(args: argparse.Namespace, log, note: str = ""):
+def start(args: argparse.Namespace, log, note: str = "", allow_shared_gpus: bool = False):
     """:func:`guard`, then initialise the runtime with ``args.heap_size`` and log the run's header
-    (GPU, world, commit, versions, quick or full, ``note``); returns ``(world, rank, device, gpu)``."""
-    guard(args)
+    (GPU, world, commit, versions, quick or full, ``note``); returns ``(world, rank, device, gpu)``.
+    ``allow_shared_gpus``: for measurements that ranks sharing a GPU do not falsify (host time)."""
+    guard(args, allow_shared_gpus)
     import torch
 
     from .. import runtime
@@ -61,13 +62,13 @@ def finish(name: str, records: list[dict], args: argparse.Namespace, extra: tupl
     return 0 if all(r["verified"] for r in records) else 1
 
 
-def guard(args: argparse.Namespace) -> None:
-    """Refuse to time with ranks sharing GPUs; multicast off (unless the caller set these variables)
-    and the watchdog armed."""
+def guard(args: argparse.Namespace, allow_shared_gpus: bool = False) -> None:
+    """Refuse to time with ranks sharing GPUs (unless ``allow_shared_gpus``); multicast off (unless
+    the caller set these variables) and the watchdog armed."""
     from .. import config
 
     shared = config.get().ranks_per_gpu
-    if shared > 1:
+    if shared > 1 and not allow_shared_gpus:
         raise SystemExit(f"benchmarks refuse to run with ranks sharing GPUs (TRITON_DIST_RANKS_PER_GPU={shared}): "
                          "ranks on one GPU split its SMs and talk through its own memory, so the times would say "
                          "nothing about the ops over NVLink. Run one rank per GPU.")

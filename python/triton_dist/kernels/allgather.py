@@ -153,6 +153,7 @@ from ..distributed_jit import jit
 from ..language.signals import _settings, _timed_out
 from ..signals import SignalPad
 from ..symmetric import peer_tensor, symm_empty
+from . import call_counter as _call_counter
 from .context import CollectiveContext
 from .ring import all_gather_ring_kernel
 from .tiles import load_tile, store_tile
@@ -845,7 +846,7 @@ class AllGatherContext(CollectiveContext):
         counter, signals, meta = ((self.pull_calls, self.pad_ext.signals, self._pull_meta) if pull else
                                   (self.ce_calls, self.pad.signals, self._ce_meta))
         peers = [(me + k) % self.world for k in range(1, self.world)]
-        counter.add_(1)
+        _call_counter.bump(counter)
         # Own slot of out on a side stream, overlapping the peer copies (joined before returning).
         self._side.wait_stream(stream)
         with torch.cuda.stream(self._side):
@@ -864,7 +865,7 @@ class AllGatherContext(CollectiveContext):
 
     def _next_zero_copy(self):
         """Bump the zero-copy call counter on the current stream; returns it (the kernels' ``k``)."""
-        self.zc_calls.add_(1)
+        _call_counter.bump(self.zc_calls)
         return self.zc_calls
 
     def _run_ce_zero_copy(self, x, out, n: int) -> None:
@@ -900,7 +901,7 @@ class AllGatherContext(CollectiveContext):
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
         chunk = self.chunk_numel(n)
         chunks = triton.cdiv(n, chunk)
-        self.ce_calls.add_(1)
+        _call_counter.bump(self.ce_calls)
         self._side.wait_stream(stream)
         with torch.cuda.stream(self._side):
             target[me * n:(me + 1) * n].copy_(x)

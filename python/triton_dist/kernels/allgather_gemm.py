@@ -107,6 +107,7 @@ from ..distributed_jit import DistributedKernel, jit
 from ..signals import SignalPad
 from ..symmetric import peer_tensor, symm_empty
 from . import gemm as _gemm
+from . import call_counter as _call_counter
 from .tickets import last_to_finish
 from .tiles import copy_program_tiles
 
@@ -279,6 +280,7 @@ class AllGatherGemmContext:
     def preload(self) -> None:
         """Compile and load every kernel with the specialisation of real calls (descriptors of this
         dtype and each config's blocks; every int unspecialised)."""
+        _call_counter.preload(self.calls)
         a = self.gathered[:self.world * self.max_m * self.k].view(self.world * self.max_m, self.k)
         for config in _gemm.CONFIGS:
             a_desc, b_desc, c_desc = _gemm.descriptors(a, a, a, config)  # only types and blocks matter
@@ -308,7 +310,7 @@ class AllGatherGemmContext:
         world, me, k = self.world, self.rank, self.k
         x = a_shard.reshape(-1)
         stream = torch.cuda.current_stream()
-        self.calls.add_(1)
+        _call_counter.bump(self.calls)
         self.gathered[me * m * k:(me + 1) * m * k].copy_(x)
         self._side.wait_stream(stream)
         with torch.cuda.stream(self._side):

@@ -21,6 +21,7 @@ from .. import residency as _residency
 from .. import runtime as _runtime
 from ..signals import SignalPad
 from ..symmetric import symm_empty
+from . import call_counter as _call_counter
 
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_NUMEL = 2**31 // 4  # element counts reach the kernels as 32-bit ints
@@ -99,6 +100,7 @@ class CollectiveContext:
         import torch
 
         if self.world > 1:
+            _call_counter.preload(self.calls)
             self.preload()
         torch.cuda.synchronize()
         _runtime.barrier()
@@ -109,8 +111,7 @@ class CollectiveContext:
 
     def next_call(self):
         """Bump the call counter on the current stream; returns it (the kernels' ``epoch_ptr``)."""
-        self.calls.add_(1)
-        return self.calls
+        return _call_counter.bump(self.calls)
 
     def grid(self, tiles: int, waits_for_copies: bool = False) -> tuple[int]:
         """One program per tile, at most the co-resident limit (:mod:`triton_dist.residency`)."""

@@ -68,6 +68,7 @@ from ..distributed_jit import DistributedKernel, jit
 from ..signals import SignalPad
 from ..symmetric import symm_empty
 from . import gemm as _gemm
+from . import call_counter as _call_counter
 
 CONFIG = "small"
 """The GEMM config of calls with more than ``gemm.SKINNY_MAX_M`` rows (128x128 tiles): with 128x256
@@ -269,6 +270,7 @@ class GemmAllReduceContext:
         """Compile and load the kernel with the specialisation of real calls (descriptors of this
         dtype and each config's blocks, 16-byte aligned output; every int unspecialised but
         ``"split_k"``'s ``N``, which is always the context's ``n``)."""
+        _call_counter.preload(self.calls)
         import torch
 
         a = torch.empty((self.max_m, 8), dtype=self.dtype, device=self.device)  # only dtype and blocks matter
@@ -322,7 +324,7 @@ class GemmAllReduceContext:
         bm = self.split_k_block(m)
         split_k = self.split_k(k)
         a_desc, b_desc = self._split_k_descriptors(a, b, bm)
-        self.calls.add_(1)
+        _call_counter.bump(self.calls)
         tiles = triton.cdiv(self.n, SPLIT_K_BN) * split_k
         # The no-deadlock argument of several slices (module notes) needs one resident program per tile.
         assert split_k == 1 or tiles <= self.num_sms, (split_k, tiles, self.num_sms)
@@ -335,7 +337,7 @@ class GemmAllReduceContext:
         n = b.shape[0]
         config = self._config(m)
         a_desc, b_desc = _gemm.operand_descriptors(a, b, config)
-        self.calls.add_(1)
+        _call_counter.bump(self.calls)
         grid = _gemm.grid_for(m, n, config, self.num_sms)
         gemm_ar_kernel[grid](a_desc, b_desc, self.partials, m, n, k, self.pad.signals, self.calls, self.rank, m,
                              half_elems=self.half, signal_region=self.tiles_max, out=target, **self._meta(config))

@@ -140,6 +140,7 @@ from ..signals import SignalPad
 from ..stream_schedule import StreamSchedule
 from ..symmetric import peer_tensor, symm_empty
 from . import gemm as _gemm
+from . import call_counter as _call_counter
 from .scratch import GlobalScratch
 
 REDUCE_SMS = 8
@@ -332,6 +333,7 @@ class GemmReduceScatterContext:
         """Compile and load every kernel with the specialisation of real calls (descriptors of this
         dtype and each config's blocks, 16-byte aligned tensors, the context's ``n``; every other
         int unspecialised)."""
+        _call_counter.preload(self.calls)
         p = self.partials
         a = p[:self.max_m * self.n].view(self.max_m, self.n)  # only dtype and blocks matter
         for config in _gemm.CONFIGS:
@@ -393,7 +395,7 @@ class GemmReduceScatterContext:
         # The preloaded reduce variants assume a 16-byte aligned output: another variant would load
         # here, possibly while a peer spins.
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
-        self.calls.add_(1)
+        _call_counter.bump(self.calls)
         # The GEMM is launched before the reduce that waits for it: were kernels serialised
         # (CUDA_LAUNCH_BLOCKING, a sanitizer), a reduce launched first would wait for a GEMM that
         # cannot start. The side stream waits only for the bump, not for the GEMM.
@@ -456,7 +458,7 @@ class GemmReduceScatterContext:
         a_desc, b_desc = _gemm.operand_descriptors(a, b, config)
         stream = torch.cuda.current_stream()
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
-        self.calls.add_(1)
+        _call_counter.bump(self.calls)
         self._bumped.record(stream)
         side = self._side
         side.wait_event(self._bumped)

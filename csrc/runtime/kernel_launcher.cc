@@ -1,0 +1,127 @@
+#include "tdist/kernel_launcher.h"
+
+#include <cstring>
+#include <utility>
+
+#include "tdist/cuda_driver.h"
+#include "tdist/error.h"
+
+namespace tdist {
+namespace {
+
+constexpr const char* kOp = "KernelLauncher";
+
+// Kinds a Python int is given (Triton folds only ints into constants; a bool is i1, never folded).
+bool is_integer_kind(ParamKind kind) {
+  return kind == ParamKind::kInt32 || kind == ParamKind::kInt64 || kind == ParamKind::kUInt64;
+}
+
+}  // namespace
+
+ParamKind param_kind_of(const std::string& t) {
+  if (!t.empty() && t[0] == '*') return ParamKind::kPointer;
+  static const std::pair<const char*, ParamKind> kinds[] = {
+      {"i1", ParamKind::kInt1},     {"i8", ParamKind::kInt8},       {"i16", ParamKind::kInt16},
+      {"i32", ParamKind::kInt32},   {"i64", ParamKind::kInt64},     {"u1", ParamKind::kInt1},
+      {"u8", ParamKind::kUInt8},    {"u16", ParamKind::kUInt16},    {"u32", ParamKind::kUInt32},
+      {"u64", ParamKind::kUInt64},  {"fp32", ParamKind::kFloat32},  {"f32", ParamKind::kFloat32},
+      {"fp64", ParamKind::kFloat64}, {"f64", ParamKind::kFloat64}, {"constexpr", ParamKind::kConstant},
+  };
+  for (const auto& [name, kind] : kinds)
+    if (t == name) return kind;
+  Message message;
+  message << error_prefix(-1, kOp) << "Triton argument type '" << t
+          << "' is not one the C++ launcher passes (pointers, integers, fp32 and fp64 scalars); launch this "
+             "kernel through Triton";
+  throw Error(message.str());
+}
+
+KernelLauncher::KernelLauncher(std::string name, int rank, CUfunction function, std::vector<ParamRule> rules,
+                               KernelLaunchShape shape)
+    : name_(std::move(name)), rank_(rank), function_(function), rules_(std::move(rules)), shape_(shape) {
+  TDIST_CHECK(function_ != nullptr, rank_, kOp, name_ << ": no function (load the kernel's module first)");
+  TDIST_CHECK(shape_.block_threads > 0 && shape_.block_threads <= 1024 && shape_.cluster_ctas > 0, rank_, kOp,
+              name_ << ": " << shape_.block_threads << " threads per CTA and clusters of " << shape_.cluster_ctas
+                    << " CTAs is no launch");
+  slot_of_.assign(rules_.size(), 0);
+  std::size_t slots = 0;
+  for (std::size_t i = 0; i < rules_.size(); ++i)
+    if (rules_[i].kind != ParamKind::kConstant) slot_of_[i] = slots++;
+  // Triton 3.6 kernels end with a global and a profile scratch pointer; variants that need
+  // either are refused by the Python side (their memory is per launch), so both stay null.
+  slots_.assign(slots + 2, 0);
+  params_.resize(slots_.size());
+  for (std::size_t s = 0; s < slots_.size(); ++s) params_[s] = &slots_[s];
+}
+
+bool KernelLauncher::pack(const ParamValue* values, std::size_t count) {
+  TDIST_CHECK(count == rules_.size(), rank_, kOp,
+              name_ << ": " << count << " arguments given, the kernel takes " << rules_.size()
+                    << " runtime arguments (constexprs go to the launcher's constructor)");
+  for (std::size_t i = 0; i < count; ++i) {
+    const ParamRule& rule = rules_[i];
+    const ParamValue& v = values[i];
+    if (rule.kind == ParamKind::kConstant) {
+      const bool same = rule.constant_is_none ? v.type == ParamValue::Type::kNone
+                                              : v.type == ParamValue::Type::kValue && is_integer_kind(v.kind) &&
+                                                    v.integer == rule.constant;
+      if (!same) return false;
+      continue;
+    }
+    if (v.type != ParamValue::Type::kValue || v.kind != rule.kind) return false;
+    if (rule.divisible_by_16 && (v.integer & 15) != 0) return false;
+    std::uint64_t& slot = slots_[slot_of_[i]];
+    slot = 0;
+    if (rule.kind == ParamKind::kFloat32) {
+      const float f = static_cast<float>(v.real);
+      std::memcpy(&slot, &f, sizeof(f));
+    } else if (rule.kind == ParamKind::kFloat64) {
+      std::memcpy(&slot, &v.real, sizeof(v.real));
+    } else {
+      // The slot's low bytes are what the kernel reads for narrower kinds (little-endian).
+      slot = static_cast<std::uint64_t>(v.integer);
+    }
+  }
+  return true;
+}
+
+bool KernelLauncher::launch(const unsigned grid[3], CUstream stream, const ParamValue* values, std::size_t count) {
+  if (!pack(values, count)) return false;
+  if (static_cast<std::uint64_t>(grid[0]) * grid[1] * grid[2] == 0) return true;
+  CUlaunchAttribute attrs[3];
+  unsigned num_attrs = 0;
+  if (shape_.programmatic_serialization) {
+    attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attrs[num_attrs].value.programmaticStreamSerializationAllowed = 1;
+    ++num_attrs;
+  }
+  if (shape_.cooperative) {
+    attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attrs[num_attrs].value.cooperative = 1;
+    ++num_attrs;
+  }
+  if (shape_.cluster_ctas != 1) {
+    attrs[num_attrs].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attrs[num_attrs].value.clusterDim.x = shape_.cluster_ctas;
+    attrs[num_attrs].value.clusterDim.y = 1;
+    attrs[num_attrs].value.clusterDim.z = 1;
+    ++num_attrs;
+  }
+  CUlaunchConfig config;
+  std::memset(&config, 0, sizeof(config));
+  config.gridDimX = grid[0] * shape_.cluster_ctas;
+  config.gridDimY = grid[1];
+  config.gridDimZ = grid[2];
+  config.blockDimX = shape_.block_threads;
+  config.blockDimY = 1;
+  config.blockDimZ = 1;
+  config.sharedMemBytes = shape_.shared_bytes;
+  config.hStream = stream;
+  config.attrs = num_attrs ? attrs : nullptr;
+  config.numAttrs = num_attrs;
+  check_cuda(CudaDriver::get().launch_kernel_ex(&config, function_, params_.data(), nullptr), rank_,
+             kOp + (": " + name_), "cuLaunchKernelEx");
+  return true;
+}
+
+}  // namespace tdist

@@ -1,0 +1,156 @@
+"""Eager launches from C++: the variants of a ``triton_dist.jit`` kernel that Triton has loaded,
+each handed to ``_C.KernelLauncher`` with the rules Triton specialised it under.
+
+Why: Triton's launch path re-derives a kernel's specialisation from every argument in Python,
+builds its cache key and calls a generated launcher, 6-13 µs of host time per kernel on the GPU
+machine against 3-4 µs for the driver call alone (issue 21); the library's small collectives
+launch one to three kernels per call. Here the first launch of each (device, keyword arguments)
+goes through Triton, which compiles or finds the variant and loads it; the variant is then
+learnt: its function handle, launch shape and, per runtime argument, Triton's kind (i32, i64,
+pointer of a dtype, ...), whether it assumed divisibility by 16, and the runtime arguments it
+folded into constants. Later launches with the same keywords try the learnt variants in C++,
+which checks each argument against those rules and launches; arguments that break every learnt
+variant's rules take Triton's path again (and teach it their variant, up to
+:data:`MAX_VARIANTS`). A C++ launch therefore only ever runs a variant whose assumptions the
+arguments meet, which is what Triton would guarantee too (Triton might pick a more specialised
+variant; running the less specialised one is correct).
+
+Triton's path is kept whenever the C++ one would differ: a launch hook is installed (profilers
+see every launch), the grid is a callable, an argument goes by keyword or is a tuple or a
+tensor descriptor, or the variant needs per-launch scratch memory or clusters.
+"""
+
+from __future__ import annotations
+
+import triton
+
+MAX_VARIANTS = 8
+"""Variants tried per (device, keyword arguments); arguments of later ones always take Triton's
+path."""
+
+_torch_c = None  # torch._C, bound on first use (triton_dist imports torch lazily)
+
+
+def _device_and_stream() -> tuple[int, int]:
+    global _torch_c
+    if _torch_c is None:
+        import torch
+
+        _torch_c = torch._C
+    device = _torch_c._cuda_getDevice()
+    return device, _torch_c._cuda_getCurrentRawStream(device)
+
+
+class EagerLaunches:
+    """The learnt variants of one ``triton.jit`` function (``fn``), by device and keyword
+    arguments (constexprs and options)."""
+
+    def __init__(self, fn: triton.runtime.JITFunction):
+        self.fn = fn
+        self._launchers: dict = {}
+        self._attempts: dict = {}
+        self._runtime_params = [p for p in fn.params if not p.is_constexpr]
+
+    def _key(self, device: int, kwargs: dict):
+        try:
+            key = (device, *kwargs.items())
+            hash(key)
+        except TypeError:  # an unhashable keyword value: never learnt
+            return None
+        return key
+
+    def run(self, grid, args: tuple, kwargs: dict):
+        """Launch ``fn[grid](*args, **kwargs)``: from C++ through a learnt variant (returns None),
+        else through Triton (returns its CompiledKernel), whose variant is then learnt."""
+        if self.launch(grid, args, kwargs):
+            return None
+        compiled = self.fn.run(*args, grid=grid, warmup=False, **kwargs)
+        self.learn(compiled, args, kwargs)
+        return compiled
+
+    def preload(self, grid, args: tuple, kwargs: dict):
+        """Compile and load the variant ``args``/``kwargs`` select, without launching it, and
+        learn it; returns the CompiledKernel."""
+        compiled = self.fn.warmup(*args, grid=grid, **kwargs)
+        compiled._init_handles()
+        self.learn(compiled, args, kwargs)
+        return compiled
+
+    def launch(self, grid, args: tuple, kwargs: dict) -> bool:
+        """Launch through a learnt variant; False (nothing launched) when none takes these
+        arguments, so that the caller runs Triton's path."""
+        hook = triton.knobs.runtime.launch_enter_hook  # a HookChain in Triton 3.6: hooks in .calls
+        if (hook is not None and getattr(hook, "calls", True)) or callable(grid):
+            return False
+        device, stream = _device_and_stream()
+        launchers = self._launchers.get(self._key(device, kwargs))
+        if not launchers:
+            return False
+        size = len(grid)
+        gx = grid[0]
+        gy = grid[1] if size > 1 else 1
+        gz = grid[2] if size > 2 else 1
+        for launcher in launchers:
+            if launcher.launch(gx, gy, gz, stream, *args):
+                return True
+        return False
+
+    def learn(self, compiled, args: tuple, kwargs: dict) -> None:
+        """Add the variant Triton loaded for ``args``/``kwargs`` (``compiled``, a CompiledKernel
+        with its handles initialised), if the C++ path can launch it."""
+        device, _ = _device_and_stream()
+        key = self._key(device, kwargs)
+        if key is None:
+            return
+        # Attempts count, not only successes: a kernel the C++ path cannot launch (tensor
+        # descriptors, say) stops paying for the attempt after MAX_VARIANTS calls.
+        tried = self._attempts.get(key, 0)
+        if tried >= MAX_VARIANTS or compiled is None or getattr(compiled, "function", None) is None:
+            return
+        self._attempts[key] = tried + 1
+        launcher = self._launcher_for(compiled, args, kwargs, device)
+        if launcher is not None:
+            self._launchers.setdefault(key, []).append(launcher)
+
+    def _launcher_for(self, compiled, args: tuple, kwargs: dict, device: int):
+        from . import _C
+        from . import runtime as _runtime
+
+        md = compiled.metadata
+        if (md.global_scratch_size or md.profile_scratch_size or getattr(md, "num_ctas", 1) != 1
+                or getattr(md, "tensordesc_meta", None)):
+            return None
+        if len(args) != len(self._runtime_params) or any(p.name in kwargs for p in self._runtime_params):
+            return None
+        binder = self.fn.device_caches[device][4]
+        _, specialization, _ = binder(*args, **kwargs)
+        types, divisible, constants, is_none, dtypes = [], [], [], [], []
+        for param, arg in zip(self._runtime_params, args):
+            kind, attr = specialization[param.num]
+            if not isinstance(kind, str) or kind.startswith("tensordesc") or kind == "nvTmaDesc":
+                return None
+            if kind == "constexpr":
+                if arg is not None and (isinstance(arg, bool) or not isinstance(arg, int)):
+                    return None
+                constants.append(0 if arg is None else arg)
+                is_none.append(arg is None)
+            else:
+                if kind[0] != "*" and kind not in _C_KINDS:
+                    return None
+                constants.append(0)
+                is_none.append(False)
+            types.append(kind)
+            divisible.append(attr == "D")
+            dtypes.append(arg.dtype if kind[0] == "*" else None)
+        rank = _runtime.rank() if _runtime.is_initialized() else -1
+        return _C.KernelLauncher(compiled.name, rank, compiled.function, types, divisible, constants, is_none,
+                                 dtypes, 32 * md.num_warps, md.shared, 1, bool(md.launch_cooperative_grid),
+                                 bool(md.launch_pdl))
+
+    def variants(self) -> int:
+        """How many variants have been learnt (all devices and keywords)."""
+        return sum(len(v) for v in self._launchers.values())
+
+
+_C_KINDS = frozenset(("i1", "u1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "fp32", "fp64"))
+"""Scalar kinds _C.KernelLauncher passes (tdist::param_kind_of)."""
