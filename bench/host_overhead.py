@@ -69,6 +69,29 @@ def issue_us(fn, repeats: int = REPEATS) -> float:
     return bench.max_over_ranks(statistics.median(samples))
 
 
+def profile(name: str, fn, calls: int = 200) -> None:
+    """Rank 0 prints the functions where ``fn``'s host time goes (cProfile, by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+
+    bench.sync_and_barrier()
+    torch.cuda._sleep(SLEEP_CYCLES)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    torch.cuda.synchronize()
+    if torch.distributed.get_rank() == 0:
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(14)
+        print(f"[host_overhead] profile of {calls} {name} calls (own time; cProfile adds its own):\n"
+              + "\n".join(line for line in text.getvalue().splitlines() if line.strip()), flush=True)
+
+
 def _cases(world: int, device, dtype, shared: bool):
     """``(name, shape, ours, torch_timed, reference)``: zero-argument callables. ``ours`` returns
     our result, ``reference`` the torch one it is checked against, ``torch_timed`` is the torch
@@ -154,6 +177,8 @@ def main() -> int:
     parser = bench.script.argument_parser(__doc__, HERE / "results")
     parser.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter,ag_gemm,gemm_rs,gemm_ar",
                         help="comma-separated ops to time (default: all six)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print, on rank 0, where each op's host time goes (cProfile of 200 calls)")
     args = parser.parse_args()
 
     import torch
@@ -178,6 +203,8 @@ def main() -> int:
         verified = all_ok(err < 2e-2)
         repeats = 5 if args.quick else REPEATS
         ours_us, torch_us = issue_us(ours, repeats), issue_us(torch_timed, repeats)
+        if args.profile:
+            profile(name, ours)
         log(f"{name} {shape}: host per call ours {ours_us:.1f} us, {baseline[:-3]} {torch_us:.1f} us; "
             f"rel error {err:.2e}")
         method = "GPU busy (torch.cuda._sleep), wall time of issuing / calls"

@@ -55,6 +55,10 @@ MIN_CONTEXT_BYTES = 1 << 20
 _CONTEXTS: dict = {}
 """(op, dtype, max_bytes) -> context, created on first use."""
 
+_FITTING: dict = {}
+"""(op, dtype, nbytes) -> the context :func:`_cached_context` chose: a call's lookup is one dict
+access instead of a scan (eager calls count every µs); emptied whenever _CONTEXTS changes."""
+
 
 def _context_class(op: str):
     from .kernels import AllGatherContext, AllReduceContext, ReduceScatterContext
@@ -65,9 +69,15 @@ def _context_class(op: str):
 def _cached_context(op: str, dtype, nbytes: int):
     """The smallest cached context of ``op`` and ``dtype`` that fits ``nbytes`` input bytes, else a
     new one (collective)."""
+    chosen = _FITTING.get((op, dtype, nbytes))
+    if chosen is not None:
+        return chosen
     fitting = [ctx for (o, dt, size), ctx in _CONTEXTS.items() if o == op and dt == dtype and size >= nbytes]
     if fitting:
-        return min(fitting, key=lambda c: c.max_bytes)
+        if len(_FITTING) > 4096:  # a caller of ever new sizes: keep the memo bounded
+            _FITTING.clear()
+        chosen = _FITTING[(op, dtype, nbytes)] = min(fitting, key=lambda c: c.max_bytes)
+        return chosen
     from .kernels.context import MAX_NUMEL
 
     size = MIN_CONTEXT_BYTES
@@ -77,6 +87,7 @@ def _cached_context(op: str, dtype, nbytes: int):
         size = nbytes
     ctx = _context_class(op)(size, dtype)
     _CONTEXTS[(op, dtype, size)] = ctx
+    _FITTING.clear()
     return ctx
 
 
@@ -84,6 +95,7 @@ def clear_contexts() -> None:
     """Forget the cached contexts (their symmetric memory is freed once nothing else holds it).
     Call on every rank, before :func:`triton_dist.finalize` if init will run again."""
     _CONTEXTS.clear()
+    _FITTING.clear()
 
 
 def _check_input(op: str, x) -> None:
