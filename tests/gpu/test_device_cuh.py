@@ -97,8 +97,8 @@ def _expected_tiles(epoch: int, num_tiles: int, tile_elems: int) -> torch.Tensor
 
 def test_every_tile_read_is_fresh(build):
     # Each rank writes num_tiles tiles into its right neighbour's inbox (st through symm_at), then
-    # notify_block per tile; the neighbour's consumer, launched first on another stream, wait_blocks
-    # per tile and copies it out. Values encode (epoch, tile, element): a tile read before its
+    # notify_block per tile; the neighbour's consumer, on another stream, wait_blocks per tile and
+    # copies it out. Values encode (epoch, tile, element): a tile read before its
     # signal still holds the previous epoch's values (or, in the first round, zeros).
     _, lib = build
     me, world = tdist.rank(), tdist.world_size()
@@ -125,12 +125,18 @@ def test_every_tile_read_is_fresh(build):
         epoch = pad.next_epoch()
         expected = _expected_tiles(epoch, num_tiles, tile_elems)  # before the consumer spins
         out.fill_(-1)
-        consumer_stream.wait_stream(producer_stream)  # the poison lands before the copy
+        poisoned = torch.cuda.Event()
+        poisoned.record(producer_stream)
+        # The producer is enqueued first: under MPS two streams of one process may share one work
+        # queue (docs/getting-started.md), and a consumer ahead of it there would hold it back while
+        # waiting for the left neighbour, whose producer waits the same way: a ring of waits. The
+        # consumer still races its left neighbour's producer, in another process.
+        _check(lib, lib.tdist_test_produce(inbox.data_ptr(), pad.signals.data_ptr(), right, num_tiles, tile_elems,
+                                           epoch, m, producer_stream.cuda_stream), "produce")
+        consumer_stream.wait_event(poisoned)  # the poison lands before the copy
         _check(lib, lib.tdist_test_consume(inbox.data_ptr(), pad.signals.data_ptr(), out.data_ptr(), num_tiles,
                                            tile_elems, epoch, _TIMEOUT_NS, m, consumer_stream.cuda_stream),
                "consume")
-        _check(lib, lib.tdist_test_produce(inbox.data_ptr(), pad.signals.data_ptr(), right, num_tiles, tile_elems,
-                                           epoch, m, producer_stream.cuda_stream), "produce")
         torch.cuda.synchronize()
         if not torch.equal(out, expected):
             wrong = (out != expected).nonzero().flatten()

@@ -124,7 +124,9 @@ made by a kernel of a few SMs; see the module notes)."""
 PUSH_PROGRAMS = 8
 """``"sm_push"``'s programs (and SMs taken from the GEMM) by default. Only 8 was measured
 (bench/results/h200-x2/ag_gemm.json, 1ab0466): ahead of ``ce_push`` at M=1024 (373 against 383 us),
-1-10 % behind from M=2048 up, where the 8 SMs cost the GEMM more than the copy engine's latency."""
+1-10 % behind from M=2048 up, where the 8 SMs cost the GEMM more than the copy engine's latency.
+With fewer SMs (ranks sharing a GPU under MPS) the default is at most half of them, so that the
+GEMM keeps the rest."""
 
 PUSH_BLOCK = 4096
 """Elements per tile of :func:`ag_gemm_push_kernel` (8 KiB of bf16: 16 bytes a thread, twice, at
@@ -242,7 +244,7 @@ class AllGatherGemmContext:
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_sms = _gemm.num_sms(self.device)
         if push_programs is None:
-            push_programs = PUSH_PROGRAMS
+            push_programs = max(1, min(PUSH_PROGRAMS, self.num_sms // 2))
         if isinstance(push_programs, bool) or not isinstance(push_programs, int) or \
                 not 0 < push_programs < self.num_sms:
             raise ValueError(f"triton_dist AllGatherGemmContext: push_programs must be an int in [1, "
