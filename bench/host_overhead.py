@@ -101,6 +101,8 @@ def _cases(world: int, device, dtype, shared: bool):
     import torch
     import torch.distributed as dist
 
+    from triton_dist import host_collectives as host
+
     def randn(*shape, seed):
         g = torch.Generator(device=device)
         g.manual_seed(seed)

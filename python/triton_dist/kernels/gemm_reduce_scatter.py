@@ -283,8 +283,8 @@ class GemmReduceScatterContext:
         self.dtype = dtype
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_sms = _gemm.num_sms(self.device)
-        if reduce_sms is None:
-            reduce_sms = REDUCE_SMS
+        if reduce_sms is None:  # at most half the SMs when there are few (ranks sharing a GPU)
+            reduce_sms = max(1, min(REDUCE_SMS, self.num_sms // 2))
         if isinstance(reduce_sms, bool) or not isinstance(reduce_sms, int) or not 0 < reduce_sms < self.num_sms:
             raise ValueError(f"{op}: reduce_sms must be an int in [1, {self.num_sms - 1}], got {reduce_sms!r}")
         self.reduce_sms = reduce_sms
