@@ -11,6 +11,8 @@ launch the kernels of :mod:`triton_dist.kernels`. torch is imported inside the f
     c = ops.ag_gemm(a_shard, w)              # allgather(a_shard) @ w.T, the gather overlapped
     y = ops.gemm_rs(a, w)                    # this rank's rows of sum over ranks of a @ w.T
     y = ops.gemm_ar(a, w)                    # sum over ranks of a @ w.T, on every rank (small M)
+    d = ops.ep_dispatch(x, idx, w, context=ep)  # MoE: tokens to their experts' ranks (EPContext)
+    out = ops.ep_combine(expert_out, d.handle)  # and back, weighted and summed
 
 Every op is collective: every rank makes the same calls, in the same order, with the same shapes,
 dtypes and methods. Contexts (symmetric buffers, signals, loaded kernels) are cached per (op,
@@ -497,3 +499,39 @@ def flash_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | N
     _require_initialized("flash_decode")
     ctx = _flash_decode_context(q, context)
     return ctx(q, k_cache, v_cache, block_table, seq_lens, scale=scale, soft_cap=soft_cap, out=out, lse=lse)
+
+
+def ep_dispatch(x, topk_idx, topk_weights, *, context, send_only: bool = False, check_routing: bool | None = None):
+    """Expert-parallel dispatch: every token of ``x`` (``[tokens, hidden]``) to the ranks of its
+    ``topk`` experts (``topk_idx`` ``[tokens, topk]`` int32/int64, ``-1`` for none; ``topk_weights``
+    float32), laid out expert-major there; returns an :class:`~triton_dist.kernels.EPDispatch`
+    (``x``, ``weights``, ``counts``, ``handle``). ``context``: the
+    :class:`~triton_dist.kernels.EPContext` that fixes the sizes and the expert split. Collective;
+    see :meth:`EPContext.dispatch <triton_dist.kernels.EPContext.dispatch>` for ``send_only`` and
+    ``check_routing``."""
+    _require_initialized("ep_dispatch")
+    _ep_context("ep_dispatch", context)
+    return context.dispatch(x, topk_idx, topk_weights, send_only=send_only, check_routing=check_routing)
+
+
+def ep_combine(y, handle, *, out=None):
+    """Expert-parallel combine: the experts' outputs ``y`` (``[local experts, world * max_tokens,
+    hidden]``, rows as the dispatch laid them out) back to the ranks that sent the tokens, each
+    token's weighted sum of its experts' rows, in the original order (``[tokens, hidden]``).
+    ``handle``: the dispatch's. Collective, in dispatch order."""
+    _require_initialized("ep_combine")
+    from .kernels import EPHandle
+
+    if not isinstance(handle, EPHandle):
+        raise TypeError(f"triton_dist ep_combine: handle must be an EPHandle (the .handle of ep_dispatch's result), "
+                        f"got {type(handle).__name__}")
+    return handle.context.combine(y, handle, out=out)
+
+
+def _ep_context(op: str, context):
+    from .kernels import EPContext
+
+    if not isinstance(context, EPContext):
+        raise TypeError(f"triton_dist {op}: context must be an EPContext (its sizes and expert split are the "
+                        f"layer's), got {type(context).__name__}")
+    return context

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import triton_dist
-from triton_dist import _C
+from triton_dist import _C, kernels, ops
 
 
 def test_import_is_inert():
@@ -39,6 +39,9 @@ def _env():
     lambda: triton_dist.symm_zeros(16),
     lambda: triton_dist.peer_tensor(object(), 1),
     lambda: triton_dist.SignalPad(4),
+    lambda: ops.ep_dispatch(None, None, None, context=None),
+    lambda: ops.ep_combine(None, None),
+    lambda: kernels.EPContext(16, 128, 8, 2, None),
 ])
 def test_calls_before_init_say_so(call):
     with pytest.raises(RuntimeError, match=r"not initialised; call triton_dist.init\(\) first"):

@@ -19,3 +19,6 @@ __all__ += ["GemmReduceScatterContext", "gemm_rs_producer_kernel", "gemm_rs_redu
 from .gemm_all_reduce import GemmAllReduceContext, gemm_ar_kernel  # noqa: E402
 
 __all__ += ["GemmAllReduceContext", "gemm_ar_kernel"]
+from .moe import EPContext, EPDispatch, EPHandle  # noqa: E402
+
+__all__ += ["EPContext", "EPDispatch", "EPHandle"]

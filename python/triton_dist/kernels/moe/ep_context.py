@@ -1,0 +1,340 @@
+"""``EPContext``: the buffers, signals and kernels of expert-parallel dispatch and combine
+(low-latency protocol, :mod:`~triton_dist.kernels.moe.alltoall`), created once and reused.
+
+    ctx = EPContext(max_tokens=128, hidden=7168, num_experts=256, topk=8, dtype=torch.bfloat16)
+    d = ctx.dispatch(x, topk_idx, topk_weights)   # d.x: [local experts, world * 128, 7168]
+    y = experts(d.x, d.counts)                     # rows [0, d.counts[j]) of expert j are real
+    out = ctx.combine(y, d.handle)                 # [tokens, 7168], the original order
+
+No host synchronisation (but the optional routing check), capturable in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import triton
+
+from ... import runtime as _runtime
+from ...eager_launch import EagerLaunches
+from ...symmetric import symm_empty
+from ..context import DTYPES, CollectiveContext
+from .alltoall import ep_combine_kernel, ep_dispatch_kernel
+from .layout import ep_layout_kernel
+
+PROGRAMS = 32
+"""Programs of every dispatch and combine grid (fewer when the SMs are fewer): each handles the
+tokens ``pid, pid + 32, ...``; with up to a few hundred tokens per rank, more programs would
+mostly add signals to wait for. Not measured yet."""
+
+MAX_TOKENS = 4096
+"""The largest ``max_tokens`` (per rank) a context takes: the receive buffers grow with ``world *
+max_tokens * hidden``, and the protocol is for decode-sized batches."""
+
+LAYOUT_TOKENS_PER_STEP = 32
+"""Tokens each layout program reads per step (``BT`` of :func:`ep_layout_kernel`)."""
+
+_LAYOUT = EagerLaunches(ep_layout_kernel)
+
+
+@dataclass(eq=False)
+class EPHandle:
+    """What :meth:`EPContext.combine` needs from a dispatch: the layout (where each token went) and
+    the receive side's bookkeeping (the row and weight of each received entry). Device tensors, valid
+    until the handle is combined; ``seq`` orders combines after their dispatches."""
+
+    context: "EPContext"
+    seq: int
+    tokens: int
+    epoch: object  # int64 [1]: the dispatch's epoch, written by its kernel
+    slots: object  # int32 [tokens, world]
+    row_of: object  # int32 [world, max_tokens, KP]
+    weight_of: object  # fp32 [world, max_tokens, KP]
+    recv_tokens: object  # int32 [world]
+    received: bool = False
+    combined: bool = False
+    _receive_args: tuple = field(default=(), repr=False)
+
+
+@dataclass(eq=False)
+class EPDispatch:
+    """The tokens this rank's experts must process. ``x``: ``[local experts, world * max_tokens,
+    hidden]``, expert ``j``'s rows packed at the start of ``x[j]`` (by source rank, then the source's
+    token order); ``weights``: fp32 ``[local experts, world * max_tokens]``, each row's routing
+    weight; ``counts``: int32 ``[local experts]``, the rows of each expert (on the GPU). Rows past
+    ``counts[j]`` are not written. ``handle``: for :meth:`EPContext.combine`."""
+
+    x: object
+    weights: object
+    counts: object
+    handle: EPHandle
+
+
+class EPContext(CollectiveContext):
+    """Expert-parallel dispatch and combine for up to ``max_tokens`` tokens per rank of ``hidden``
+    values (``dtype``: float32, bfloat16 or float16), ``num_experts`` experts split evenly over the
+    ranks (``num_experts % world == 0``), ``topk`` experts per token.
+
+    Collective to create (every rank, same arguments, same order as its other symmetric
+    allocations); creating it compiles and loads its kernels. Every dispatch and combine is
+    collective too (every rank, same order; token counts may differ). Memory on the symmetric heap:
+    ``4 * world * max_tokens * hidden`` elements of ``dtype`` (receive and combine buffers, two
+    halves each) plus ``2 * world * max_tokens * KP * 12`` bytes of routing (``KP``: ``topk`` rounded
+    up to a power of two).
+    """
+
+    def __init__(self, max_tokens: int, hidden: int, num_experts: int, topk: int, dtype, *,
+                 max_programs: int | None = None):
+        op = "EPContext"
+        _runtime._require_initialized(op)
+        import torch
+
+        for name, v in (("max_tokens", max_tokens), ("hidden", hidden), ("num_experts", num_experts),
+                        ("topk", topk)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"triton_dist {op}: {name} must be a positive int, got {v!r}")
+        world = _runtime.world_size()
+        if num_experts % world:
+            raise ValueError(f"triton_dist {op}: {num_experts} experts do not split evenly over {world} ranks; use a "
+                             f"multiple of {world}")
+        if topk > num_experts:
+            raise ValueError(f"triton_dist {op}: topk {topk} is more than the {num_experts} experts")
+        if max_tokens > MAX_TOKENS:
+            raise ValueError(f"triton_dist {op}: max_tokens {max_tokens} is above the low-latency protocol's "
+                             f"{MAX_TOKENS}; split the batch")
+        if not isinstance(dtype, torch.dtype) or str(dtype).replace("torch.", "") not in DTYPES:
+            raise TypeError(f"triton_dist {op}: dtype must be one of torch.float32, torch.bfloat16, torch.float16, "
+                            f"got {dtype!r}")
+        self.max_tokens, self.hidden, self.num_experts, self.topk = max_tokens, hidden, num_experts, topk
+        self.local_experts = num_experts // world
+        """Experts per rank: rank ``d`` holds experts ``[d * local_experts, (d + 1) * local_experts)``."""
+        self.kp = triton.next_power_of_2(topk)
+        self.lp = triton.next_power_of_2(self.local_experts)
+        rows = world * max_tokens
+        programs = min(PROGRAMS, max_programs) if max_programs is not None else PROGRAMS
+        # Three regions of world * MAX_PROGRAMS signals: dispatched, freed, combined.
+        super().__init__(op, dtype, rows * hidden, {}, 3 * world, max_programs=programs)
+        self.recv_x = symm_empty((2 * rows * hidden, ), dtype)
+        self.comb_x = symm_empty((2 * rows * hidden, ), dtype)
+        self.recv_route = symm_empty((2 * rows * self.kp * 2, ), torch.int32)
+        self.recv_weight = symm_empty((2 * rows * self.kp, ), torch.float32)
+        self.recv_counts = symm_empty((2 * world * (1 + self.lp), ), torch.int32)
+        self._dispatches = 0
+        self._next_receive = 0
+        self._next_combine = 0
+        self.ready()
+
+    # -- kernel arguments ------------------------------------------------------------------------
+
+    def _meta(self, send: bool, recv: bool) -> dict:
+        return dict(H=self.hidden, T=self.max_tokens, K=self.topk, KP=self.kp, E=self.num_experts,
+                    L=self.local_experts, LP=self.lp, WORLD=self.world, MAX_PROGRAMS=self.max_programs,
+                    BH=self._bh(), SEND=send, RECV=recv, num_warps=4)
+
+    def _combine_meta(self) -> dict:
+        return dict(H=self.hidden, T=self.max_tokens, K=self.topk, KP=self.kp, WORLD=self.world,
+                    MAX_PROGRAMS=self.max_programs, BH=self._bh(), num_warps=4)
+
+    def _layout_meta(self) -> dict:
+        return dict(K=self.topk, KP=self.kp, E=self.num_experts, L=self.local_experts, WORLD=self.world,
+                    BT=LAYOUT_TOKENS_PER_STEP, num_warps=4)
+
+    def _bh(self) -> int:
+        return min(1024, triton.next_power_of_2(self.hidden))
+
+    def _signals(self, region: int):
+        return self.pad.signals[region * self.world * self.max_programs:]
+
+    def _buffers(self, tokens: int, out_x=None, out_weight=None):
+        """A dispatch's local tensors: layout, handle and outputs (``out_x``/``out_weight`` when given)."""
+        import torch
+
+        dev, w, t, kp, i32 = self.calls.device, self.world, self.max_tokens, self.kp, torch.int32
+        rows = max(tokens, 1)
+        return dict(
+            slots=torch.empty((rows, w), dtype=i32, device=dev),
+            positions=torch.empty((rows, self.topk), dtype=i32, device=dev),
+            layout_counts=torch.empty((self.num_experts + w, ), dtype=i32, device=dev),
+            out_x=out_x if out_x is not None else
+            torch.empty((self.local_experts, w * t, self.hidden), dtype=self.dtype, device=dev),
+            out_weight=out_weight if out_weight is not None else
+            torch.empty((self.local_experts, w * t), dtype=torch.float32, device=dev),
+            out_counts=torch.empty((self.local_experts, ), dtype=i32, device=dev),
+            row_of=torch.empty((w, t, kp), dtype=i32, device=dev),
+            weight_of=torch.empty((w, t, kp), dtype=torch.float32, device=dev),
+            recv_tokens=torch.empty((w, ), dtype=i32, device=dev),
+            epoch=torch.zeros((1, ), dtype=torch.int64, device=dev))
+
+    def _dispatch_args(self, x, idx, weights, b, epoch_ptr, tokens) -> tuple:
+        return (x, idx, weights, b["slots"], b["positions"], b["layout_counts"], self.recv_x, self.recv_route,
+                self.recv_weight, self.recv_counts, self.pad.signals, b["out_x"], b["out_weight"], b["out_counts"],
+                b["row_of"], b["weight_of"], b["recv_tokens"], epoch_ptr, b["epoch"], tokens)
+
+    def preload(self) -> None:
+        """Compile and load the layout, the three dispatch variants (both halves, send, receive)
+        and combine for this context's shapes, before any rank can spin in them."""
+        import torch
+
+        b = self._buffers(2)
+        x = torch.empty((2, self.hidden), dtype=self.dtype, device=self.calls.device)
+        idx = torch.empty((2, self.topk), dtype=torch.int32, device=x.device)
+        weights = torch.empty((2, self.topk), dtype=torch.float32, device=x.device)
+        _LAYOUT.preload((1, ), (idx, b["slots"], b["positions"], b["layout_counts"], 2), self._layout_meta())
+        for send, recv in ((True, True), (True, False), (False, True)):
+            ep_dispatch_kernel.preload(*self._dispatch_args(x, idx, weights, b, self.calls, 2), grid=(1, ),
+                                       **self._meta(send, recv))
+        ep_combine_kernel.preload(b["out_x"], b["row_of"], b["weight_of"], b["recv_tokens"], b["slots"], self.comb_x,
+                                  self._signals(2), x, b["epoch"], 2, grid=(1, ), **self._combine_meta())
+
+    # -- dispatch and combine --------------------------------------------------------------------
+
+    def dispatch(self, x, topk_idx, topk_weights, *, send_only: bool = False, check_routing: bool | None = None,
+                 out_x=None, out_weight=None) -> EPDispatch:
+        """Send every token of ``x`` (``[tokens, hidden]``, ``tokens <= max_tokens``) to the ranks of
+        its experts and lay them out expert-major there (module notes of
+        :mod:`~triton_dist.kernels.moe.alltoall`). ``topk_idx``: ``[tokens, topk]`` int32 or int64
+        expert ids, ``-1`` for none; ``topk_weights``: ``[tokens, topk]`` float32.
+
+        ``send_only``: issue the sends and return; the result's tensors are filled once
+        :meth:`receive` runs (overlap attention or another micro-batch in between; at most two
+        dispatches outstanding). ``check_routing``: check on the host that every id is in
+        ``[-1, num_experts)`` (one synchronisation); default: when not capturing a CUDA graph. Out of
+        range ids are dropped on the GPU either way (never written out of bounds). ``out_x``,
+        ``out_weight``: tensors to receive into (the shapes of :class:`EPDispatch`'s), instead of new
+        ones."""
+        import torch
+
+        op = "ep_dispatch"
+        tokens = self._check_dispatch(op, x, topk_idx, topk_weights)
+        if self._dispatches - self._next_receive >= 2:
+            raise ValueError(f"triton_dist {op}: two dispatches are already waiting for receive(); receive dispatch "
+                             f"{self._next_receive} first (its buffers are the ones this dispatch would use)")
+        if topk_idx.dtype != torch.int32:
+            topk_idx = topk_idx.to(torch.int32)
+        # The loaded variants assume 16-byte aligned tensors; another would compile and load while
+        # peers spin (triton_dist.distributed_jit).
+        x, topk_idx, topk_weights = (_aligned(t) for t in (x, topk_idx, topk_weights))
+        capturing = torch.cuda.is_current_stream_capturing()
+        if check_routing is None:
+            check_routing = not capturing
+        if check_routing and tokens:
+            low, high = int(topk_idx.min()), int(topk_idx.max())
+            if low < -1 or high >= self.num_experts:
+                raise ValueError(f"triton_dist {op}: expert ids must be in [-1, {self.num_experts}), got ids from "
+                                 f"{low} to {high}")
+        rows = self.world * self.max_tokens
+        for name, given, shape, dtype in (("out_x", out_x, (self.local_experts, rows, self.hidden), self.dtype),
+                                          ("out_weight", out_weight, (self.local_experts, rows), torch.float32)):
+            if given is not None and (not isinstance(given, torch.Tensor) or tuple(given.shape) != shape or
+                                      given.dtype != dtype or not given.is_contiguous() or
+                                      given.device != self.calls.device or given.data_ptr() % 16):
+                raise ValueError(f"triton_dist {op}: {name} must be a contiguous, 16-byte aligned {list(shape)} {dtype} "
+                                 f"tensor on {self.calls.device}, got {_describe(given)}")
+        b = self._buffers(tokens, out_x, out_weight)
+        epoch_ptr = self.next_call()
+        _LAYOUT.run((self.num_experts + self.world, ), (topk_idx, b["slots"], b["positions"], b["layout_counts"],
+                                                        tokens), self._layout_meta())
+        args = self._dispatch_args(x, topk_idx, topk_weights, b, epoch_ptr, tokens)
+        ep_dispatch_kernel[(self.max_programs, )](*args, **self._meta(True, not send_only))
+        handle = EPHandle(self, self._dispatches, tokens, b["epoch"], b["slots"], b["row_of"], b["weight_of"],
+                          b["recv_tokens"], received=not send_only, _receive_args=args if send_only else ())
+        self._dispatches += 1
+        if not send_only:
+            self._next_receive += 1
+        return EPDispatch(b["out_x"], b["out_weight"], b["out_counts"], handle)
+
+    def receive(self, handle: EPHandle) -> None:
+        """The receive half of a ``send_only`` dispatch (collective, in dispatch order)."""
+        self._check_handle("ep_receive", handle)
+        if handle.received:
+            raise ValueError("triton_dist ep_receive: this dispatch was already received")
+        if handle.seq != self._next_receive:
+            raise ValueError(f"triton_dist ep_receive: receive dispatches in their order: dispatch "
+                             f"{self._next_receive} is next, this handle is dispatch {handle.seq}")
+        ep_dispatch_kernel[(self.max_programs, )](*handle._receive_args, **self._meta(False, True))
+        handle.received = True
+        handle._receive_args = ()
+        self._next_receive += 1
+
+    def combine(self, y, handle: EPHandle, *, out=None):
+        """``out[t] = sum over t's experts e of weight(t, e) * y_e(t)`` on the rank that sent ``t``,
+        in the original token order (``[tokens, hidden]``, a new tensor unless ``out`` is given). ``y``:
+        the experts' outputs, ``[local experts, world * max_tokens, hidden]`` of the context's dtype,
+        rows as :meth:`dispatch` laid them out. Combine handles in the order of their dispatches."""
+        import torch
+
+        op = "ep_combine"
+        self._check_handle(op, handle)
+        if not handle.received:
+            raise ValueError(f"triton_dist {op}: the dispatch was sent but not received; call receive(handle) first")
+        if handle.combined:
+            raise ValueError(f"triton_dist {op}: this dispatch was already combined")
+        if handle.seq != self._next_combine:
+            raise ValueError(f"triton_dist {op}: combine dispatches in their order: dispatch {self._next_combine} is "
+                             f"next, this handle is dispatch {handle.seq}")
+        shape = (self.local_experts, self.world * self.max_tokens, self.hidden)
+        if not isinstance(y, torch.Tensor) or tuple(y.shape) != shape or y.dtype != self.dtype or \
+                not y.is_contiguous() or y.device != self.calls.device:
+            raise ValueError(f"triton_dist {op}: y must be a contiguous {list(shape)} {self.dtype} tensor on "
+                             f"{self.calls.device}, got {_describe(y)}")
+        if out is None:
+            out = torch.empty((handle.tokens, self.hidden), dtype=self.dtype, device=y.device)
+        elif tuple(out.shape) != (handle.tokens, self.hidden) or out.dtype != self.dtype or not out.is_contiguous():
+            raise ValueError(f"triton_dist {op}: out must be a contiguous [{handle.tokens}, {self.hidden}] "
+                             f"{self.dtype} tensor, got {_describe(out)}")
+        y = _aligned(y)
+        target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
+        ep_combine_kernel[(self.max_programs, )](y, handle.row_of, handle.weight_of, handle.recv_tokens, handle.slots,
+                                                 self.comb_x, self._signals(2), target, handle.epoch,
+                                                 handle.tokens, **self._combine_meta())
+        if target is not out:
+            out.copy_(target)
+        handle.combined = True
+        self._next_combine += 1
+        return out
+
+    # -- checks ----------------------------------------------------------------------------------
+
+    def _check_dispatch(self, op: str, x, topk_idx, topk_weights) -> int:
+        import torch
+
+        device = self.calls.device
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[1] != self.hidden or x.dtype != self.dtype:
+            raise ValueError(f"triton_dist {op}: x must be [tokens, {self.hidden}] {self.dtype}, got {_describe(x)}")
+        tokens = x.shape[0]
+        if tokens > self.max_tokens:
+            raise ValueError(f"triton_dist {op}: {tokens} tokens, the context takes at most {self.max_tokens}; create "
+                             "an EPContext with a larger max_tokens")
+        if not isinstance(topk_idx, torch.Tensor) or tuple(topk_idx.shape) != (tokens, self.topk) or \
+                topk_idx.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"triton_dist {op}: topk_idx must be [{tokens}, {self.topk}] int32 or int64, got "
+                             f"{_describe(topk_idx)}")
+        if not isinstance(topk_weights, torch.Tensor) or tuple(topk_weights.shape) != (tokens, self.topk) or \
+                topk_weights.dtype != torch.float32:
+            raise ValueError(f"triton_dist {op}: topk_weights must be [{tokens}, {self.topk}] float32, got "
+                             f"{_describe(topk_weights)}")
+        for name, t in (("x", x), ("topk_idx", topk_idx), ("topk_weights", topk_weights)):
+            if t.device != device:
+                raise ValueError(f"triton_dist {op}: {name} is on {t.device}, the context on {device}")
+            if not t.is_contiguous():
+                raise ValueError(f"triton_dist {op}: {name} must be contiguous; pass {name}.contiguous()")
+        return tokens
+
+    def _check_handle(self, op: str, handle) -> None:
+        if not isinstance(handle, EPHandle):
+            raise TypeError(f"triton_dist {op}: handle must be the EPHandle of a dispatch, got {type(handle).__name__}")
+        if handle.context is not self:
+            raise ValueError(f"triton_dist {op}: the handle comes from another EPContext")
+
+
+def _aligned(t):
+    """``t``, or a 16-byte aligned copy of it."""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def _describe(t) -> str:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    return f"{list(t.shape)} {t.dtype} on {t.device}{'' if t.is_contiguous() else ' (not contiguous)'}"

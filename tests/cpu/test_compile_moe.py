@@ -1,0 +1,90 @@
+"""The expert-parallel AllToAll kernels (routing layout, dispatch in its three phase variants,
+combine) compile for sm_90 at worlds 1, 2, 4 and 8 with the memory ordering of the protocol in
+triton_dist.kernels.moe.alltoall: every wait spins with system-scope acquire loads, every notify
+is a system-scope release, the layout uses no atomics (the same layout on every run), the peer
+copies are 16-byte vectors at hidden 7168, and combine adds in fp32 and rounds to the dtype on the store."""
+
+import re
+
+import pytest
+
+from triton_dist.kernels.moe import alltoall, layout
+from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls
+
+_SPIN = "ld.acquire.sys.global.u64"
+_RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
+_ST_V4 = r"st\.global(\.[a-z0-9]+)*\.v4\.b32"
+_INT = {n: "*i32" for n in ("topk_idx", "slots", "positions", "layout_counts", "recv_route", "recv_counts",
+                             "out_counts", "row_of", "recv_tokens")}
+_FP32 = {n: "*fp32" for n in ("topk_weights", "recv_weight", "out_weight", "weight_of")}
+
+
+def _shape(world, hidden=7168, experts=256, topk=8, tokens=128):
+    local = experts // world
+    return dict(H=hidden, T=tokens, K=topk, KP=1 << (topk - 1).bit_length(), E=experts, L=local,
+                LP=1 << (local - 1).bit_length(), WORLD=world, MAX_PROGRAMS=32, BH=min(1024, 1 << (hidden - 1).bit_length()))
+
+
+def dispatch_ptx(world, send=True, recv=True, dt="bf16", **shape):
+    sig = dict(_INT, **_FP32, x=f"*{dt}", recv_x=f"*{dt}", out_x=f"*{dt}", signals="*u64", epoch_ptr="*i64",
+               handle_epoch="*i64", tokens="i32")
+    return compile_for_hopper(alltoall.ep_dispatch_kernel, sig, dict(_shape(world, **shape), SEND=send, RECV=recv),
+                              num_warps=4).asm["ptx"]
+
+
+def combine_ptx(world, dt="bf16", **shape):
+    sig = dict(y=f"*{dt}", row_of="*i32", weight_of="*fp32", recv_tokens="*i32", slots="*i32", comb_x=f"*{dt}",
+               signals="*u64", out=f"*{dt}", handle_epoch="*i64", tokens="i32")
+    meta = {k: v for k, v in _shape(world, **shape).items() if k not in ("E", "L", "LP")}
+    return compile_for_hopper(alltoall.ep_combine_kernel, sig, meta, num_warps=4).asm["ptx"]
+
+
+def _no_nvshmem_calls(ptx):
+    assert ".target sm_90" in ptx
+    assert not [c for c in ptx_calls(ptx) if c.startswith("nvshmem")], ptx_calls(ptx)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_dispatch_both_halves(world):
+    ptx = dispatch_ptx(world)
+    _no_nvshmem_calls(ptx)
+    # Two waits (freed before sending, dispatched before receiving), each a first try and a loop.
+    assert ptx.count(_SPIN) == 4, ptx.count(_SPIN)
+    # A dispatched and a freed notify per rank, unrolled.
+    assert len(re.findall(_RELEASE, ptx)) == 2 * world
+    assert re.search(_ST_V4, ptx)
+
+
+@pytest.mark.parametrize("send,recv,waits,notifies", [(True, False, 1, 1), (False, True, 1, 1)])
+def test_dispatch_split_phases(send, recv, waits, notifies):
+    ptx = dispatch_ptx(4, send, recv)
+    assert ptx.count(_SPIN) == 2 * waits
+    assert len(re.findall(_RELEASE, ptx)) == notifies * 4
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_combine(world):
+    ptx = combine_ptx(world)
+    _no_nvshmem_calls(ptx)
+    assert ptx.count(_SPIN) == 2
+    assert len(re.findall(_RELEASE, ptx)) == world
+    # fp32 sums, rounded to bf16 once per stored row (the masked loads' zero fill may show as a
+    # bf16x2 add of -0, which is no accumulation).
+    assert re.search(r"(add|fma)(\.rn)?\.f32", ptx)
+    assert "cvt.rn.bf16" in ptx
+
+
+def test_odd_hidden_and_topk_compile():
+    """An odd hidden size (masked tails, no vectors) and a topk that is not a power of two."""
+    dispatch_ptx(2, hidden=1001, topk=3, experts=6)
+    combine_ptx(2, hidden=1001, topk=3, experts=6)
+
+
+@pytest.mark.parametrize("world,experts", [(1, 8), (8, 256)])
+def test_layout_is_deterministic(world, experts):
+    ptx = compile_for_hopper(layout.ep_layout_kernel, {"topk_idx": "*i32", "slots": "*i32", "positions": "*i32",
+                                                        "counts": "*i32", "tokens": "i32"},
+                             dict(K=8, KP=8, E=experts, L=experts // world, WORLD=world, BT=32),
+                             num_warps=4).asm["ptx"]
+    assert ".target sm_90" in ptx
+    assert not re.search(r"\batom\.|\bred\.", ptx)
