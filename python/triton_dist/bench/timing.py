@@ -160,7 +160,7 @@ def all_gather_floats(value: float) -> list[float]:
         return [float(value)]
     import torch
 
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = _exchange_device(dist)
     mine = torch.tensor([float(value)], dtype=torch.float64, device=device)
     every = torch.empty(dist.get_world_size(), dtype=torch.float64, device=device)
     dist.all_gather_into_tensor(every, mine)
@@ -174,6 +174,16 @@ def max_over_ranks(value: float) -> float:
         return float(value)
     import torch
 
-    t = torch.tensor([float(value)], dtype=torch.float64, device=torch.device("cuda", torch.cuda.current_device()))
+    t = torch.tensor([float(value)], dtype=torch.float64, device=_exchange_device(dist))
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
+
+
+def _exchange_device(dist):
+    """Where the process group exchanges tensors: the GPU for NCCL, the host for gloo (ranks that
+    share a GPU, where NCCL refuses them)."""
+    import torch
+
+    if dist.get_backend() == "gloo":
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())

@@ -27,9 +27,10 @@ PROGRAMS = 32
 tokens ``pid, pid + 32, ...``; with up to a few hundred tokens per rank, more programs would
 mostly add signals to wait for. Not measured yet."""
 
-MAX_TOKENS = 4096
-"""The largest ``max_tokens`` (per rank) a context takes: the receive buffers grow with ``world *
-max_tokens * hidden``, and the protocol is for decode-sized batches."""
+MAX_TOKENS = 1024
+"""The largest ``max_tokens`` (per rank) a context takes: the protocol is for decode-sized batches,
+and its fixed layouts grow with ``world * max_tokens * hidden`` (the dispatch output with ``local
+experts`` times that: 470 MB per rank at 128 tokens, hidden 7168, 256 experts on 8 ranks)."""
 
 LAYOUT_TOKENS_PER_STEP = 32
 """Tokens each layout program reads per step (``BT`` of :func:`ep_layout_kernel`)."""
