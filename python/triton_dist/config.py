@@ -87,6 +87,12 @@ class Config:
     queue their copy stream's work before the kernel that waits for it, which costs the kernel's
     start that host time; by default they launch the kernel first and queue the copies while it runs."""
 
+    compile_workers: int = 0
+    """Processes that compile a context's kernels at once when it is created (on the node's first
+    rank; the others wait and then load them from Triton's cache): 0 picks one per CPU core up to 32
+    and the kernels to compile, 1 compiles them one after another in each rank, as Triton alone
+    would (TRITON_DIST_COMPILE_WORKERS)."""
+
     @staticmethod
     def from_environment() -> "Config":
         heap = os.environ.get("TRITON_DIST_SYMMETRIC_HEAP_SIZE")
@@ -96,6 +102,9 @@ class Config:
         ranks_per_gpu = _env_int("TRITON_DIST_RANKS_PER_GPU", 1)
         if ranks_per_gpu < 1:
             raise ValueError(f"TRITON_DIST_RANKS_PER_GPU={ranks_per_gpu} must be >= 1")
+        compile_workers = _env_int("TRITON_DIST_COMPILE_WORKERS", 0)
+        if compile_workers < 0:
+            raise ValueError(f"TRITON_DIST_COMPILE_WORKERS={compile_workers} must be >= 0 (0: one per core)")
         return Config(
             symmetric_heap_size=parse_size(heap) if heap else Config.symmetric_heap_size,
             local_world_size=_env_int("TRITON_DIST_LOCAL_WORLD_SIZE", 0),
@@ -106,6 +115,7 @@ class Config:
             autotune_cache_dir=os.environ.get("TRITON_DIST_AUTOTUNE_CACHE_DIR") or Config.autotune_cache_dir,
             serialised_launches=(_env_int("TRITON_DIST_SERIALISED_LAUNCHES", 0) != 0
                                  or os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0")),
+            compile_workers=compile_workers,
         )
 
 

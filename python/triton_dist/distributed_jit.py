@@ -96,8 +96,16 @@ class DistributedKernel:
         """Compile and load the variant these arguments select, without launching it.
 
         Call this for every kernel of an op before any of them can spin (see the module notes);
-        arguments are only inspected for their types and specialisation, never read.
+        arguments are only inspected for their types and specialisation, never read. Inside
+        :func:`triton_dist.parallel_compile.deferred_preloads` the call is recorded instead (and
+        returns None), to be compiled in parallel and run later.
         """
+        from . import parallel_compile
+
+        recorded = parallel_compile.recording()
+        if recorded is not None:
+            recorded.append(parallel_compile.Preload(self, args, grid, dict(kwargs)))
+            return None
         return self.eager.preload(grid, args, self._options(kwargs))
 
     def __getitem__(self, grid):

@@ -108,6 +108,7 @@ from ..signals import SignalPad
 from ..symmetric import peer_tensor, symm_empty
 from . import gemm as _gemm
 from . import call_counter as _call_counter
+from .. import parallel_compile as _parallel_compile
 from .tickets import last_to_finish
 from .tiles import copy_program_tiles
 
@@ -275,7 +276,7 @@ class AllGatherGemmContext:
             self.gathered.record_stream(self._side)
         self._protocol = self.world > 1 or bool(protocol_on_one_rank)
         if self._protocol:
-            self.preload()
+            _parallel_compile.preload_in_parallel(self.preload)
         torch.cuda.synchronize()
         _runtime.barrier()  # every rank's pad is zeroed before any rank can signal it
 

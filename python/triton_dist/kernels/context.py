@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import triton
 
+from .. import parallel_compile as _parallel_compile
 from .. import residency as _residency
 from .. import runtime as _runtime
 from ..signals import SignalPad
@@ -95,13 +96,14 @@ class CollectiveContext:
         """The device-side call counter (the epoch of the latest call)."""
 
     def ready(self) -> None:
-        """End of construction: compile and load the kernels (:meth:`preload`), then make sure every
-        rank's pad is zeroed before any rank's first call can signal it."""
+        """End of construction: compile (in parallel, once per node: :mod:`triton_dist.parallel_compile`)
+        and load the kernels (:meth:`preload`), then make sure every rank's pad is zeroed before any
+        rank's first call can signal it."""
         import torch
 
         if self.world > 1:
             _call_counter.preload(self.calls)
-            self.preload()
+            _parallel_compile.preload_in_parallel(self.preload)
         torch.cuda.synchronize()
         _runtime.barrier()
 

@@ -69,6 +69,7 @@ from ..signals import SignalPad
 from ..symmetric import symm_empty
 from . import gemm as _gemm
 from . import call_counter as _call_counter
+from .. import parallel_compile as _parallel_compile
 
 CONFIG = "small"
 """The GEMM config of calls with more than ``gemm.SKINNY_MAX_M`` rows (128x128 tiles): with 128x256
@@ -225,7 +226,7 @@ class GemmAllReduceContext:
         """The device-side call counter (this call's epoch once bumped)."""
         self._protocol = self.world > 1 or bool(protocol_on_one_rank)
         if self._protocol:
-            self.preload()
+            _parallel_compile.preload_in_parallel(self.preload)
         torch.cuda.synchronize()
         _runtime.barrier()  # every rank's pad is zeroed before any rank can signal it
 

@@ -141,6 +141,7 @@ from ..stream_schedule import StreamSchedule
 from ..symmetric import peer_tensor, symm_empty
 from . import gemm as _gemm
 from . import call_counter as _call_counter
+from .. import parallel_compile as _parallel_compile
 from .scratch import GlobalScratch
 
 REDUCE_SMS = 8
@@ -320,7 +321,7 @@ class GemmReduceScatterContext:
         self._scratch = GlobalScratch(self.device)  # the fused_tma variant's device-built descriptors
         self._protocol = self.world > 1 or bool(protocol_on_one_rank)
         if self._protocol:
-            self.preload()
+            _parallel_compile.preload_in_parallel(self.preload)
         torch.cuda.synchronize()
         _runtime.barrier()  # every rank's pad is zeroed before any rank can signal it
 
@@ -350,7 +351,8 @@ class GemmReduceScatterContext:
                 compiled = gemm_rs_producer_kernel.preload(a_desc, b_desc, p, 2, 2, 2, self.pad.signals, self.calls,
                                                            2, 2, half_elems=2, signal_region=2, out=p, grid=(1, ),
                                                            **meta)
-                self._scratch.reserve(compiled, self.num_sms)
+                if compiled is not None:  # None while preload_in_parallel records
+                    self._scratch.reserve(compiled, self.num_sms)
             meta = _gemm.kernel_meta(config, False, signal_rows=True, world=self.world, reduce_own=True,
                                      peer_copy_engine=True)
             gemm_rs_producer_kernel.preload(a_desc, b_desc, self.ce_rows, 2, 2, 2, self.ce_pad.signals, self.calls,

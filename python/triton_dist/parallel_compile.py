@@ -1,0 +1,211 @@
+"""A context's kernels compiled before its first call: in parallel worker processes, once per node.
+
+Why: a context preloads every kernel it may launch (triton_dist.distributed_jit explains why it
+must), and Triton compiles them one after another, 3-7 s each on the GPU machine: first calls of
+20-80 s (issue 21). Compiling needs no GPU, and Triton's cache (one directory per user unless
+``TRITON_CACHE_DIR`` says otherwise) is shared by the ranks of a node. So inside
+:func:`deferred_preloads` a context's ``preload`` calls are recorded instead of run; then
+:func:`compile_once_per_node` has the node's first rank compile every variant not yet in the cache
+at once, in :attr:`~triton_dist.config.Config.compile_workers` processes, while the other ranks wait
+at a barrier; then every rank performs the recorded preloads, which find their kernels in the
+cache and only load them.
+
+A variant is described exactly as Triton's JIT builds it for the same arguments (its binder's
+specialisation, its options), so a worker compiles under the key the JIT looks up; workers run
+under the parent's :class:`~triton_dist.config.Config` (the language reads settings while it
+compiles). Should a key ever differ, the preload compiles as before: slower, never wrong. A worker
+that fails is ignored for the same reason: the preload then raises Triton's own error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import hashlib
+import os
+
+import triton
+
+from . import config as _config
+from . import runtime as _runtime
+
+_RECORDING: contextvars.ContextVar = contextvars.ContextVar("triton_dist_deferred_preloads", default=None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """What Triton compiles for one launch of a kernel: the module-level kernel by name, and the
+    ``ASTSource`` and options the JIT would build."""
+
+    module: str
+    name: str
+    signature: dict
+    constexprs: dict
+    attrs: dict
+    options: dict
+    target: object
+
+
+@dataclasses.dataclass
+class Preload:
+    """One recorded ``kernel.preload(*args, grid=grid, **kwargs)``."""
+
+    kernel: object
+    args: tuple
+    grid: tuple
+    kwargs: dict
+
+
+def recording() -> list | None:
+    """The list preloads are recorded into, when inside :func:`deferred_preloads`."""
+    return _RECORDING.get()
+
+
+@contextlib.contextmanager
+def deferred_preloads():
+    """Record the ``triton_dist.jit`` preloads made inside; yields the list of :class:`Preload`."""
+    recorded: list = []
+    token = _RECORDING.set(recorded)
+    try:
+        yield recorded
+    finally:
+        _RECORDING.reset(token)
+
+
+def preload_in_parallel(preload) -> None:
+    """Collective: ``preload()`` (a context's kernel preloads, which may use their results only when
+    they are not None) with its kernels compiled first, in parallel, once per node (module notes)."""
+    with deferred_preloads() as preloads:
+        preload()
+    compile_once_per_node(preloads)
+    preload()
+
+
+def compile_once_per_node(preloads: list) -> None:
+    """Collective: the node's first rank compiles every variant of ``preloads`` missing from
+    Triton's cache, in parallel; every rank waits for it (module notes)."""
+    if _runtime.local_rank() == 0:
+        variants = [v for v in (variant_of(p) for p in preloads) if v is not None and not is_cached(v)]
+        compile_variants(variants)
+    _runtime.barrier()
+
+
+def _device() -> int:
+    return triton.runtime.driver.active.get_current_device()
+
+
+def variant_of(preload: Preload) -> Variant | None:
+    """The :class:`Variant` Triton's JIT would compile for ``preload`` (None for kernels a worker
+    cannot import by name: defined in ``__main__`` or inside a function)."""
+    kernel = preload.kernel
+    fn = kernel.fn
+    module, name = fn.fn.__module__, fn.fn.__qualname__
+    if module == "__main__" or "." in name:
+        return None
+    kwargs = kernel._options(dict(preload.kwargs))
+    # What JITFunction.run adds before it binds (triton 3.6).
+    kwargs["debug"] = kwargs.get("debug", fn.debug) or triton.knobs.runtime.debug
+    kwargs["instrumentation_mode"] = triton.knobs.compilation.instrumentation_mode
+    _, _, target, backend, binder = fn.device_caches[_device()]
+    bound, specialization, options = binder(*preload.args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
+    return Variant(module, name, signature, constexprs, attrs, dict(options.__dict__), target)
+
+
+def _source_and_options(variant: Variant):
+    import importlib
+
+    kernel = getattr(importlib.import_module(variant.module), variant.name)
+    fn = getattr(kernel, "fn", kernel)
+    src = triton.compiler.ASTSource(fn, variant.signature, variant.constexprs, variant.attrs)
+    return src, variant.options
+
+
+def is_cached(variant: Variant) -> bool:
+    """Whether Triton's cache already holds ``variant`` (the lookup of ``triton.compile``)."""
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.cache import get_cache_key, get_cache_manager
+
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+
+    src, options = _source_and_options(variant)
+    backend = make_backend(variant.target)
+    parsed = backend.parse_options(dict(options, **src.parse_options()))
+    key = get_cache_key(src, backend, parsed, env_vars=get_cache_invalidating_env_vars())
+    name = f"{src.name[:150]}.json"
+    group = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(name) or {}
+    return name in group
+
+
+def compile_variants(variants: list, workers: int | None = None) -> None:
+    """Compile ``variants`` into Triton's cache, ``workers`` processes at a time (default
+    :attr:`Config.compile_workers <triton_dist.config.Config.compile_workers>`; 1, or a single
+    variant, compiles here)."""
+    if not variants:
+        return
+    cfg = _worker_config()
+    workers = _workers(len(variants)) if workers is None else min(workers, len(variants))
+    if workers <= 1:
+        for v in variants:
+            _compile(v, None)
+        return
+    # Worker processes of our own (python -m triton_dist.parallel_compile), not multiprocessing's:
+    # fork would copy the parent's CUDA and NCCL state and threads, and spawn re-imports the
+    # user's main script, which may not guard its top level (tdist.init() in every worker).
+    import pickle
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    procs = []
+    for i in range(workers):
+        proc = subprocess.Popen([sys.executable, "-m", "triton_dist.parallel_compile"], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        proc.stdin.write(pickle.dumps((cfg, variants[i::workers])))
+        proc.stdin.close()
+        procs.append(proc)
+    for proc in procs:
+        proc.wait()
+
+
+def _workers(jobs: int) -> int:
+    configured = _config.get().compile_workers
+    if configured > 0:
+        return min(configured, jobs)
+    return max(1, min(jobs, os.cpu_count() or 1, 32))
+
+
+def _worker_config():
+    """The settings in force, with the ranks per node the runtime found (the language reads both)."""
+    cfg = _config.get()
+    if _runtime.is_initialized():
+        cfg = dataclasses.replace(cfg, local_world_size=_runtime.local_world_size())
+    return cfg
+
+
+def _compile(variant: Variant, cfg) -> bool:
+    """Compile ``variant`` (in a worker: under ``cfg``; here: ``None``, the settings in force);
+    False, and nothing raised, when it fails."""
+    if cfg is not None:
+        _config._set(cfg)
+    try:
+        src, options = _source_and_options(variant)
+        triton.compile(src, target=variant.target, options=options)
+        return True
+    except Exception:  # noqa: BLE001  the preload reports the real error (module notes)
+        return False
+
+
+def _worker_main() -> None:
+    """A worker process: compile the pickled ``(config, variants)`` on stdin."""
+    import pickle
+    import sys
+
+    cfg, variants = pickle.loads(sys.stdin.buffer.read())
+    for v in variants:
+        _compile(v, cfg)
+
+
+if __name__ == "__main__":
+    _worker_main()
