@@ -501,17 +501,19 @@ def flash_decode(q, k_cache, v_cache, block_table, seq_lens, *, scale: float | N
     return ctx(q, k_cache, v_cache, block_table, seq_lens, scale=scale, soft_cap=soft_cap, out=out, lse=lse)
 
 
-def ep_dispatch(x, topk_idx, topk_weights, *, context, send_only: bool = False, check_routing: bool | None = None):
+def ep_dispatch(x, topk_idx, topk_weights, *, context, send_only: bool = False, check_routing: bool | None = None,
+                out_x=None, out_weight=None):
     """Expert-parallel dispatch: every token of ``x`` (``[tokens, hidden]``) to the ranks of its
     ``topk`` experts (``topk_idx`` ``[tokens, topk]`` int32/int64, ``-1`` for none; ``topk_weights``
     float32), laid out expert-major there; returns an :class:`~triton_dist.kernels.EPDispatch`
     (``x``, ``weights``, ``counts``, ``handle``). ``context``: the
     :class:`~triton_dist.kernels.EPContext` that fixes the sizes and the expert split. Collective;
-    see :meth:`EPContext.dispatch <triton_dist.kernels.EPContext.dispatch>` for ``send_only`` and
-    ``check_routing``."""
+    see :meth:`EPContext.dispatch <triton_dist.kernels.EPContext.dispatch>` for ``send_only``,
+    ``check_routing`` and the optional outputs ``out_x`` and ``out_weight``."""
     _require_initialized("ep_dispatch")
     _ep_context("ep_dispatch", context)
-    return context.dispatch(x, topk_idx, topk_weights, send_only=send_only, check_routing=check_routing)
+    return context.dispatch(x, topk_idx, topk_weights, send_only=send_only, check_routing=check_routing,
+                            out_x=out_x, out_weight=out_weight)
 
 
 def ep_combine(y, handle, *, out=None):

@@ -157,16 +157,27 @@ def compile_variants(variants: list, workers: int | None = None) -> None:
     import subprocess
     import sys
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     procs = []
     for i in range(workers):
+        # stderr stays the parent's: a worker's failure is ignored (module notes) but not hidden.
         proc = subprocess.Popen([sys.executable, "-m", "triton_dist.parallel_compile"], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                                stdout=subprocess.DEVNULL, env=worker_environment())
         proc.stdin.write(pickle.dumps((cfg, variants[i::workers])))
         proc.stdin.close()
         procs.append(proc)
     for proc in procs:
         proc.wait()
+
+
+def worker_environment() -> dict:
+    """The parent's environment, less the GPU: compiling needs none (the target is given), and a
+    worker that touched it would be one more CUDA context, under MPS one more client of the
+    server, which ranks sharing the GPU already crowd."""
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_MPS_")}
+    env.update(PYTHONPATH=os.pathsep.join(p for p in sys.path if p), CUDA_VISIBLE_DEVICES="")
+    return env
 
 
 def _workers(jobs: int) -> int:

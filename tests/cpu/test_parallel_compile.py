@@ -82,3 +82,14 @@ def test_the_setting_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("TRITON_DIST_COMPILE_WORKERS", "-1")
     with pytest.raises(ValueError, match="TRITON_DIST_COMPILE_WORKERS"):
         config.Config.from_environment()
+
+
+def test_workers_never_touch_the_gpu(monkeypatch):
+    """A worker that opened the GPU would be one more CUDA context (under MPS, one more client)."""
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/mps-pipe")
+    monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/tmp/some-cache")
+    env = parallel_compile.worker_environment()
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert not [k for k in env if k.startswith("CUDA_MPS_")]
+    assert env["TRITON_CACHE_DIR"] == "/tmp/some-cache"  # the cache the ranks will read

@@ -61,4 +61,6 @@ def test_every_context_sizes_its_waiting_grids_from_the_sms():
     compiled = _compiled_kernels()
     misfits = [(name, c.n_regs, c.metadata.shared) for name, c in compiled
                if residency.compiled_programs_per_sm(c) < 1]
-    all_ranks_agree(compiled and not misfits, f"{len(compiled)} compiled kernels; misfits (regs, shared): {misfits}")
+    # One rank compiles nothing ahead: nothing can spin, so its kernels compile on first call.
+    loaded = bool(compiled) or tdist.world_size() == 1
+    all_ranks_agree(loaded and not misfits, f"{len(compiled)} compiled kernels; misfits (regs, shared): {misfits}")

@@ -237,8 +237,11 @@ class EPContext(CollectiveContext):
                                                         tokens), self._layout_meta())
         args = self._dispatch_args(x, topk_idx, topk_weights, b, epoch_ptr, tokens)
         ep_dispatch_kernel[(self.max_programs, )](*args, **self._meta(True, not send_only))
+        # The receive half reads the epoch its send half wrote: the counter itself may have moved on
+        # by then (a second micro-batch's dispatch).
+        receive_args = self._dispatch_args(x, topk_idx, topk_weights, b, b["epoch"], tokens) if send_only else ()
         handle = EPHandle(self, self._dispatches, tokens, b["epoch"], b["slots"], b["row_of"], b["weight_of"],
-                          b["recv_tokens"], received=not send_only, _receive_args=args if send_only else ())
+                          b["recv_tokens"], received=not send_only, _receive_args=receive_args)
         self._dispatches += 1
         if not send_only:
             self._next_receive += 1
