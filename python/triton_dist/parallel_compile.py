@@ -86,9 +86,26 @@ def compile_once_per_node(preloads: list) -> None:
     """Collective: the node's first rank compiles every variant of ``preloads`` missing from
     Triton's cache, in parallel; every rank waits for it (module notes)."""
     if _runtime.local_rank() == 0:
-        variants = [v for v in (variant_of(p) for p in preloads) if v is not None and not is_cached(v)]
-        compile_variants(variants)
+        # Whatever goes wrong here, this rank must reach the barrier: the others wait there, and a
+        # rank that left would meet their next collective with a different one of its own.
+        try:
+            variants = [v for v in (variant_of(p) for p in preloads) if v is not None and not is_cached(v)]
+            compile_variants(variants)
+        except Exception as error:  # noqa: BLE001  the preload compiles what is missing (module notes)
+            _warn_once(f"triton_dist: compiling a context's kernels in parallel failed ({type(error).__name__}: "
+                       f"{error}); they compile one by one instead")
     _runtime.barrier()
+
+
+_warned: set = set()
+
+
+def _warn_once(message: str) -> None:
+    import sys
+
+    if message not in _warned:
+        _warned.add(message)
+        print(message, file=sys.stderr, flush=True)
 
 
 def _device() -> int:
@@ -117,7 +134,8 @@ def _source_and_options(variant: Variant):
     import importlib
 
     kernel = getattr(importlib.import_module(variant.module), variant.name)
-    fn = getattr(kernel, "fn", kernel)
+    # A module-level kernel is a JITFunction (triton.jit) or a DistributedKernel around one.
+    fn = kernel if isinstance(kernel, triton.runtime.JITFunction) else kernel.fn
     src = triton.compiler.ASTSource(fn, variant.signature, variant.constexprs, variant.attrs)
     return src, variant.options
 
@@ -204,7 +222,9 @@ def _compile(variant: Variant, cfg) -> bool:
         src, options = _source_and_options(variant)
         triton.compile(src, target=variant.target, options=options)
         return True
-    except Exception:  # noqa: BLE001  the preload reports the real error (module notes)
+    except Exception as error:  # noqa: BLE001  the preload compiles it again and raises (module notes)
+        _warn_once(f"triton_dist: compiling {variant.module}.{variant.name} ahead failed ({type(error).__name__}: "
+                   f"{error}); it compiles on first use instead")
         return False
 
 

@@ -12,6 +12,7 @@ from triton.backends.nvidia.compiler import CUDABackend
 from triton.runtime.jit import create_function_from_signature
 
 from triton_dist import config, parallel_compile
+from triton_dist.language import support_library
 from triton_dist.kernels.rank_barrier import rank_barrier_kernel
 
 
@@ -93,3 +94,48 @@ def test_workers_never_touch_the_gpu(monkeypatch):
     assert env["CUDA_VISIBLE_DEVICES"] == ""
     assert not [k for k in env if k.startswith("CUDA_MPS_")]
     assert env["TRITON_CACHE_DIR"] == "/tmp/some-cache"  # the cache the ranks will read
+
+
+def test_a_descriptor_kernel_defined_with_triton_jit_compiles_in_a_worker(monkeypatch, tmp_path, request):
+    """The GEMM's kernel is a plain ``triton.jit`` function at module level (its DistributedKernels
+    wrap it in other modules), taking TMA descriptors: the worker must find it by name too."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from triton_dist.kernels import allgather_gemm, gemm
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    # The support library lives in the cache directory, and its path is remembered per process.
+    support_library._write.cache_clear()
+    request.addfinalizer(support_library._write.cache_clear)
+    kernel = allgather_gemm.ag_gemm_consumer_kernel
+    fn = kernel.fn
+    backend = CUDABackend(GPUTarget("cuda", 90, 32))
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    monkeypatch.setitem(fn.device_caches, 0, ({}, {}, backend.target, backend, binder))
+    monkeypatch.setattr(parallel_compile, "_device", lambda: 0)
+    monkeypatch.setattr(config, "_current", config.Config(local_world_size=2))
+    base = FakeTensor(1 << 20, tl.bfloat16)
+    blocks = gemm.config_params("small")
+    descs = [TensorDescriptor(base, [512, 512], [512, 1], [blocks[r], blocks[c]])
+             for r, c in (("BM", "BK"), ("BN", "BK"), ("BM", "BN"))]
+    args = (*descs, 2, 2, 2, FakeTensor(4096, tl.int64), FakeTensor(8192, tl.int64), 2, 2)
+    variant = parallel_compile.variant_of(parallel_compile.Preload(kernel, args, (1, ), gemm.kernel_meta("small", True)))
+    assert variant.name == "gemm_kernel" and not parallel_compile.is_cached(variant)
+    parallel_compile.compile_variants([variant, variant], workers=2)
+    assert parallel_compile.is_cached(variant)
+
+
+def test_the_compiling_rank_reaches_the_barrier_whatever_fails(monkeypatch, capsys):
+    """The other ranks wait at the barrier: a compiling rank that raised past it would meet their
+    next collective with another of its own (seen on the GPU: a hang two contexts later)."""
+    barriers = []
+    monkeypatch.setattr(parallel_compile._runtime, "local_rank", lambda: 0)
+    monkeypatch.setattr(parallel_compile._runtime, "barrier", lambda: barriers.append(1))
+
+    def broken(_preload):
+        raise AttributeError("no such kernel")
+
+    monkeypatch.setattr(parallel_compile, "variant_of", broken)
+    parallel_compile.compile_once_per_node([object()])
+    assert barriers == [1]
+    assert "compile one by one instead" in capsys.readouterr().err

@@ -15,6 +15,19 @@ import torch.distributed as dist
 import triton_dist as tdist
 
 
+def pytest_runtest_logreport(report):
+    """A rank's failure at once, on stderr: an exception on one rank (a check outside
+    ``all_ranks_agree``) leaves the others in a collective, and the session's summary, where pytest
+    would print it, may then never come."""
+    if report.failed:
+        import sys
+
+        rank = os.environ.get("RANK", "?")
+        text = str(report.longrepr).strip().splitlines()
+        print(f"\n[rank {rank}] {report.when} of {report.nodeid} FAILED: " + "\n  ".join(text[-12:]),
+              file=sys.stderr, flush=True)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def runtime():
     if "RANK" not in os.environ:
