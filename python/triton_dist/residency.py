@@ -19,9 +19,20 @@ Copies count as kernels when ranks share a GPU. Between GPUs, a copy-engine tran
 between two processes on one GPU it is a same-device copy, which the driver may run as a kernel
 on the SMs. A grid that holds every SM while it waits for such a copy then waits for ever: seen
 at world 8 on one H200 (tutorial 05's GEMM+ReduceScatter ``"fused_ce"`` with its grid on all 14
-SMs of a rank timed out; with 12 it passed, and ``"fused"``, which copies nothing, passed on all
+SMs of a rank timed out; with 12 it passed once (and hung later, see below), and ``"fused"``, which copies nothing, passed on all
 14). Grids that wait for copies therefore ask with ``waits_for_copies=True``, which leaves
-:data:`SHARED_GPU_COPY_SMS` SMs free in that mode.
+:data:`SHARED_GPU_HEADROOM_SMS` SMs free in that mode.
+
+Two or three free SMs were not enough (one H200, 8 ranks at 12 % each, 14 SMs a rank,
+2026-12-02): ``gemm_rs`` ``"fused_ce"`` on 12 SMs hung in its first call, and ``ag_gemm``
+``"ce_push"`` on 11 hung after 370 and, in a second run, 491 back-to-back calls. The signal pads
+read after the hang showed every rank's acknowledgements in place and two ranks whose side
+streams had sent nothing of that call: their copy, or the signal kernel after it, never ran.
+With 6 SMs free both passed (500 and 100 calls), as did ``ag_gemm`` on 8 of 14 and every call
+synchronised. Copies are not the only work that needs the room: ``ag_gemm`` ``"sm_push"``, its
+GEMM on 7 SMs next to a push kernel of 7 (no copy), hung after 436 calls; grids that wait on a
+kernel of their own process (``reserved``) leave the same headroom. The MPS share is a cap, not a reservation of SMs, so the headroom a copy needs
+next to a spinning grid is a measured number, not a derived one.
 """
 
 from __future__ import annotations
@@ -51,9 +62,10 @@ def sm_count(device=None) -> int:
     return _sm_count(index)
 
 
-SHARED_GPU_COPY_SMS = 2
-"""SMs a grid that waits for copies leaves free when ranks share a GPU (see the module notes); two,
-so that a copy still finds one while a small kernel of the same process holds the other."""
+SHARED_GPU_HEADROOM_SMS = 6
+"""SMs a grid that waits on its own process's copies or kernels leaves free when ranks share a
+GPU: the smallest headroom measured to let them run at 8 ranks on one H200 (see the module
+notes). Only that mode pays for it, and it times nothing."""
 
 
 def _ranks_share_gpus() -> bool:
@@ -62,15 +74,21 @@ def _ranks_share_gpus() -> bool:
     return config.get().ranks_per_gpu > 1
 
 
+def headroom_sms() -> int:
+    """SMs of headroom a grid that waits on work of its own process gives that work:
+    :data:`SHARED_GPU_HEADROOM_SMS` when ranks share a GPU, else 0."""
+    return SHARED_GPU_HEADROOM_SMS if _ranks_share_gpus() else 0
+
+
 def max_waiting_programs(device=None, reserved: int = 0, what: str = "a waiting kernel",
                          waits_for_copies: bool = False) -> int:
     """The most programs a grid that waits may have, one per SM, when ``reserved`` SMs stay free for
-    kernels it waits on in this process (a producer on another stream), and, with
-    ``waits_for_copies``, :data:`SHARED_GPU_COPY_SMS` more when ranks share a GPU (their copies
-    run on SMs). Raises when nothing is left."""
+    kernels it waits on in this process (a producer on another stream). When ranks share a GPU, a
+    grid that waits on such kernels or on copies (``waits_for_copies``: their copies run on SMs)
+    leaves :func:`headroom_sms` more. Raises when nothing is left."""
     sms = sm_count(device)
-    if waits_for_copies and _ranks_share_gpus():
-        reserved += SHARED_GPU_COPY_SMS
+    if waits_for_copies or reserved:
+        reserved += headroom_sms()
     if sms - reserved < 1:
         raise RuntimeError(f"triton_dist {what}: {reserved} SMs reserved for the kernels and copies it waits on "
                            f"leave none of the {sms} this process may use (an MPS share lowers the count); "

@@ -126,8 +126,8 @@ PUSH_PROGRAMS = 8
 """``"sm_push"``'s programs (and SMs taken from the GEMM) by default. Only 8 was measured
 (bench/results/h200-x2/ag_gemm.json, 1ab0466): ahead of ``ce_push`` at M=1024 (373 against 383 us),
 1-10 % behind from M=2048 up, where the 8 SMs cost the GEMM more than the copy engine's latency.
-With fewer SMs (ranks sharing a GPU under MPS) the default is at most half of them, so that the
-GEMM keeps the rest."""
+With fewer SMs (ranks sharing a GPU under MPS) the default is at most half of those the shared-GPU
+headroom (:func:`triton_dist.residency.headroom_sms`) leaves, so that the GEMM keeps the rest."""
 
 PUSH_BLOCK = 4096
 """Elements per tile of :func:`ag_gemm_push_kernel` (8 KiB of bf16: 16 bytes a thread, twice, at
@@ -244,15 +244,16 @@ class AllGatherGemmContext:
         self.dtype = dtype
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_sms = _gemm.num_sms(self.device)
-        if push_programs is None:
-            push_programs = max(1, min(PUSH_PROGRAMS, self.num_sms // 2))
+        if push_programs is None:  # at most half of what the headroom leaves (all of an H200's: 8 of 132)
+            push_programs = max(1, min(PUSH_PROGRAMS, (self.num_sms - _residency.headroom_sms()) // 2))
         if isinstance(push_programs, bool) or not isinstance(push_programs, int) or \
                 not 0 < push_programs < self.num_sms:
             raise ValueError(f"triton_dist AllGatherGemmContext: push_programs must be an int in [1, "
                              f"{self.num_sms - 1}], got {push_programs!r}")
         self.push_programs = push_programs
-        if producer == "sm_push":
-            self.max_programs = max(1, self.num_sms - push_programs)
+        if producer == "sm_push":  # the GEMM waits on the push kernel's programs beside it
+            self.max_programs = _residency.max_waiting_programs(self.device, reserved=push_programs,
+                                                                what="AllGatherGemmContext")
         else:  # the GEMM waits for copies, which need SMs of their own when ranks share a GPU
             self.max_programs = _residency.max_waiting_programs(self.device, reserved=RESERVED_SMS,
                                                                 what="AllGatherGemmContext", waits_for_copies=True)
