@@ -12,13 +12,15 @@ launch the kernels of :mod:`triton_dist.kernels`. torch is imported inside the f
     y = ops.gemm_rs(a, w)                    # this rank's rows of sum over ranks of a @ w.T
     y = ops.gemm_ar(a, w)                    # sum over ranks of a @ w.T, on every rank (small M)
     d = ops.ep_dispatch(x, idx, w, context=ep)  # MoE: tokens to their experts' ranks (EPContext)
-    out = ops.ep_combine(expert_out, d.handle)  # and back, weighted and summed
+    y = ops.group_gemm(d.x, w_experts, counts=d.counts)  # each local expert's rows @ its weights
+    out = ops.ep_combine(y, d.handle)        # and back, weighted and summed
 
-Every op is collective: every rank makes the same calls, in the same order, with the same shapes,
-dtypes and methods. Contexts (symmetric buffers, signals, loaded kernels) are cached per (op,
-dtype, size) and created on first use, which is itself collective (symmetric allocation, kernel
-load, barrier). Calls run on the current stream and may be captured in a CUDA graph once their
-context exists (make one uncaptured call first, or pass ``context=``).
+Every op but ``group_gemm`` (one GPU's experts) is collective: every rank makes the same calls, in
+the same order, with the same shapes, dtypes and methods. Contexts (symmetric buffers, signals,
+loaded kernels) are cached per (op, dtype, size) and created on first use, which is itself
+collective (symmetric allocation, kernel load, barrier). Calls run on the current stream and may
+be captured in a CUDA graph once their context exists (make one uncaptured call first, or pass
+``context=``).
 """
 
 from __future__ import annotations
@@ -528,6 +530,18 @@ def ep_combine(y, handle, *, out=None):
         raise TypeError(f"triton_dist ep_combine: handle must be an EPHandle (the .handle of ep_dispatch's result), "
                         f"got {type(handle).__name__}")
     return handle.context.combine(y, handle, out=out)
+
+
+def group_gemm(x, w, *, offsets=None, counts=None, out=None, config: str | None = None,
+               check_rows: bool | None = None):
+    """MoE grouped GEMM, local to this GPU: ``out[rows of e] = x[rows of e] @ w[e].T`` for every
+    expert ``e`` of ``w [experts, N, K]``, with ``x [tokens, K]`` sorted by expert and ``offsets``
+    (int32 cumulative row ends, as ``torch._grouped_mm``) or ``x [experts, capacity, K]`` and
+    ``counts`` (int32, as :meth:`ep_dispatch`'s result). See
+    :func:`triton_dist.kernels.moe.group_gemm.group_gemm` for ``config`` and ``check_rows``."""
+    from .kernels.moe.group_gemm import group_gemm as _group_gemm
+
+    return _group_gemm(x, w, offsets=offsets, counts=counts, out=out, config=config, check_rows=check_rows)
 
 
 def _ep_context(op: str, context):

@@ -41,6 +41,7 @@ import triton.language as tl
 
 from .. import language as dl
 from .. import residency as _residency
+from .gemm_tile import tile_coords, tile_product
 from .tickets import last_to_finish
 
 DTYPES = ("bfloat16", "float16")
@@ -120,19 +121,6 @@ def kernel_meta(config: str, wait_for_rows: bool, *, signal_rows: bool = False, 
     if all_reduce:
         meta.update(ALL_REDUCE=True, WORLD=world)
     return meta
-
-
-@triton.jit
-def _tile_coords(tile, num_m, num_n, group_size):
-    """Grouped ordering: ``group_size`` m-tiles share the n-tiles they walk, so B stays in L2
-    (a constexpr ``GROUP_M`` from every caller but AllGather+GEMM's, which may shrink it)."""
-    per_group = group_size * num_n
-    group = tile // per_group
-    first_m = group * group_size
-    group_m = tl.minimum(num_m - first_m, group_size)
-    pid_m = first_m + (tile % per_group) % group_m
-    pid_n = (tile % per_group) // group_m
-    return pid_m, pid_n
 
 
 @triton.jit
@@ -382,7 +370,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 # rank walked whole destinations, one producer would reach any destination last).
                 dest = (rank + 1 + tile % WORLD) % WORLD
                 local_tile = tile // WORLD
-            pid_m, pid_n = _tile_coords(local_tile, local_m, num_n, GROUP_M)
+            pid_m, pid_n = tile_coords(local_tile, local_m, num_n, GROUP_M)
             off_m = dest * m_per_rank + pid_m * BM
         elif WAIT_FOR_ROWS:
             # Groups no taller than one rank's rows: the first group is then this rank's own rows
@@ -397,11 +385,11 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             group_size = GROUP_M
             if tiles_per_rank >= GROUP_M // 2:
                 group_size = tl.minimum(tiles_per_rank, GROUP_M)
-            pid_m, pid_n = _tile_coords(tile, num_m, num_n, group_size)
+            pid_m, pid_n = tile_coords(tile, num_m, num_n, group_size)
             pid_m = (pid_m + shift) % num_m
             off_m = pid_m * BM
         else:
-            pid_m, pid_n = _tile_coords(tile, num_m, num_n, GROUP_M)
+            pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)
             off_m = pid_m * BM
         off_n = pid_n * BN
         if WAIT_FOR_ROWS:
@@ -409,14 +397,9 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             first = off_m // m_per_rank
             last = (tl.minimum(off_m + BM, M) - 1) // m_per_rank
             token = dl.wait(signals + first, last - first + 1, "sys", "acquire", epoch)
-        acc = tl.zeros((BM, BN), dtype=tl.float32)
-        for k in tl.range(0, k_tiles, num_stages=NUM_STAGES):
-            if WAIT_FOR_ROWS:
-                a = dl.consume_token(a_desc, token).load([off_m, k * BK])
-            else:
-                a = a_desc.load([off_m, k * BK])
-            b = b_desc.load([off_n, k * BK])
-            acc = tl.dot(a, b.T, acc)
+        else:
+            token = None
+        acc = tile_product(a_desc, b_desc, off_m, off_n, k_tiles, token, BM, BN, BK, NUM_STAGES, WAIT_FOR_ROWS)
         if SIGNAL_ROWS:
             rows = pid_m * BM + tl.arange(0, BM)  # within the destination's m_per_rank rows
             cols = off_n + tl.arange(0, BN)
@@ -553,7 +536,7 @@ def _check_operands(a, b, out) -> None:
                              f"got {got}")
 
 
-def _aligned(t):
+def aligned_for_tma(t):
     """``t`` contiguous with a 16-byte aligned base (TMA's requirement), copied if it is not."""
     t = t.contiguous()
     return t if t.data_ptr() % 16 == 0 else t.clone()
@@ -588,7 +571,7 @@ def gemm(a, b, *, out=None, config: str | None = None):
         raise ValueError(f"triton_dist gemm: config must be None, \"auto\" or one of "
                          f"{sorted(CONFIGS) + sorted(SKINNY_CONFIGS)}, got {config!r}")
     target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
-    a_desc, b_desc, c_desc = descriptors(_aligned(a), _aligned(b), target, config)
+    a_desc, b_desc, c_desc = descriptors(aligned_for_tma(a), aligned_for_tma(b), target, config)
     gemm_kernel[grid_for(m, n, config, sms)](a_desc, b_desc, c_desc, m, n, k, None, None, 0, 1,
                                              **kernel_meta(config, False))
     if target is not out:

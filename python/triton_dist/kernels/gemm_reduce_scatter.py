@@ -140,6 +140,7 @@ from ..signals import SignalPad
 from ..stream_schedule import StreamSchedule
 from ..symmetric import peer_tensor, symm_empty
 from . import gemm as _gemm
+from . import gemm_tile as _gemm_tile
 from . import call_counter as _call_counter
 from .. import parallel_compile as _parallel_compile
 from .scratch import GlobalScratch
@@ -200,7 +201,7 @@ def gemm_rs_reduce_kernel(partials, out, signals, calls, m, N, half_elems, signa
     per_dest = local_m * num_n
     sub_rows = tl.arange(0, ROWS)
     for t in range(tl.program_id(0), per_dest, tl.num_programs(0)):
-        pid_m, pid_n = _gemm._tile_coords(t, local_m, num_n, GROUP_M)
+        pid_m, pid_n = _gemm_tile.tile_coords(t, local_m, num_n, GROUP_M)
         token = dl.wait(signals + me * signal_region + t, 1, "sys", "acquire", epoch)
         for i in tl.static_range(1, WORLD):
             token = token + dl.wait(signals + ((me + i) % WORLD) * signal_region + t, 1, "sys", "acquire", epoch)

@@ -1,0 +1,221 @@
+"""The MoE grouped GEMM: for every expert ``e``, ``C_e = A_e @ W[e]^T``, where ``A_e`` are the
+rows routed to ``e`` and ``W [experts, N, K]`` the experts' weights (bf16 or fp16, fp32
+accumulation), one persistent Hopper kernel for all experts.
+
+Two row layouts, the two that MoE layers hand over:
+
+- *packed* (``offsets``): the tokens sorted by expert in one ``[T, K]`` tensor, expert ``e``'s rows
+  ``[offsets[e - 1], offsets[e])`` (``offsets[-1]`` read as 0; int32 cumulative ends, the
+  convention of ``torch._grouped_mm``), output ``[T, N]`` in the same rows;
+- *padded* (``counts``): ``[experts, capacity, K]``, expert ``e``'s rows the first ``counts[e]`` of
+  ``A[e]`` (what :meth:`~triton_dist.kernels.EPContext.dispatch` returns), output
+  ``[experts, capacity, N]``, rows past ``counts[e]`` not written.
+
+Tiles: expert ``e`` has ``cdiv(rows_e, BM) * cdiv(N, BN)`` output tiles; the experts' tiles are
+numbered one after the other and program ``p`` of the persistent grid takes tiles ``p, p + G,
+...`` across all experts, so a skewed routing still spreads over every SM and an empty expert
+costs nothing. Each program walks the experts in order, reading two row offsets each (a few
+hundred scalar loads at most, against K loops of thousands of cycles), so the schedule needs no
+prefix-sum pass and no host synchronisation, and a CUDA graph replays it with new routing.
+Within an expert, tiles go in the grouped order of the dense GEMM (:func:`tile_coords`) and each
+tile's K loop is the dense GEMM's (:func:`tile_product`). A's TMA box may run past the expert's
+rows into the next expert's (read, never used) and W's past ``N`` into the next expert's weights;
+the epilogue stores with a mask on the expert's rows and on ``N``, so no tile writes rows of
+another expert. Row offsets are clamped on the GPU (to ``[0, T]`` and non-decreasing; counts to
+``[0, capacity]``), so unchecked bad routing cannot write out of bounds; the host check
+(``check_rows``) reports it instead.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .. import gemm as _gemm
+from ..gemm_tile import tile_coords, tile_product
+from .ep_context import _describe
+
+CONFIGS = ("skinny_n128", "small", "large")
+"""The dense GEMM's configs (:data:`triton_dist.kernels.gemm.CONFIGS`,
+:data:`~triton_dist.kernels.gemm.SKINNY_CONFIGS`) the grouped GEMM runs with, chosen by
+:func:`pick_config`."""
+
+
+def pick_config(rows: int, experts: int, n: int, num_sms: int) -> str:
+    """The config for ``rows`` routed rows over ``experts`` experts and ``N = n`` (a fixed rule, no
+    routing read): 64-row tiles when an expert averages at most 64 rows (decode: reading the
+    weights bounds the GEMM, and 128-row tiles would be mostly padding), 128x256 tiles when there
+    are enough of them to fill the SMs and N >= 2048, else 128x128."""
+    if rows <= _gemm.SKINNY_MAX_M * experts:
+        return "skinny_n128"
+    big = _gemm.config_params("large")
+    tiles = (triton.cdiv(rows, big["BM"]) + experts) * triton.cdiv(n, big["BN"])
+    return "large" if n >= 2048 and tiles >= num_sms else "small"
+
+
+@triton.jit
+def _expert_rows(ends, e, total_rows, capacity, PADDED: tl.constexpr):
+    """First row and row count of expert ``e`` (module notes), clamped to the tensor."""
+    if PADDED:
+        start = e * capacity
+        count = tl.minimum(tl.maximum(tl.load(ends + e), 0), capacity)
+    else:
+        start = tl.load(ends + e - 1, mask=e > 0, other=0)
+        start = tl.minimum(tl.maximum(start, 0), total_rows)
+        end = tl.minimum(tl.maximum(tl.load(ends + e), start), total_rows)
+        count = end - start
+    return start, count
+
+
+@triton.jit(do_not_specialize=["num_experts", "total_rows", "capacity", "N", "K"])
+def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity, N, K, BM: tl.constexpr,
+                      BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
+                      PADDED: tl.constexpr):
+    """``c[rows of e] = A[rows of e] @ W[e]^T`` for every expert ``e < num_experts``. ``a_desc``:
+    ``[total_rows, K]``, block ``[BM, BK]``; ``w_desc``: ``[num_experts * N, K]``, block ``[BN,
+    BK]``; ``c``: ``[total_rows, N]`` (``N`` a multiple of 8). ``ends``: int32 ``[num_experts]``,
+    cumulative row ends (packed) or row counts with expert ``e`` at row ``e * capacity``
+    (``PADDED``)."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    num_n = tl.cdiv(N, BN)
+    k_tiles = tl.cdiv(K, BK)
+    stride = (N // 8) * 8  # == N (a multiple of 8), with the divisibility fact for 16-byte stores
+    first_tile = pid * 0  # this expert's first tile in the numbering of every expert's tiles
+    for e in range(0, num_experts):
+        start, count = _expert_rows(ends, e, total_rows, capacity, PADDED)
+        num_m = tl.cdiv(count, BM)
+        tiles = num_m * num_n
+        # From this program's first tile at or after first_tile: tiles p, p + G, ... across experts.
+        for tile in range(first_tile + (pid - first_tile % grid + grid) % grid, first_tile + tiles, grid):
+            pid_m, pid_n = tile_coords(tile - first_tile, num_m, num_n, GROUP_M)
+            acc = tile_product(a_desc, w_desc, start + pid_m * BM, e * N + pid_n * BN, k_tiles, None, BM, BN, BK,
+                               NUM_STAGES, False)
+            rows = pid_m * BM + tl.arange(0, BM)
+            cols = pid_n * BN + tl.arange(0, BN)
+            mask = (rows < count)[:, None] & (cols < stride)[None, :]
+            ptrs = c + (start + rows).to(tl.int64)[:, None] * stride + cols[None, :]
+            tl.store(ptrs, acc.to(c.dtype.element_ty), mask=mask)
+        first_tile += tiles
+
+
+def launch(a, w, c, ends, *, padded: bool, config: str | None = None) -> None:
+    """Launch :func:`group_gemm_kernel` on the current stream for already checked tensors: ``a``
+    ``[T, K]`` (padded: ``[E, capacity, K]``), ``w`` ``[E, N, K]``, ``c`` the output of ``a``'s
+    rows, ``ends`` int32 ``[E]``. ``config``: one of :data:`CONFIGS`, default :func:`pick_config`'s."""
+    experts, n, k = w.shape
+    capacity = a.shape[1] if padded else 0
+    a2 = a.reshape(-1, k)
+    rows = a2.shape[0]
+    sms = _gemm.num_sms(a.device)
+    config = config or pick_config(rows, experts, n, sms)
+    cfg = _gemm.config_params(config)
+    a_desc, w_desc = _gemm.operand_descriptors(a2, w.reshape(experts * n, k), config)
+    # At most cdiv(rows, BM) + experts m-tiles whatever the routing (each expert rounds up once).
+    tiles = (triton.cdiv(rows, cfg["BM"]) + experts) * triton.cdiv(n, cfg["BN"])
+    group_gemm_kernel[(max(1, min(tiles, sms)), )](
+        a_desc, w_desc, c, ends, experts, rows, capacity, n, k, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"],
+        GROUP_M=cfg["GROUP_M"], NUM_STAGES=cfg["NUM_STAGES"], PADDED=padded, num_warps=cfg["num_warps"],
+        num_stages=cfg["NUM_STAGES"])
+
+
+def _check(x, w, ends, padded: bool, out):
+    """The output shape of a valid call; raises naming the bad argument otherwise."""
+    import torch
+
+    op = "group_gemm"
+    if not isinstance(w, torch.Tensor) or w.dim() != 3 or w.dtype not in (torch.bfloat16, torch.float16) or \
+            not w.is_cuda or not w.is_contiguous():
+        raise ValueError(f"triton_dist {op}: w must be a contiguous [experts, N, K] bfloat16 or float16 CUDA tensor, "
+                         f"got {_describe(w)}")
+    experts, n, k = w.shape
+    rank = 3 if padded else 2
+    layout = "[experts, capacity, K] (with counts)" if padded else "[tokens, K] (with offsets)"
+    if not isinstance(x, torch.Tensor) or x.dim() != rank or not x.is_contiguous():
+        raise ValueError(f"triton_dist {op}: x must be a contiguous {layout} tensor, got {_describe(x)}")
+    if x.dtype != w.dtype:
+        raise TypeError(f"triton_dist {op}: x is {x.dtype} but w is {w.dtype}")
+    if x.device != w.device:
+        raise ValueError(f"triton_dist {op}: x is on {x.device} but w is on {w.device}")
+    if x.shape[-1] != k:
+        raise ValueError(f"triton_dist {op}: x has K = {x.shape[-1]} but w is [experts, N, K] = {list(w.shape)}")
+    if padded and x.shape[0] != experts:
+        raise ValueError(f"triton_dist {op}: x is {list(x.shape)}, one block per expert, but w has {experts} experts")
+    if k % 8 or n % 8:
+        raise ValueError(f"triton_dist {op}: K ({k}) and N ({n}) must be multiples of 8 (TMA needs 16-byte aligned "
+                         f"rows)")
+    name = "counts" if padded else "offsets"
+    if not isinstance(ends, torch.Tensor) or ends.dtype != torch.int32 or tuple(ends.shape) != (experts, ) or \
+            ends.device != w.device:
+        raise ValueError(f"triton_dist {op}: {name} must be an int32 [{experts}] tensor on {w.device}, got "
+                         f"{_describe(ends)}")
+    shape = (*x.shape[:-1], n)
+    if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != x.dtype
+                            or out.device != x.device or not out.is_contiguous() or out.data_ptr() % 16):
+        raise ValueError(f"triton_dist {op}: out must be a contiguous, 16-byte aligned {list(shape)} {x.dtype} tensor "
+                         f"on {x.device}, got {_describe(out)}")
+    return shape
+
+
+def _check_rows(ends: list[int], padded: bool, rows: int, capacity: int) -> None:
+    """Offsets non-decreasing and ending at the token count, or counts in ``[0, capacity]``
+    (``ends``: the values, read on the host)."""
+    if padded:
+        if ends and (min(ends) < 0 or max(ends) > capacity):
+            raise ValueError(f"triton_dist group_gemm: counts must be in [0, {capacity}] (x's capacity), got counts "
+                             f"from {min(ends)} to {max(ends)}")
+        return
+    for e, (before, end) in enumerate(zip([0] + ends, ends)):
+        if end < before:
+            raise ValueError(f"triton_dist group_gemm: offsets must be non-decreasing cumulative row ends from 0; "
+                             f"offsets[{e}] = {end} is below {before}")
+    last = ends[-1] if ends else 0
+    if last != rows:
+        raise ValueError(f"triton_dist group_gemm: offsets must end at x's {rows} rows, got {last} (offsets[-1], or "
+                         f"0 with no experts)")
+
+
+def group_gemm(x, w, *, offsets=None, counts=None, out=None, config: str | None = None,
+               check_rows: bool | None = None):
+    """Every expert's rows of ``x`` times its weights: ``out[rows of e] = x[rows of e] @ w[e].T``
+    (``w [experts, N, K]``, bf16 or fp16) on the current stream; returns ``out`` (new when None).
+    Local to this GPU, not collective.
+
+    Give exactly one of ``offsets`` (``x [T, K]`` sorted by expert, int32 cumulative row ends,
+    ``out [T, N]``) or ``counts`` (``x [experts, capacity, K]``, int32 rows used per expert, ``out
+    [experts, capacity, N]``, rows past the counts left as they were). Empty experts and ``T = 0``
+    are fine. ``config``: one of :data:`CONFIGS` (default: :func:`pick_config`). ``check_rows``:
+    check the offsets or counts on the host (one synchronisation); default: when not capturing a
+    CUDA graph. Unchecked bad rows are clamped on the GPU, never written out of bounds."""
+    if (offsets is None) == (counts is None):
+        raise ValueError("triton_dist group_gemm: give exactly one of offsets (x [tokens, K] sorted by expert) or "
+                         "counts (x [experts, capacity, K])")
+    import torch
+
+    padded = counts is not None
+    ends = counts if padded else offsets
+    shape = _check(x, w, ends, padded, out)
+    if config is not None and config not in CONFIGS:
+        raise ValueError(f"triton_dist group_gemm: config must be None or one of {CONFIGS}, got {config!r}")
+    if out is None:
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    rows = x.shape[0] * (x.shape[1] if padded else 1)
+    if rows == 0 or w.shape[1] == 0:
+        return out
+    if check_rows is None:
+        check_rows = not torch.cuda.is_current_stream_capturing()
+    if check_rows:
+        _check_rows(ends.tolist(), padded, rows, x.shape[1] if padded else 0)
+    if w.shape[2] == 0:
+        return out.zero_() if not padded else _zero_counted_rows(out, ends)
+    launch(_gemm.aligned_for_tma(x), _gemm.aligned_for_tma(w), out, ends, padded=padded, config=config)
+    return out
+
+
+def _zero_counted_rows(out, counts):
+    """K = 0: every counted row of a padded output is an empty sum."""
+    import torch
+
+    used = torch.arange(out.shape[1], device=out.device)[None, :] < counts[:, None]
+    out.masked_fill_(used[:, :, None], 0)
+    return out
