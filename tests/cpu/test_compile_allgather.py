@@ -9,6 +9,7 @@ import re
 import pytest
 
 from triton_dist.kernels import allgather, ring
+from triton_dist.kernels.signal_layout import SignalLayout
 from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls, without_wait_timeout_report
 
 _SPIN = "ld.acquire.sys.global.u64"
@@ -119,8 +120,8 @@ def _zero_copy(dt, world=2, aligned=True):
     return compile_for_hopper(allgather.all_gather_zero_copy_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "signals": "*u64", "n": "i32", "epoch_ptr": "*i64"},
                               dict(WORLD=world, MAX_PROGRAMS=128, BLOCK=2048, ALIGNED=aligned,
-                                   READY=allgather._smz_ready_base(world, 128),
-                                   DONE=allgather._smz_done_base(world, 128)), num_warps=8).asm["ptx"]
+                                   READY=allgather._layouts(world, 128)[1]["smz_ready"],
+                                   DONE=allgather._layouts(world, 128)[1]["smz_done"]), num_warps=8).asm["ptx"]
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -164,18 +165,25 @@ def test_aligned_variants_vectorise_out(dt):
         assert len(re.findall(vec, build(dt, aligned=True))) > len(re.findall(vec, build(dt, aligned=False)))
 
 
-def test_ext_pad_layout_is_disjoint():
+def test_ext_pad_layout():
+    """The regions follow each other in this order (the offsets the kernels were first compiled
+    with: a change moves every signal of a running job's peers)."""
+    c = allgather.CE_MAX_CHUNKS
     for world, mp in ((2, 132), (4, 1), (8, 128)):
-        regions = [(allgather._zc_ready_base(world), world), (allgather._zc_done_base(world), world),
-                   (allgather._chunk_ready_base(world), world * allgather.CE_MAX_CHUNKS),
-                   (allgather._smz_ready_base(world, mp), world * mp),
-                   (allgather._smz_done_base(world, mp), world * mp),
-                   (allgather._published_base(world, mp), world), (allgather._pulled_base(world, mp), world)]
-        end = 0
-        for start, size in regions:
-            assert start == end
-            end = start + size
-        assert end == allgather._ext_signals(world, mp)
+        ext = allgather._layouts(world, mp)[1]
+        starts = [ext[name] for name in ("zc_ready", "zc_done", "chunk_ready", "smz_ready", "smz_done", "published",
+                                         "pulled")]
+        w = world
+        assert starts == [0, w, 2 * w, 2 * w + w * c, 2 * w + w * c + w * mp, 2 * w + w * c + 2 * w * mp,
+                          3 * w + w * c + 2 * w * mp]
+        assert ext.size == 4 * w + w * c + 2 * w * mp
+
+
+def test_signal_layout_rejects_repeated_regions():
+    with pytest.raises(ValueError, match="repeated"):
+        SignalLayout(("ready", 2), ("ready", 2))
+    layout = SignalLayout(("a", 3), ("b", 0), ("c", 5))
+    assert (layout["a"], layout["b"], layout["c"], layout.size) == (0, 3, 3, 8)
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])
@@ -191,8 +199,10 @@ def test_ring_compiles_with_one_wait_and_notify_per_step(dt, world):
 
 def test_ring_signals_follow_the_ce_acks_inside_the_pad():
     for world, mp in ((2, 132), (4, 1), (8, 128)):
-        assert allgather._ring_base(world, mp) == allgather._ce_ack_base(world, mp) + world
-        assert allgather._ring_base(world, mp) + (world - 1) * mp <= allgather._signals_per_program(world) * mp
+        main = allgather._layouts(world, mp)[0]
+        assert (main["sm_push_ready"], main["ce_push_ready"], main["ce_push_ack"]) == (0, world * mp, world * mp + world)
+        assert main["ring"] == main["ce_push_ack"] + world
+        assert main.size <= allgather.SIGNALS_PER_PROGRAM * world * mp
 
 
 def test_methods_and_auto_placeholders():

@@ -42,12 +42,10 @@ tiny one-program kernels (:func:`all_gather_ce_signal_kernel`) between them:
    counter's parity inside a replayed CUDA graph.
 
 ``"ll"`` (low-latency protocol, :func:`all_gather_ll_kernel`, up to :data:`LL_MAX_BYTES` per
-rank): every 8-byte word written to a peer carries 4 bytes of payload (low half) and a 4-byte flag
-(high half) derived from the epoch, written with one 64-bit ``st.relaxed.sys`` store (single-copy
-atomic), so a receiver that sees the flag sees the payload: no signal, no fence. Receivers spin
-with ``ld.relaxed.sys`` on every word of a tile until every flag is this call's, then extract the
-payload. The buffer holds ``2x`` the payload and alternates halves by epoch parity like the others;
-it is zeroed at creation and flags are never 0, so a stale word never matches.
+rank): every 8-byte word written to a peer carries its payload and the call's flag, written with
+one 64-bit ``st.relaxed.sys`` store, and receivers spin on the words themselves: no signal, no
+fence (:mod:`triton_dist.kernels.ll_protocol`). The buffer holds ``2x`` the payload and alternates
+halves by epoch parity like the others.
 
 Reuse between calls (``sm_push``, ``ll``, ``ring``): the epoch is the context's device call
 counter and buffers alternate halves by its parity (see :mod:`triton_dist.kernels.context`).
@@ -144,19 +142,17 @@ the schedule and why the halves stay safe are in :mod:`triton_dist.kernels.ring`
 from __future__ import annotations
 
 import triton
-import triton.language as tl
-from triton.language import core
 
-from .. import language as dl
 from .. import runtime as _runtime
-from ..distributed_jit import jit
-from ..language.signals import _settings, _timed_out
 from ..signals import SignalPad
 from ..symmetric import peer_tensor, symm_empty
 from . import call_counter as _call_counter
+from .allgather_kernels import (all_gather_ce_chunk_signal_kernel, all_gather_ce_copy_out_kernel,
+                                all_gather_ce_signal_kernel, all_gather_ll_kernel, all_gather_push_kernel,
+                                all_gather_zero_copy_kernel)
 from .context import CollectiveContext
 from .ring import all_gather_ring_kernel
-from .tiles import load_tile, store_tile
+from .signal_layout import SignalLayout
 
 LL_MAX_BYTES = 64 * 1024
 """The largest input (bytes per rank) the ``"ll"`` method takes."""
@@ -204,381 +200,25 @@ there (sm_zero_copy 814 against ce_push 996 us at 256 MiB per rank): ``auto`` wo
 the calling rank's ``out`` alone, and ranks passing different kinds of ``out`` would pick
 different protocols and wait for each other. Ask for ``method="sm_zero_copy"`` explicitly."""
 
-# Pad layout: [0, W*MP) sm_push ready signals (r, p); then W ce_push ready signals; then W acks;
-# then (W-1)*MP ring signals (k, p) (:mod:`triton_dist.kernels.ring`).
-# Second pad (``pad_ext``, the methods added after the first GPU run):
-#   [0, W)                ce_zero_copy "ready to receive into out"  (index r: from rank r)
-#   [W, 2W)               ce_zero_copy "my data is in your out"
-#   [2W, 2W + W*CMAX)     ce_chunked chunk ready (r * CMAX + c: chunk c of rank r is in my ce slot r)
-#   then W*MP             sm_zero_copy ready to receive (r * MP + p)
-#   then W*MP             sm_zero_copy done (r * MP + p)
-#   then W                ce_pull "my data is published in my ce slot"  (index r: from rank r)
-#   then W                ce_pull "I have copied your data out"
-
-
-def _zc_ready_base(world):
-    return 0
-
-
-def _zc_done_base(world):
-    return world
-
-
-def _chunk_ready_base(world):
-    return 2 * world
-
-
-def _smz_ready_base(world, max_programs):
-    return 2 * world + world * CE_MAX_CHUNKS
-
-
-def _smz_done_base(world, max_programs):
-    return 2 * world + world * CE_MAX_CHUNKS + world * max_programs
-
-
-def _published_base(world, max_programs):
-    return 2 * world + world * CE_MAX_CHUNKS + 2 * world * max_programs
-
-
-def _pulled_base(world, max_programs):
-    return _published_base(world, max_programs) + world
-
-
-def _ext_signals(world, max_programs):
-    return _pulled_base(world, max_programs) + world
-
-
-def _ce_ready_base(world, max_programs):
-    return world * max_programs
-
-
-def _ce_ack_base(world, max_programs):
-    return world * max_programs + world
-
-
-def _ring_base(world, max_programs):
-    return world * max_programs + 2 * world
-
-
-def _signals_per_program(world):
-    """The pad's size per program slot: the layout above fits for any ``max_programs >= 1``."""
-    return 4 * world
-
-
-# --------------------------------------------------------------------------------------------
-# sm_push
-
-
-@triton.jit
-def _push_tile(x, out, gathered, half, offs, n, stride, me, slot, WORLD: tl.constexpr, MASKED: tl.constexpr):
-    v = load_tile(x + offs, offs, n, MASKED)
-    store_tile(out + me.to(tl.int64) * stride + offs, v, offs, n, MASKED)
-    for r in tl.static_range(WORLD):
-        dst = tl.multiple_of(dl.symm_at(gathered, (me + r) % WORLD), 16)  # symm_at loses the alignment fact
-        store_tile(dst + half + me.to(tl.int64) * slot + offs, v, offs, n, MASKED)
-
-
-@jit(do_not_specialize=["n", "slot_tiles"])
-def all_gather_push_kernel(x, out, gathered, signals, n, epoch_ptr, slot_tiles, WORLD: tl.constexpr,
-                           MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
-    """``out[r * n:(r + 1) * n] = x of rank r`` for every rank. ``gathered``: symmetric, ``2 *
-    WORLD`` slots of ``slot_tiles * BLOCK`` elements of x's dtype (half ``epoch % 2``, slot ``r`` =
-    rank ``r``'s data; sizes are arguments, so contexts of every size share one compiled kernel);
-    ``signals``: the context's pad (region 0: ``WORLD * MAX_PROGRAMS``); ``epoch_ptr``: the
-    context's device call counter. ``ALIGNED``: ``n % ALIGN_ELEMENTS == 0``."""
-    epoch = tl.load(epoch_ptr)
-    me = dl.rank()
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK)
-    slot_numel = slot_tiles.to(tl.int64) * BLOCK
-    half = (epoch % 2).to(tl.int64) * WORLD * slot_numel
-    tiles = tl.cdiv(n, BLOCK)
-    if ALIGNED:
-        stride = ((n // 8) * 8).to(tl.int64)  # == n; tells the compiler slots of out are aligned
-    else:
-        stride = n.to(tl.int64)
-
-    # 1. Push: each tile of x, loaded once, goes to slot `me` of every rank and to out's own slot.
-    for t in range(pid, tiles, grid):
-        offs = t.to(tl.int64) * BLOCK + lanes
-        if (t.to(tl.int64) + 1) * BLOCK <= n:
-            _push_tile(x, out, gathered, half, offs, n, stride, me, slot_numel, WORLD, False)
-        else:
-            _push_tile(x, out, gathered, half, offs, n, stride, me, slot_numel, WORLD, True)
-    for r in tl.static_range(1, WORLD):
-        dl.notify(signals + me * MAX_PROGRAMS + pid, (me + r) % WORLD, epoch, "set", "intra_node")
-
-    # 2. Copy out every peer's tiles of this program once that peer's program p has signalled.
-    for k in tl.static_range(1, WORLD):
-        src = (me + k) % WORLD
-        token = dl.wait(signals + src * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
-        slot = dl.consume_token(gathered + half + src.to(tl.int64) * slot_numel, token)
-        dst = out + src.to(tl.int64) * stride
-        for t in range(pid, tiles, grid):
-            offs = t.to(tl.int64) * BLOCK + lanes
-            if (t.to(tl.int64) + 1) * BLOCK <= n:
-                store_tile(dst + offs, load_tile(slot + offs, offs, n, False), offs, n, False)
-            else:
-                store_tile(dst + offs, load_tile(slot + offs, offs, n, True), offs, n, True)
-
-
-# --------------------------------------------------------------------------------------------
-# ce_push: the signalling kernels between the copy-engine copies
-
-
-@jit
-def all_gather_ce_signal_kernel(signals, k_ptr, PHASE: tl.constexpr, WORLD: tl.constexpr, READY: tl.constexpr,
-                                ACK: tl.constexpr):
-    """One program. ``k_ptr``: the calling method's device call counter (this call's ``k``).
-    ``PHASE`` 0: wait for ``ack[r] >= k - 1`` from every peer (it finished reading this rank's
-    previous data); 1: notify ``ready[me] = k`` on every peer, then wait for ``ready[r] >= k`` from
-    every peer; 2: notify ``ack[me] = k`` on every peer. ``READY``/``ACK``: pad offsets."""
-    k = tl.load(k_ptr)
-    me = dl.rank()
-    if PHASE == 0:
-        for r in tl.static_range(1, WORLD):
-            dl.wait(signals + ACK + (me + r) % WORLD, 1, "sys", "acquire", k - 1)
-    elif PHASE == 1:
-        for r in tl.static_range(1, WORLD):
-            dl.notify(signals + READY + me, (me + r) % WORLD, k, "set", "intra_node")
-        for r in tl.static_range(1, WORLD):
-            dl.wait(signals + READY + (me + r) % WORLD, 1, "sys", "acquire", k)
-    else:
-        for r in tl.static_range(1, WORLD):
-            dl.notify(signals + ACK + me, (me + r) % WORLD, k, "set", "intra_node")
-
-
-# --------------------------------------------------------------------------------------------
-# ce_chunked: per-chunk signals and the overlapped copy-out
-
-
-@jit(do_not_specialize=["c"])
-def all_gather_ce_chunk_signal_kernel(signals, k_ptr, c, WORLD: tl.constexpr, CHUNK_READY: tl.constexpr,
-                                      MAX_CHUNKS: tl.constexpr):
-    """One program, launched (on the notify stream) once chunk ``c`` of this rank's copies into
-    every peer's ``ce`` buffer has completed: release-notify ``chunk_ready[me][c] = k`` on every
-    peer. ``k_ptr``: the context's ``ce_calls`` (this call's ``k``); ``signals``: ``pad_ext``."""
-    k = tl.load(k_ptr)
-    me = dl.rank()
-    for r in tl.static_range(1, WORLD):
-        dl.notify(signals + CHUNK_READY + me * MAX_CHUNKS + c, (me + r) % WORLD, k, "set", "intra_node")
-
-
-@jit(do_not_specialize=["n", "chunk", "slot_tiles"])
-def all_gather_ce_copy_out_kernel(out, ce, signals, n, chunk, k_ptr, slot_tiles, WORLD: tl.constexpr,
-                                  CHUNK_READY: tl.constexpr, MAX_CHUNKS: tl.constexpr, BLOCK: tl.constexpr,
-                                  ALIGNED: tl.constexpr):
-    """``out[r * n + i] = ce[r * slot + i]`` (``slot = slot_tiles * BLOCK``) for every peer ``r``,
-    chunk by chunk (``chunk`` elements, a multiple of ``BLOCK``), each chunk as soon as
-    ``chunk_ready[r][c] >= k``: runs while the later chunks are still on the link. ``k_ptr``:
-    ``ce_calls``; ``signals``: ``pad_ext``. Program ``p`` copies tiles ``first + p, first + p + G,
-    ...`` of each chunk."""
-    k = tl.load(k_ptr)
-    me = dl.rank()
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK)
-    tiles = tl.cdiv(n, BLOCK)
-    chunk_tiles = chunk // BLOCK
-    chunks = tl.cdiv(tiles, chunk_tiles)
-    if ALIGNED:
-        stride = ((n // 8) * 8).to(tl.int64)  # == n; tells the compiler slots of out are aligned
-    else:
-        stride = n.to(tl.int64)
-    for c in range(chunks):
-        first = c * chunk_tiles
-        last = tl.minimum(first + chunk_tiles, tiles)
-        for j in tl.static_range(1, WORLD):
-            src = (me + j) % WORLD
-            token = dl.wait(signals + CHUNK_READY + src * MAX_CHUNKS + c, 1, "sys", "acquire", k)
-            slot = dl.consume_token(ce + src.to(tl.int64) * slot_tiles.to(tl.int64) * BLOCK, token)
-            dst = out + src.to(tl.int64) * stride
-            for t in range(first + pid, last, grid):
-                offs = t.to(tl.int64) * BLOCK + lanes
-                if (t.to(tl.int64) + 1) * BLOCK <= n:
-                    store_tile(dst + offs, load_tile(slot + offs, offs, n, False), offs, n, False)
-                else:
-                    store_tile(dst + offs, load_tile(slot + offs, offs, n, True), offs, n, True)
-
-
-# --------------------------------------------------------------------------------------------
-# sm_zero_copy: stores straight into every rank's (symmetric) out
-
-
-@triton.jit
-def _zero_copy_tile(x, out, offs, n, stride, me, WORLD: tl.constexpr, MASKED: tl.constexpr):
-    v = load_tile(x + offs, offs, n, MASKED)
-    for r in tl.static_range(WORLD):
-        dst = tl.multiple_of(dl.symm_at(out, (me + r) % WORLD), 16)  # symm_at loses the alignment fact
-        store_tile(dst + me.to(tl.int64) * stride + offs, v, offs, n, MASKED)
-
-
-@jit(do_not_specialize=["n"])
-def all_gather_zero_copy_kernel(x, out, signals, n, epoch_ptr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
-                                BLOCK: tl.constexpr, ALIGNED: tl.constexpr, READY: tl.constexpr,
-                                DONE: tl.constexpr):
-    """``out[me * n:(me + 1) * n] = x`` on every rank, ``out`` symmetric (same offset on every
-    rank). ``signals``: ``pad_ext`` (``READY``/``DONE``: regions of ``WORLD * MAX_PROGRAMS``);
-    ``epoch_ptr``: the context's ``zc_calls``. Program ``p``: (1) notify ``ready(me, p)`` on every
-    peer, wait ``ready(r, p)`` from every peer (peer ``r``'s program ``p`` is running, so ``r``'s
-    earlier work on its ``out`` is finished); (2) push its tiles; (3) notify ``done(me, p)``, wait
-    ``done(r, p)`` (peer ``r``'s program ``p``'s tiles, the same tile indices, are in my ``out``)."""
-    epoch = tl.load(epoch_ptr)
-    me = dl.rank()
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK)
-    tiles = tl.cdiv(n, BLOCK)
-    if ALIGNED:
-        stride = ((n // 8) * 8).to(tl.int64)
-    else:
-        stride = n.to(tl.int64)
-
-    # 1. Handshake: my program p has started (my out is ours now); peers' programs p likewise.
-    for r in tl.static_range(1, WORLD):
-        dl.notify(signals + READY + me * MAX_PROGRAMS + pid, (me + r) % WORLD, epoch, "set", "intra_node")
-    for r in tl.static_range(1, WORLD):
-        token = dl.wait(signals + READY + ((me + r) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
-        x = dl.consume_token(x, token)
-
-    # 2. Push: each tile of x, loaded once, into slot `me` of every rank's out (own included).
-    for t in range(pid, tiles, grid):
-        offs = t.to(tl.int64) * BLOCK + lanes
-        if (t.to(tl.int64) + 1) * BLOCK <= n:
-            _zero_copy_tile(x, out, offs, n, stride, me, WORLD, False)
-        else:
-            _zero_copy_tile(x, out, offs, n, stride, me, WORLD, True)
-
-    # 3. Done: my tiles are in every peer's out; wait until every peer's are in mine.
-    for r in tl.static_range(1, WORLD):
-        dl.notify(signals + DONE + me * MAX_PROGRAMS + pid, (me + r) % WORLD, epoch, "set", "intra_node")
-    for r in tl.static_range(1, WORLD):
-        dl.wait(signals + DONE + ((me + r) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
-
-
-# --------------------------------------------------------------------------------------------
-# ll
-
-
-@core.builtin
-def _globaltimer(_semantic=None):
-    return core.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.uint64, is_pure=False,
-                                       pack=1, _semantic=_semantic)
-
-
-@triton.jit
-def _ll_words(x, w, n, ELEMS: tl.constexpr):
-    """The 32-bit payloads of LL words ``w`` (zero-extended to int64; 0 past the data)."""
-    if ELEMS == 1:
-        v = tl.load(x.to(tl.pointer_type(tl.int32)) + w, mask=w < n, other=0)
-        return v.to(tl.uint32, bitcast=True).to(tl.int64)
-    else:
-        e = w[:, None] * 2 + tl.arange(0, 2)[None, :]
-        v = tl.load(x.to(tl.pointer_type(tl.int16)) + e, mask=e < n, other=0)
-        lo, hi = tl.split(v)
-        return lo.to(tl.uint16, bitcast=True).to(tl.int64) | (hi.to(tl.uint16, bitcast=True).to(tl.int64) << 16)
-
-
-@triton.jit
-def _ll_store(out, w, n, payload, ELEMS: tl.constexpr):
-    """Store the payloads (int64, low 32 bits used) of words ``w`` as elements of ``out``."""
-    if ELEMS == 1:
-        tl.store(out.to(tl.pointer_type(tl.int32)) + w, payload.to(tl.int32), mask=w < n)
-    else:
-        e = w[:, None] * 2 + tl.arange(0, 2)[None, :]
-        lo = payload.to(tl.int16)
-        hi = (payload >> 16).to(tl.int16)
-        tl.store(out.to(tl.pointer_type(tl.int16)) + e, tl.join(lo, hi), mask=e < n)
-
-
-@triton.jit
-def _ll_own_copy(x, out, w, n, ELEMS: tl.constexpr):
-    if ELEMS == 1:
-        tl.store(out.to(tl.pointer_type(tl.int32)) + w,
-                 tl.load(x.to(tl.pointer_type(tl.int32)) + w, mask=w < n), mask=w < n)
-    else:
-        e = w[:, None] * 2 + tl.arange(0, 2)[None, :]
-        tl.store(out.to(tl.pointer_type(tl.int16)) + e, tl.load(x.to(tl.pointer_type(tl.int16)) + e, mask=e < n),
-                 mask=e < n)
-
-
-@triton.jit
-def _ll_flag(epoch):
-    """This call's LL flag: never 0 (LL buffers start zeroed), and different for epochs ``e`` and
-    ``e - 2`` (the previous user of the half). Returns ``(flag, flag << 32)``."""
-    flag = (epoch % 0xFFFFFFFF) + 1
-    return flag, flag << 32
-
-
-@triton.jit
-def _ll_receive(ptrs, valid, flag, lanes, TIMEOUT_NS: tl.constexpr):
-    """Spin on the LL words at ``ptrs`` until every valid one carries ``flag`` in its high half;
-    returns the words. On timeout, reports (word index in the tile, its address, expected flag,
-    observed flag) like a timed-out ``dl.wait`` and traps."""
-    vals = dl.ld(ptrs, "sys", "relaxed")
-    ok = (((vals >> 32) & 0xFFFFFFFF) == flag) | (valid == 0)
-    pending = tl.sum((ok == 0).to(tl.int32), 0)
-    if TIMEOUT_NS == 0:
-        while pending > 0:
-            vals = dl.ld(ptrs, "sys", "relaxed")
-            ok = (((vals >> 32) & 0xFFFFFFFF) == flag) | (valid == 0)
-            pending = tl.sum((ok == 0).to(tl.int32), 0)
-    else:
-        start = _globaltimer()
-        waited = start - start
-        while (pending > 0) & (waited < TIMEOUT_NS):
-            vals = dl.ld(ptrs, "sys", "relaxed")
-            ok = (((vals >> 32) & 0xFFFFFFFF) == flag) | (valid == 0)
-            pending = tl.sum((ok == 0).to(tl.int32), 0)
-            waited = _globaltimer() - start
-        if pending > 0:
-            first = tl.min(tl.where(ok, lanes.shape[0], lanes), 0)
-            observed = tl.sum(tl.where(lanes == first, (vals >> 32) & 0xFFFFFFFF, 0), 0)
-            bad = tl.sum(tl.where(lanes == first, ptrs.to(tl.int64), 0), 0)
-            _timed_out(first, bad.to(tl.pointer_type(tl.int64)), flag, observed, waited)
-    return vals
-
-
-@jit(do_not_specialize=["n", "words"])
-def all_gather_ll_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LL_SLOT: tl.constexpr,
-                         BLOCK_W: tl.constexpr, ELEMS: tl.constexpr):
-    """``out[r * n:(r + 1) * n] = x of rank r`` through the LL protocol. ``ll``: symmetric int64,
-    ``2 * WORLD * LL_SLOT`` words, zeroed at creation; ``words``: LL words per rank (``n`` elements
-    of ``4 / ELEMS`` bytes, 4 payload bytes a word); ``epoch_ptr``: the context's call counter."""
-    TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
-    epoch = tl.load(epoch_ptr)
-    flag, high = _ll_flag(epoch)
-    me = dl.rank()
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK_W)
-    half = (epoch % 2).to(tl.int64) * (WORLD * LL_SLOT)
-    tiles = tl.cdiv(words, BLOCK_W)
-    n64 = n.to(tl.int64)
-
-    # 1. Send: one 64-bit relaxed system-scope store per word (payload | flag << 32) to every peer.
-    # Words past `words` in the last tile are written too (they stay inside the slot: LL_SLOT is
-    # whole tiles) and ignored by the receiver.
-    for t in range(pid, tiles, grid):
-        w = t.to(tl.int64) * BLOCK_W + lanes
-        packed = _ll_words(x, w, n, ELEMS) | high
-        _ll_own_copy(x, out + me.to(tl.int64) * n64, w, n, ELEMS)
-        for r in tl.static_range(1, WORLD):
-            dst = dl.symm_at(ll, (me + r) % WORLD) + half + me.to(tl.int64) * LL_SLOT
-            dl.st(dst + w, packed, "sys", "relaxed")
-
-    # 2. Receive: spin on each tile of every peer's slot until all its flags are this call's.
-    for k in tl.static_range(1, WORLD):
-        src = (me + k) % WORLD
-        slot = ll + half + src.to(tl.int64) * LL_SLOT
-        for t in range(pid, tiles, grid):
-            w = t.to(tl.int64) * BLOCK_W + lanes
-            vals = _ll_receive(slot + w, (w < words).to(tl.int32), flag, lanes, TIMEOUT_NS)
-            _ll_store(out + src.to(tl.int64) * n64, w, n, vals & 0xFFFFFFFF, ELEMS)
-
-
-# --------------------------------------------------------------------------------------------
+def _layouts(world: int, max_programs: int) -> tuple[SignalLayout, SignalLayout]:
+    """The regions of the context's two pads (the second, ``pad_ext``, holds the methods added after
+    the first GPU run). Index ``r`` of a per-rank region is rank ``r``'s signal; ``r * MP + p``
+    (``MP``: ``max_programs``) program ``p``'s of rank ``r``; ``r * CE_MAX_CHUNKS + c`` chunk ``c``'s."""
+    main = SignalLayout(("sm_push_ready", world * max_programs),  # (r, p): r's tiles p, p + G, ... landed
+                        ("ce_push_ready", world), ("ce_push_ack", world),
+                        ("ring", (world - 1) * max_programs))  # (step, p): :mod:`triton_dist.kernels.ring`
+    ext = SignalLayout(("zc_ready", world),  # ce_zero_copy: "ready to receive into out"
+                       ("zc_done", world),  # ce_zero_copy: "my data is in your out"
+                       ("chunk_ready", world * CE_MAX_CHUNKS),  # ce_chunked: chunk c of rank r is in my ce slot r
+                       ("smz_ready", world * max_programs),  # sm_zero_copy: ready to receive
+                       ("smz_done", world * max_programs),  # sm_zero_copy: done
+                       ("published", world),  # ce_pull: "my data is published in my ce slot"
+                       ("pulled", world))  # ce_pull: "I have copied your data out"
+    return main, ext
+
+
+SIGNALS_PER_PROGRAM = 4
+"""The main pad's signals per program slot and rank: its layout fits for any ``max_programs >= 1``."""
 
 
 class AllGatherContext(CollectiveContext):
@@ -632,7 +272,7 @@ class AllGatherContext(CollectiveContext):
         world = _runtime.world_size() if _runtime.is_initialized() else 1
         slot = triton.cdiv(max_numel, self.BLOCK) * self.BLOCK
         super().__init__("AllGatherContext", dtype, max_numel, {"gathered": world * slot},
-                         _signals_per_program(world), max_programs)
+                         SIGNALS_PER_PROGRAM * world, max_programs)
         self.slot_numel = slot
         """Elements per rank slot of ``gathered`` (and of ``ce``)."""
         self.ce = symm_empty((world * slot, ), dtype)
@@ -650,9 +290,10 @@ class AllGatherContext(CollectiveContext):
         self.ce_chunk_bytes = ce_chunk_bytes
         """``"ce_chunked"``'s smallest chunk in bytes (:data:`CE_CHUNK_BYTES` unless given; the
         same on every rank)."""
-        self.pad_ext = SignalPad(_ext_signals(self.world, self.max_programs))
-        """Signals of ``ce_chunked``, ``ce_zero_copy``, ``sm_zero_copy`` and ``ce_pull`` (layout:
-        module source)."""
+        self.layout, self.ext_layout = _layouts(self.world, self.max_programs)
+        """Where each method's signals sit in ``pad`` and ``pad_ext``."""
+        self.pad_ext = SignalPad(self.ext_layout.size)
+        """Signals of ``ce_chunked``, ``ce_zero_copy``, ``sm_zero_copy`` and ``ce_pull``."""
         self.zc_calls = torch.zeros(1, dtype=torch.int64, device=self.calls.device)
         """The device-side count of zero-copy calls (``ce_zero_copy`` and ``sm_zero_copy``)."""
         self.pull_calls = torch.zeros(1, dtype=torch.int64, device=self.calls.device)
@@ -673,7 +314,8 @@ class AllGatherContext(CollectiveContext):
         the call's grid) of ``rank``'s input are in :meth:`slot` ``(rank, epoch % 2)``."""
         if not 0 <= rank < self.world:
             raise IndexError(f"triton_dist AllGatherContext: rank {rank} out of range for world {self.world}")
-        return self.pad.signals[rank * self.max_programs:(rank + 1) * self.max_programs]
+        start = self.layout["sm_push_ready"] + rank * self.max_programs
+        return self.pad.signals[start:start + self.max_programs]
 
     def slot(self, rank: int, half: int):
         """This rank's ``gathered`` slot of ``rank`` in ``half`` (``max_numel`` elements; a call of
@@ -691,36 +333,35 @@ class AllGatherContext(CollectiveContext):
                     num_warps=self.NUM_WARPS)
 
     def _ring_signals(self):
-        return self.pad.signals[_ring_base(self.world, self.max_programs):]
+        return self.pad.signals[self.layout["ring"]:]
 
     def _ce_meta(self, phase: int) -> dict:
-        return dict(PHASE=phase, WORLD=self.world, READY=_ce_ready_base(self.world, self.max_programs),
-                    ACK=_ce_ack_base(self.world, self.max_programs), num_warps=1)
+        return dict(PHASE=phase, WORLD=self.world, READY=self.layout["ce_push_ready"],
+                    ACK=self.layout["ce_push_ack"], num_warps=1)
 
     def _zc_meta(self, region: str) -> dict:
         """``all_gather_ce_signal_kernel`` phase 1 (notify mine, wait for every peer's) on the
         ``ce_zero_copy`` region ``"ready"`` or ``"done"`` of ``pad_ext``."""
-        base = _zc_ready_base(self.world) if region == "ready" else _zc_done_base(self.world)
-        return dict(PHASE=1, WORLD=self.world, READY=base, ACK=0, num_warps=1)
+        return dict(PHASE=1, WORLD=self.world, READY=self.ext_layout[f"zc_{region}"], ACK=0, num_warps=1)
 
     def _pull_meta(self, phase: int) -> dict:
         """``all_gather_ce_signal_kernel`` on ``pad_ext`` for ``ce_pull``: "ready" is "published",
         "ack" is "pulled"."""
-        return dict(PHASE=phase, WORLD=self.world, READY=_published_base(self.world, self.max_programs),
-                    ACK=_pulled_base(self.world, self.max_programs), num_warps=1)
+        return dict(PHASE=phase, WORLD=self.world, READY=self.ext_layout["published"],
+                    ACK=self.ext_layout["pulled"], num_warps=1)
 
     def _chunk_signal_meta(self) -> dict:
-        return dict(WORLD=self.world, CHUNK_READY=_chunk_ready_base(self.world), MAX_CHUNKS=CE_MAX_CHUNKS,
+        return dict(WORLD=self.world, CHUNK_READY=self.ext_layout["chunk_ready"], MAX_CHUNKS=CE_MAX_CHUNKS,
                     num_warps=1)
 
     def _copy_out_meta(self, aligned: bool) -> dict:
-        return dict(WORLD=self.world, CHUNK_READY=_chunk_ready_base(self.world),
+        return dict(WORLD=self.world, CHUNK_READY=self.ext_layout["chunk_ready"],
                     MAX_CHUNKS=CE_MAX_CHUNKS, BLOCK=self.BLOCK, ALIGNED=aligned, num_warps=self.NUM_WARPS)
 
     def _zero_copy_meta(self, aligned: bool) -> dict:
         return dict(WORLD=self.world, MAX_PROGRAMS=self.max_programs, BLOCK=self.BLOCK, ALIGNED=aligned,
-                    READY=_smz_ready_base(self.world, self.max_programs),
-                    DONE=_smz_done_base(self.world, self.max_programs), num_warps=self.NUM_WARPS)
+                    READY=self.ext_layout["smz_ready"], DONE=self.ext_layout["smz_done"],
+                    num_warps=self.NUM_WARPS)
 
     def preload(self) -> None:
         """Compile and load every kernel with the specialisation of real calls (16-byte aligned

@@ -150,8 +150,8 @@ from ..language.signals import _settings
 from ..signals import SignalPad, stream_wait_value64, stream_write_value64
 from ..symmetric import peer_tensor, symm_empty
 # The LL word packing and the timed spin are allgather's "ll" helpers (read-only here).
-from .allgather import _ll_flag, _ll_receive, _ll_words
 from .context import CollectiveContext
+from .ll_protocol import ll_flag, ll_receive, ll_store_values, ll_values, ll_words
 from .rank_barrier import rank_barrier_kernel
 from .ring import ring_all_gather_steps
 from .tickets import last_to_finish
@@ -399,30 +399,6 @@ def _sum_shard_tile(x, out, stage, gather, start, local, own, shard, token, WORL
     store_tile(gather + start + local, result, local, own, MASKED)
 
 
-@triton.jit
-def _ll_values(vals, out, ELEMS: tl.constexpr):
-    """The elements carried by LL words ``vals`` (int64, payload in the low 32 bits), as fp32:
-    shape ``[BLOCK_W]`` for 4-byte elements (``ELEMS == 1``), ``[BLOCK_W, 2]`` for 2-byte ones
-    (element ``2w`` in column 0, ``2w + 1`` in column 1, as :func:`_ll_words` packs them)."""
-    if ELEMS == 1:
-        return vals.to(tl.int32).to(tl.float32, bitcast=True)  # truncation drops the flag
-    else:
-        lo = vals.to(tl.int16).to(out.dtype.element_ty, bitcast=True).to(tl.float32)
-        hi = (vals >> 16).to(tl.int16).to(out.dtype.element_ty, bitcast=True).to(tl.float32)
-        return tl.join(lo, hi)
-
-
-@triton.jit
-def _ll_store_values(out, w, n, acc, ELEMS: tl.constexpr):
-    """Round ``acc`` (the fp32 sums of words ``w``, shaped as :func:`_ll_values` returns) once to
-    the output dtype and store the elements below ``n``."""
-    if ELEMS == 1:
-        tl.store(out + w, acc.to(out.dtype.element_ty), mask=w < n)
-    else:
-        e = w[:, None] * 2 + tl.arange(0, 2)[None, :]
-        tl.store(out + e, acc.to(out.dtype.element_ty), mask=e < n)
-
-
 @jit(do_not_specialize=["n", "words"])
 def ll_reduce_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LL_SLOT: tl.constexpr,
                          BLOCK_W: tl.constexpr, ELEMS: tl.constexpr, SCATTER: tl.constexpr = False):
@@ -438,7 +414,7 @@ def ll_reduce_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LL_SL
     ``x``)."""
     TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
     epoch = tl.load(epoch_ptr)
-    flag, high = _ll_flag(epoch)
+    flag, high = ll_flag(epoch)
     me = dl.rank()
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -453,14 +429,14 @@ def ll_reduce_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LL_SL
     for t in range(pid, tiles, grid):
         w = t.to(tl.int64) * BLOCK_W + lanes
         if not SCATTER:
-            packed = _ll_words(x, w, n, ELEMS) | high
+            packed = ll_words(x, w, n, ELEMS) | high
         for r in tl.static_range(WORLD):
             if r == 0:
                 base = ll
             else:
                 base = dl.symm_at(ll, (me + r) % WORLD)
             if SCATTER:  # rank (me + r)'s shard of x
-                packed = _ll_words(x + ((me + r) % WORLD).to(tl.int64) * n, w, n, ELEMS) | high
+                packed = ll_words(x + ((me + r) % WORLD).to(tl.int64) * n, w, n, ELEMS) | high
             dl.st(base + half + me.to(tl.int64) * LL_SLOT + w, packed, "sys", "relaxed")
     # Every thread's loads of x are done before any thread stores into out (out may be x).
     tl.debug_barrier()
@@ -469,11 +445,11 @@ def ll_reduce_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LL_SL
     for t in range(pid, tiles, grid):
         w = t.to(tl.int64) * BLOCK_W + lanes
         valid = (w < words).to(tl.int32)
-        v = _ll_values(_ll_receive(mine + w, valid, flag, lanes, TIMEOUT_NS), out, ELEMS)
+        v = ll_values(ll_receive(mine + w, valid, flag, lanes, TIMEOUT_NS), out, ELEMS)
         acc = tl.zeros_like(v) + v  # 0 + x first, as one-shot does: the same bits for -0.0
         for r in tl.static_range(1, WORLD):
-            acc += _ll_values(_ll_receive(mine + r * LL_SLOT + w, valid, flag, lanes, TIMEOUT_NS), out, ELEMS)
-        _ll_store_values(out, w, n, acc, ELEMS)
+            acc += ll_values(ll_receive(mine + r * LL_SLOT + w, valid, flag, lanes, TIMEOUT_NS), out, ELEMS)
+        ll_store_values(out, w, n, acc, ELEMS)
 
 
 class AllReduceContext(CollectiveContext):
