@@ -1,6 +1,6 @@
 """The LL (low-latency) protocol's device side, shared by the LL AllGather
 (:func:`~triton_dist.kernels.allgather_kernels.all_gather_ll_kernel`) and the LL AllReduce and
-ReduceScatter (:func:`~triton_dist.kernels.allreduce.ll_reduce_kernel`): every 8-byte word sent to
+ReduceScatter (:func:`~triton_dist.kernels.allreduce_kernels.ll_reduce_kernel`): every 8-byte word sent to
 a peer carries 4 bytes of payload (low half) and a 4-byte flag derived from the call's epoch (high
 half), written with one 64-bit store, which is single-copy atomic, so a receiver that sees the flag
 sees the payload: no signal and no fence. Receivers spin with ``ld.relaxed.sys`` on every word of a

@@ -178,7 +178,7 @@ class ReduceScatterContext(CollectiveContext):
     summed in rank order, so it is bit-identical to what any rank would compute), ``"ring"`` (``w -
     1`` steps around the ring ``r -> r + 1``, fp32 partials; for machines without a full NVLink
     mesh), ``"ll"`` (inputs of at most :attr:`ll_max_bytes`: the low-latency protocol of
-    :func:`~triton_dist.kernels.allreduce.ll_reduce_kernel`, data and flag in 8-byte words, no
+    :func:`~triton_dist.kernels.allreduce_kernels.ll_reduce_kernel`, data and flag in 8-byte words, no
     signals; the same bits as push), ``"auto"``: push at every size, since every machine this
     runs on so far (H200 with NVSwitch / 2 GPUs NVLinked) is a full mesh, where push moves the
     fewest bytes with the fewest dependent steps (``ll`` is not chosen: on 2 x H200 at a9498d2 it
