@@ -13,6 +13,7 @@ launch the kernels of :mod:`triton_dist.kernels`. torch is imported inside the f
     y = ops.gemm_ar(a, w)                    # sum over ranks of a @ w.T, on every rank (small M)
     d = ops.ep_dispatch(x, idx, w, context=ep)  # MoE: tokens to their experts' ranks (EPContext)
     y = ops.group_gemm(d.x, w_experts, counts=d.counts)  # each local expert's rows @ its weights
+    h = ops.ag_group_gemm(x, idx, w_shard, context=agg)    # MoE TP: gathered tokens @ expert shards
     out = ops.ep_combine(y, d.handle)        # and back, weighted and summed
 
 Every op but ``group_gemm`` (one GPU's experts) is collective: every rank makes the same calls, in
@@ -542,6 +543,40 @@ def group_gemm(x, w, *, offsets=None, counts=None, out=None, config: str | None 
     from .kernels.moe.group_gemm import group_gemm as _group_gemm
 
     return _group_gemm(x, w, offsets=offsets, counts=counts, out=out, config=config, check_rows=check_rows)
+
+
+def ag_group_gemm(x, topk_idx, w, *, context, out=None, check_routing: bool | None = None):
+    """MoE tensor parallelism, first GEMM: every rank's tokens ``x [m, K]`` (a sequence shard, the
+    same ``m`` everywhere) gathered and multiplied by the experts' weight shards ``w [E, N, K]``,
+    one row per routed (token, k) pair (``topk_idx [m, topk]``, ``-1`` for none), expert-major,
+    the gather overlapped tile by tile; returns an
+    :class:`~triton_dist.kernels.moe.ag_group_gemm.AGGroupGemmOutput` (``out``, ``offsets``,
+    ``token_index``, ``topk_slot``). ``context``: an
+    :class:`~triton_dist.kernels.moe.ag_group_gemm.AllGatherGroupGemmContext` (sizes, experts,
+    topk). ``check_routing``: check on the host that every id is in ``[-1, E)`` (one
+    synchronisation); default: when not capturing a CUDA graph. Collective."""
+    _require_initialized("ag_group_gemm")
+    import torch
+
+    from .kernels.moe.ag_group_gemm import AllGatherGroupGemmContext
+
+    if not isinstance(context, AllGatherGroupGemmContext):
+        raise TypeError(f"triton_dist ag_group_gemm: context must be an AllGatherGroupGemmContext, got "
+                        f"{type(context).__name__}")
+    m, n = context.check_call(x, topk_idx, w, out)
+    if check_routing is None:
+        check_routing = not torch.cuda.is_current_stream_capturing()
+    if check_routing and m:
+        low, high = int(topk_idx.min()), int(topk_idx.max())
+        if low < -1 or high >= context.num_experts:
+            raise ValueError(f"triton_dist ag_group_gemm: expert ids must be in [-1, {context.num_experts}), got ids "
+                             f"from {low} to {high}")
+    if out is None:
+        out = torch.empty((context.world * m * context.topk, n), dtype=x.dtype, device=x.device)
+    # The routing's int32 bits travel as float32 words: the gather moves bits, it never computes on them.
+    ids = topk_idx.to(torch.int32).contiguous()
+    gathered = all_gather(ids.view(torch.float32)).view(torch.int32) if m else ids
+    return context.run(x, gathered.view(context.world * m, context.topk), w, out)
 
 
 def _ep_context(op: str, context):

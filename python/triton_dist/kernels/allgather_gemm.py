@@ -284,12 +284,16 @@ class AllGatherGemmContext:
     def preload(self) -> None:
         """Compile and load every kernel with the specialisation of real calls (descriptors of this
         dtype and each config's blocks; every int unspecialised)."""
-        _call_counter.preload(self.calls)
         a = self.gathered[:self.world * self.max_m * self.k].view(self.world * self.max_m, self.k)
         for config in _gemm.CONFIGS:
             a_desc, b_desc, c_desc = _gemm.descriptors(a, a, a, config)  # only types and blocks matter
             ag_gemm_consumer_kernel.preload(a_desc, b_desc, c_desc, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
                                             grid=(1, ), **_gemm.kernel_meta(config, True))
+        self.preload_producer()
+
+    def preload_producer(self) -> None:
+        """Compile and load the gather's kernels (the call counter's and the producer's)."""
+        _call_counter.preload(self.calls)
         if self.producer == "sm_push":
             ag_gemm_push_kernel.preload(self.gathered, self.pad.signals, self.calls, self.tickets, 2, grid=(1, ),
                                         **self._push_meta())
@@ -303,15 +307,31 @@ class AllGatherGemmContext:
         and ``out [world * m, N]``: contiguous CUDA tensors of this dtype, ``m <= max_m_per_rank``,
         ``N % 8 == 0``, ``b`` and ``out`` 16-byte aligned (validated by
         :func:`triton_dist.ops.ag_gemm`, not here)."""
-        import torch
-
         m, n = a_shard.shape[0], b.shape[0]
         if m == 0 or n == 0:
             return
         if not self._protocol:
             _gemm.gemm(a_shard, b, out=out)
             return
-        world, me, k = self.world, self.rank, self.k
+        k = self.k
+        stream = self.start_gather(a_shard)
+        rows = self.world * m
+        config = _gemm.pick_config(rows, n, k, self.max_programs)
+        a = self.gathered[:rows * k].view(rows, k)
+        a_desc, b_desc, c_desc = _gemm.descriptors(a, b, out, config)
+        ag_gemm_consumer_kernel[_gemm.grid_for(rows, n, config, self.max_programs)](
+            a_desc, b_desc, c_desc, rows, n, k, self.pad.signals, self.calls, self.rank, m,
+            **_gemm.kernel_meta(config, True))
+        stream.wait_stream(self._side)
+
+    def start_gather(self, a_shard):
+        """The gather's half of a call (module notes): bump the call counter, this rank's rows into
+        ``gathered``, the producer on the side stream. A consumer launched next on the returned
+        (current) stream may read rank ``r``'s rows ``[r * m, (r + 1) * m)`` of ``gathered`` once
+        ``pad.signals[r] >= *calls``; the call then ends with ``stream.wait_stream(self._side)``."""
+        import torch
+
+        m, k, me = a_shard.shape[0], self.k, self.rank
         x = a_shard.reshape(-1)
         stream = torch.cuda.current_stream()
         _call_counter.bump(self.calls)
@@ -325,13 +345,7 @@ class AllGatherGemmContext:
                                                             m * k, **self._push_meta())
             else:
                 self._push(x, m)
-        rows = world * m
-        config = _gemm.pick_config(rows, n, k, self.max_programs)
-        a = self.gathered[:rows * k].view(rows, k)
-        a_desc, b_desc, c_desc = _gemm.descriptors(a, b, out, config)
-        ag_gemm_consumer_kernel[_gemm.grid_for(rows, n, config, self.max_programs)](
-            a_desc, b_desc, c_desc, rows, n, k, self.pad.signals, self.calls, me, m, **_gemm.kernel_meta(config, True))
-        stream.wait_stream(self._side)
+        return stream
 
     def _push_meta(self) -> dict:
         return dict(WORLD=self.world, BLOCK=PUSH_BLOCK, num_warps=8)

@@ -26,16 +26,30 @@ def tile_coords(tile, num_m, num_n, group_size):
 
 @triton.jit
 def tile_product(a_desc, b_desc, off_m, off_n, k_tiles, token, BM: tl.constexpr, BN: tl.constexpr,
-                 BK: tl.constexpr, NUM_STAGES: tl.constexpr, A_AFTER_TOKEN: tl.constexpr):
+                 BK: tl.constexpr, NUM_STAGES: tl.constexpr, A_AFTER_TOKEN: tl.constexpr, a_rows=None, a_mask=None,
+                 K=None):
     """``A[off_m:off_m + BM, :] @ B[off_n:off_n + BN, :]^T`` in fp32 over ``k_tiles`` steps of
     ``BK``, TMA loads through ``a_desc`` (block ``[BM, BK]``) and ``b_desc`` (block ``[BN, BK]``)
     into a ``NUM_STAGES``-deep pipeline feeding wgmma. ``A_AFTER_TOKEN``: A's loads go through
-    ``dl.consume_token(a_desc, token)``, so they are issued after the wait that made ``token``
-    (with the async-proxy fence in between); the wait itself stays outside, between tiles, since
-    the pipeliner would otherwise hoist the next tile's loads above it."""
+    ``dl.consume_token(..., token)``, so they are issued after the wait that made ``token`` (with
+    the async-proxy fence in between for a descriptor); the wait itself stays outside, between
+    tiles, since the pipeliner would otherwise hoist the next tile's loads above it.
+
+    Gathered rows (``a_rows`` given, ``a_desc`` and ``off_m`` unused): A's tile is the rows whose
+    first elements ``a_rows`` points at (``[BM, 1]`` pointers into a row-major ``[*, K]`` tensor),
+    loaded with ``tl.load`` where ``a_mask`` (``[BM, 1]``) holds and zero elsewhere or past ``K``:
+    the rows of a grouped GEMM whose tokens are not stored in expert order. To order these loads
+    after a wait, bind its token to the row indices the caller builds ``a_rows`` from
+    (``A_AFTER_TOKEN`` is for the descriptor): bound to the pointers, the token's unknown value
+    would hide their 16-byte alignment and the loads would neither vectorise nor pipeline."""
     acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if a_rows is not None:
+        cols = tl.arange(0, BK)[None, :]
+        a_ptrs = a_rows + cols
     for k in tl.range(0, k_tiles, num_stages=NUM_STAGES):
-        if A_AFTER_TOKEN:
+        if a_rows is not None:
+            a = tl.load(a_ptrs + k * BK, mask=a_mask & (cols < K - k * BK), other=0.0)
+        elif A_AFTER_TOKEN:
             a = dl.consume_token(a_desc, token).load([off_m, k * BK])
         else:
             a = a_desc.load([off_m, k * BK])

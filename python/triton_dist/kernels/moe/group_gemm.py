@@ -158,8 +158,8 @@ def _check(x, w, ends, padded: bool, out):
 
 
 def _check_rows(ends: list[int], padded: bool, rows: int, capacity: int) -> None:
-    """Offsets non-decreasing and ending at the token count, or counts in ``[0, capacity]``
-    (``ends``: the values, read on the host)."""
+    """Offsets non-decreasing and ending at most at the token count, or counts in ``[0,
+    capacity]`` (``ends``: the values, read on the host)."""
     if padded:
         if ends and (min(ends) < 0 or max(ends) > capacity):
             raise ValueError(f"triton_dist group_gemm: counts must be in [0, {capacity}] (x's capacity), got counts "
@@ -169,10 +169,9 @@ def _check_rows(ends: list[int], padded: bool, rows: int, capacity: int) -> None
         if end < before:
             raise ValueError(f"triton_dist group_gemm: offsets must be non-decreasing cumulative row ends from 0; "
                              f"offsets[{e}] = {end} is below {before}")
-    last = ends[-1] if ends else 0
-    if last != rows:
-        raise ValueError(f"triton_dist group_gemm: offsets must end at x's {rows} rows, got {last} (offsets[-1], or "
-                         f"0 with no experts)")
+    if ends and ends[-1] > rows:
+        raise ValueError(f"triton_dist group_gemm: offsets must end at most at x's {rows} rows, got offsets[-1] = "
+                         f"{ends[-1]}")
 
 
 def group_gemm(x, w, *, offsets=None, counts=None, out=None, config: str | None = None,
@@ -182,7 +181,8 @@ def group_gemm(x, w, *, offsets=None, counts=None, out=None, config: str | None 
     Local to this GPU, not collective.
 
     Give exactly one of ``offsets`` (``x [T, K]`` sorted by expert, int32 cumulative row ends,
-    ``out [T, N]``) or ``counts`` (``x [experts, capacity, K]``, int32 rows used per expert, ``out
+    ``out [T, N]``, rows past ``offsets[-1]`` left as they were: the dropped pairs that
+    :func:`triton_dist.ops.ag_group_gemm` sorts last) or ``counts`` (``x [experts, capacity, K]``, int32 rows used per expert, ``out
     [experts, capacity, N]``, rows past the counts left as they were). Empty experts and ``T = 0``
     are fine. ``config``: one of :data:`CONFIGS` (default: :func:`pick_config`). ``check_rows``:
     check the offsets or counts on the host (one synchronisation); default: when not capturing a
