@@ -19,11 +19,13 @@ _SMEM_LIMIT = 232448
 
 def _compile(config, dtype="bf16"):
     c = gemm_module.config_params(config)
-    signature = {"gathered": f"*{dtype}", "w_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>", "c": f"*{dtype}",
-                 "offsets": "*i32", "token_index": "*i32", "signals": "*u64", "calls": "*i64", "num_experts": "i32",
-                 "total_rows": "i32", "m_per_rank": "i32", "N": "i32", "K": "i32"}
+    signature = {"w_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>", "c": f"*{dtype}", "ends": "*i32",
+                 "num_experts": "i32", "total_rows": "i32", "capacity": "i32", "N": "i32", "K": "i32",
+                 "gathered": f"*{dtype}", "token_index": "*i32", "signals": "*u64", "calls": "*i64",
+                 "m_per_rank": "i32"}
     meta = agg._meta(config)
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
+    meta.update(a_desc=None, GATHERED=True)
     return compile_for_hopper(agg.ag_group_gemm_kernel, signature, meta, **options)
 
 

@@ -10,8 +10,8 @@ in rows ``[r * m, (r + 1) * m)`` of ``gathered`` and ``ready[r] >= *calls`` says
 is small and travels first, with :func:`triton_dist.ops.all_gather` on the caller's stream; every
 rank then sorts the same ``world * m * topk`` pairs the same way on the GPU (by expert, stably, so
 by token within an expert: :meth:`AllGatherGroupGemmContext.layout`). The consumer
-(:func:`ag_group_gemm_kernel`) is the grouped GEMM of :mod:`~triton_dist.kernels.moe.group_gemm`
-with its A rows gathered through the sorted token index: before a tile's K loop it acquire-waits
+(:data:`ag_group_gemm_kernel`) is the grouped GEMM of :mod:`~triton_dist.kernels.moe.group_gemm`
+with its A rows gathered through the sorted token index (``GATHERED``): before a tile's K loop it acquire-waits
 (system scope) for ``ready[r]`` of every rank from the first to the last whose tokens the tile
 holds (tokens ascend within an expert, so those ranks are a contiguous range), and its loads of
 A go through ``dl.consume_token`` of the row pointers. W comes by TMA.
@@ -24,56 +24,17 @@ dense consumer does, only in another order, and the call ends with the same stre
 from __future__ import annotations
 
 import triton
-import triton.language as tl
 
-from ... import language as dl
-from ...distributed_jit import jit
+from ...distributed_jit import DistributedKernel
 from .. import gemm as _gemm
 from ..allgather_gemm import AllGatherGemmContext
-from ..gemm_tile import tile_coords, tile_product
 from .ep_context import _describe
-from .group_gemm import CONFIGS, _expert_rows, launch, pick_config
+from .group_gemm import CONFIGS, group_gemm_kernel, launch, pick_config
 
 
-@jit(do_not_specialize=["num_experts", "total_rows", "m_per_rank", "N", "K"])
-def ag_group_gemm_kernel(gathered, w_desc, c, offsets, token_index, signals, calls, num_experts, total_rows,
-                         m_per_rank, N, K, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                         GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """``c[i] = gathered[token_index[i]] @ W[e].T`` for every sorted row ``i`` of expert ``e``
-    (rows ``[offsets[e - 1], offsets[e])``, ``total_rows`` in all). ``gathered``: ``[world *
-    m_per_rank, K]``, rank ``r``'s tokens at rows ``[r * m_per_rank, ...)``, readable once
-    ``signals[r] >= *calls``; ``w_desc``: ``[num_experts * N, K]``, block ``[BN, BK]``; ``c``:
-    ``[total_rows, N]`` (``N`` a multiple of 8)."""
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    epoch = tl.load(calls)
-    num_n = tl.cdiv(N, BN)
-    k_tiles = tl.cdiv(K, BK)
-    stride = (N // 8) * 8  # == N (a multiple of 8), with the divisibility fact for 16-byte stores
-    k_stride = (K // 8) * 8  # == K, likewise for the rows of gathered
-    first_tile = pid * 0
-    for e in range(0, num_experts):
-        start, count = _expert_rows(offsets, e, total_rows, 0, False)
-        num_m = tl.cdiv(count, BM)
-        tiles = num_m * num_n
-        for tile in range(first_tile + (pid - first_tile % grid + grid) % grid, first_tile + tiles, grid):
-            pid_m, pid_n = tile_coords(tile - first_tile, num_m, num_n, GROUP_M)
-            local = pid_m * BM + tl.arange(0, BM)
-            valid = local < count
-            tokens = tl.load(token_index + start + local, mask=valid, other=0)
-            first = tl.min(tl.where(valid, tokens, 2**31 - 1), 0) // m_per_rank
-            last = tl.max(tl.where(valid, tokens, 0), 0) // m_per_rank
-            token = dl.wait(signals + first, last - first + 1, "sys", "acquire", epoch)
-            # The token on the row indices, not the pointers: the loads depend on the wait and keep
-            # their alignment (k_stride: rows of 16 bytes' multiples), so they vectorise and pipeline.
-            rows = gathered + dl.consume_token(tokens, token).to(tl.int64)[:, None] * k_stride
-            acc = tile_product(None, w_desc, 0, e * N + pid_n * BN, k_tiles, None, BM, BN, BK, NUM_STAGES, False,
-                               a_rows=rows, a_mask=valid[:, None], K=k_stride)
-            cols = pid_n * BN + tl.arange(0, BN)
-            mask = valid[:, None] & (cols < stride)[None, :]
-            ptrs = c + (start + local).to(tl.int64)[:, None] * stride + cols[None, :]
-            tl.store(ptrs, acc.to(c.dtype.element_ty), mask=mask)
-        first_tile += tiles
+ag_group_gemm_kernel = DistributedKernel(group_gemm_kernel)
+""":func:`triton_dist.kernels.moe.group_gemm.group_gemm_kernel` launched with ``GATHERED=True``
+(its wait links the language's support library)."""
 
 
 class AGGroupGemmOutput:
@@ -116,8 +77,9 @@ class AllGatherGroupGemmContext(AllGatherGemmContext):
         index = torch.zeros(1, dtype=torch.int32, device=self.device)
         for config in CONFIGS:
             _, w_desc = _gemm.operand_descriptors(a, a, config)  # only the type and the block matter
-            ag_group_gemm_kernel.preload(self.gathered, w_desc, self.gathered, index, index, self.pad.signals,
-                                         self.calls, 2, 2, 2, 8, 8, grid=(1, ), **_meta(config))
+            ag_group_gemm_kernel.preload(None, w_desc, self.gathered, index, 2, 2, 0, 8, 8, grid=(1, ),
+                                         **_consumer_args(self.gathered, index, self.pad.signals, self.calls, 2),
+                                         **_meta(config))
         self.preload_producer()
 
     def layout(self, topk_idx_all):
@@ -155,8 +117,8 @@ class AllGatherGroupGemmContext(AllGatherGemmContext):
         _, w_desc = _gemm.operand_descriptors(a, w.reshape(experts * n, k), config)
         tiles = (triton.cdiv(rows, cfg["BM"]) + experts) * triton.cdiv(n, cfg["BN"])
         ag_group_gemm_kernel[(max(1, min(tiles, self.max_programs)), )](
-            self.gathered, w_desc, out, offsets, token_index, self.pad.signals, self.calls, experts, rows, m, n, k,
-            **_meta(config))
+            None, w_desc, out, offsets, experts, rows, 0, n, k,
+            **_consumer_args(self.gathered, token_index, self.pad.signals, self.calls, m), **_meta(config))
         stream.wait_stream(self._side)
         return result
 
@@ -187,7 +149,12 @@ class AllGatherGroupGemmContext(AllGatherGemmContext):
         return m, w.shape[1]
 
 
+def _consumer_args(gathered, token_index, signals, calls, m_per_rank: int) -> dict:
+    return dict(GATHERED=True, gathered=gathered, token_index=token_index, signals=signals, calls=calls,
+                m_per_rank=m_per_rank)
+
+
 def _meta(config: str) -> dict:
     cfg = _gemm.config_params(config)
     return dict(BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], GROUP_M=cfg["GROUP_M"], NUM_STAGES=cfg["NUM_STAGES"],
-                num_warps=cfg["num_warps"], num_stages=cfg["NUM_STAGES"])
+                PADDED=False, num_warps=cfg["num_warps"], num_stages=cfg["NUM_STAGES"])

@@ -31,6 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ... import language as dl
 from .. import gemm as _gemm
 from ..gemm_tile import tile_coords, tile_product
 from .ep_context import _describe
@@ -67,20 +68,32 @@ def _expert_rows(ends, e, total_rows, capacity, PADDED: tl.constexpr):
     return start, count
 
 
-@triton.jit(do_not_specialize=["num_experts", "total_rows", "capacity", "N", "K"])
+@triton.jit(do_not_specialize=["num_experts", "total_rows", "capacity", "N", "K", "m_per_rank"])
 def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity, N, K, BM: tl.constexpr,
                       BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
-                      PADDED: tl.constexpr):
+                      PADDED: tl.constexpr, GATHERED: tl.constexpr = False, gathered=None, token_index=None,
+                      signals=None, calls=None, m_per_rank=1):
     """``c[rows of e] = A[rows of e] @ W[e]^T`` for every expert ``e < num_experts``. ``a_desc``:
     ``[total_rows, K]``, block ``[BM, BK]``; ``w_desc``: ``[num_experts * N, K]``, block ``[BN,
     BK]``; ``c``: ``[total_rows, N]`` (``N`` a multiple of 8). ``ends``: int32 ``[num_experts]``,
     cumulative row ends (packed) or row counts with expert ``e`` at row ``e * capacity``
-    (``PADDED``)."""
+    (``PADDED``).
+
+    ``GATHERED`` (the consumer of AllGather + grouped GEMM,
+    :mod:`~triton_dist.kernels.moe.ag_group_gemm`, launched through ``triton_dist.jit``; packed
+    rows, ``a_desc`` unused): row ``i`` of A is row ``token_index[i]`` of ``gathered`` (``[world *
+    m_per_rank, K]``, ``K`` a multiple of 8), and rank ``r``'s rows ``[r * m_per_rank, ...)`` may
+    be read once ``signals[r] >= *calls``. Before a tile's K loop the program acquire-waits
+    (system scope) for every rank from the first to the last whose rows the tile holds (tokens
+    ascend within an expert, so those ranks are consecutive)."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     num_n = tl.cdiv(N, BN)
     k_tiles = tl.cdiv(K, BK)
     stride = (N // 8) * 8  # == N (a multiple of 8), with the divisibility fact for 16-byte stores
+    if GATHERED:
+        epoch = tl.load(calls)
+        k_stride = (K // 8) * 8  # == K, likewise for the gathered rows' loads
     first_tile = pid * 0  # this expert's first tile in the numbering of every expert's tiles
     for e in range(0, num_experts):
         start, count = _expert_rows(ends, e, total_rows, capacity, PADDED)
@@ -89,9 +102,21 @@ def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity
         # From this program's first tile at or after first_tile: tiles p, p + G, ... across experts.
         for tile in range(first_tile + (pid - first_tile % grid + grid) % grid, first_tile + tiles, grid):
             pid_m, pid_n = tile_coords(tile - first_tile, num_m, num_n, GROUP_M)
-            acc = tile_product(a_desc, w_desc, start + pid_m * BM, e * N + pid_n * BN, k_tiles, None, BM, BN, BK,
-                               NUM_STAGES, False)
             rows = pid_m * BM + tl.arange(0, BM)
+            if GATHERED:
+                valid = rows < count
+                tokens = tl.load(token_index + start + rows, mask=valid, other=0)
+                first = tl.min(tl.where(valid, tokens, 2**31 - 1), 0) // m_per_rank
+                last = tl.max(tl.where(valid, tokens, 0), 0) // m_per_rank
+                token = dl.wait(signals + first, last - first + 1, "sys", "acquire", epoch)
+                # The token on the row indices, not the pointers: the loads depend on the wait and
+                # keep their 16-byte alignment (k_stride), so they vectorise and pipeline.
+                a_rows = gathered + dl.consume_token(tokens, token).to(tl.int64)[:, None] * k_stride
+                acc = tile_product(None, w_desc, 0, e * N + pid_n * BN, k_tiles, None, BM, BN, BK, NUM_STAGES,
+                                   False, a_rows=a_rows, a_mask=valid[:, None], K=k_stride)
+            else:
+                acc = tile_product(a_desc, w_desc, start + pid_m * BM, e * N + pid_n * BN, k_tiles, None, BM, BN,
+                                   BK, NUM_STAGES, False)
             cols = pid_n * BN + tl.arange(0, BN)
             mask = (rows < count)[:, None] & (cols < stride)[None, :]
             ptrs = c + (start + rows).to(tl.int64)[:, None] * stride + cols[None, :]
