@@ -34,6 +34,7 @@ import triton.language as tl
 from ... import language as dl
 from .. import gemm as _gemm
 from ..gemm_tile import tile_coords, tile_product
+from ..tickets import last_to_finish
 from .ep_context import _describe
 
 CONFIGS = ("skinny_n128", "small", "large")
@@ -68,11 +69,12 @@ def _expert_rows(ends, e, total_rows, capacity, PADDED: tl.constexpr):
     return start, count
 
 
-@triton.jit(do_not_specialize=["num_experts", "total_rows", "capacity", "N", "K", "m_per_rank"])
+@triton.jit(do_not_specialize=["num_experts", "total_rows", "capacity", "N", "K", "m_per_rank", "half_elems"])
 def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity, N, K, BM: tl.constexpr,
                       BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
                       PADDED: tl.constexpr, GATHERED: tl.constexpr = False, gathered=None, token_index=None,
-                      signals=None, calls=None, m_per_rank=1):
+                      signals=None, calls=None, m_per_rank=1, SCATTER_ADD: tl.constexpr = False, topk_slot=None,
+                      weights=None, TOPK: tl.constexpr = 1, half_elems=0, tickets=None, WORLD: tl.constexpr = 1):
     """``c[rows of e] = A[rows of e] @ W[e]^T`` for every expert ``e < num_experts``. ``a_desc``:
     ``[total_rows, K]``, block ``[BM, BK]``; ``w_desc``: ``[num_experts * N, K]``, block ``[BN,
     BK]``; ``c``: ``[total_rows, N]`` (``N`` a multiple of 8). ``ends``: int32 ``[num_experts]``,
@@ -85,15 +87,26 @@ def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity
     m_per_rank, K]``, ``K`` a multiple of 8), and rank ``r``'s rows ``[r * m_per_rank, ...)`` may
     be read once ``signals[r] >= *calls``. Before a tile's K loop the program acquire-waits
     (system scope) for every rank from the first to the last whose rows the tile holds (tokens
-    ascend within an expert, so those ranks are consecutive)."""
+    ascend within an expert, so those ranks are consecutive).
+
+    ``SCATTER_ADD`` (grouped GEMM + ReduceScatter, :mod:`~triton_dist.kernels.moe.group_gemm_rs`;
+    packed rows): row ``i`` is routed pair ``(t, s) = (token_index[i], topk_slot[i])`` of gathered
+    token ``t``; the tile, scaled per row by ``weights[t * TOPK + s]`` (fp32), is added (relaxed
+    fp32 reductions at system scope) into row ``t % m_per_rank`` of the symmetric fp32 ``c`` (half
+    ``*calls % 2`` of ``2 * half_elems``) on rank ``t // m_per_rank``. The program that finishes
+    last (a ticket, acq_rel at system scope, so every program's reductions precede it) then sets
+    ``signals[me] = *calls`` on every rank: "all my rows of this call are in your buffer"."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     num_n = tl.cdiv(N, BN)
     k_tiles = tl.cdiv(K, BK)
     stride = (N // 8) * 8  # == N (a multiple of 8), with the divisibility fact for 16-byte stores
-    if GATHERED:
+    if GATHERED or SCATTER_ADD:
         epoch = tl.load(calls)
+    if GATHERED:
         k_stride = (K // 8) * 8  # == K, likewise for the gathered rows' loads
+    if SCATTER_ADD:
+        half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
     first_tile = pid * 0  # this expert's first tile in the numbering of every expert's tiles
     for e in range(0, num_experts):
         start, count = _expert_rows(ends, e, total_rows, capacity, PADDED)
@@ -119,9 +132,36 @@ def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity
                                    BK, NUM_STAGES, False)
             cols = pid_n * BN + tl.arange(0, BN)
             mask = (rows < count)[:, None] & (cols < stride)[None, :]
-            ptrs = c + (start + rows).to(tl.int64)[:, None] * stride + cols[None, :]
-            tl.store(ptrs, acc.to(c.dtype.element_ty), mask=mask)
+            if SCATTER_ADD:
+                _scatter_add_tile(acc, c, half, token_index, topk_slot, weights, start + rows, rows < count, cols,
+                                  mask, stride, m_per_rank, TOPK, WORLD)
+            else:
+                ptrs = c + (start + rows).to(tl.int64)[:, None] * stride + cols[None, :]
+                tl.store(ptrs, acc.to(c.dtype.element_ty), mask=mask)
         first_tile += tiles
+    if SCATTER_ADD:
+        if last_to_finish(tickets, 0, grid, "sys"):
+            me = dl.rank()
+            for r in tl.static_range(WORLD):
+                dl.notify(signals + me, (me + r) % WORLD, epoch, "set", "intra_node")
+
+
+@triton.jit
+def _scatter_add_tile(acc, partial, half, token_index, topk_slot, weights, index, valid, cols, mask, stride,
+                      m_per_rank, TOPK: tl.constexpr, WORLD: tl.constexpr):
+    """``SCATTER_ADD``'s epilogue (see :func:`group_gemm_kernel`): the tile's rows, weighted, into
+    their tokens' rows on the tokens' ranks (consecutive ranks: tokens ascend within an expert)."""
+    tokens = tl.load(token_index + index, mask=valid, other=0)
+    slots = tl.load(topk_slot + index, mask=valid, other=0)
+    scale = tl.load(weights + tokens.to(tl.int64) * TOPK + slots, mask=valid, other=0.0)
+    value = acc * scale[:, None]
+    dest = tokens // m_per_rank
+    offs = (tokens - dest * m_per_rank).to(tl.int64)[:, None] * stride + cols[None, :]
+    first = tl.min(tl.where(valid, dest, WORLD), 0)
+    last = tl.max(tl.where(valid, dest, 0), 0)
+    for d in range(first, last + 1):
+        base = tl.multiple_of(dl.symm_at(partial, d), 16) + half  # symm_at loses the alignment fact
+        tl.atomic_add(base + offs, value, mask=mask & (dest == d)[:, None], sem="relaxed", scope="sys")
 
 
 def launch(a, w, c, ends, *, padded: bool, config: str | None = None) -> None:
