@@ -50,8 +50,13 @@ class EagerLaunches:
         self._launchers: dict = {}
         self._attempts: dict = {}
         self._runtime_params = [p for p in fn.params if not p.is_constexpr]
+        self._runtime_names = frozenset(p.name for p in self._runtime_params)
 
     def _key(self, device: int, kwargs: dict):
+        # A runtime argument by keyword (a tensor, a count) is never learnt, and must not make a
+        # key: tensors hash by identity, so every call would add one (holding its tensors) for ever.
+        if not self._runtime_names.isdisjoint(kwargs):
+            return None
         try:
             key = (device, *kwargs.items())
             hash(key)

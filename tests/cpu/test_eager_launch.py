@@ -117,6 +117,15 @@ def test_runtime_arguments_by_keyword_are_not_learnt(launches):
     assert launches.variants() == 0
 
 
+def test_runtime_arguments_by_keyword_leave_nothing_behind(launches):
+    """Each call's tensors passed by keyword must not be kept (in a key of the attempts, say)."""
+    for address in range(4096, 4096 + 64 * 16, 16):
+        kwargs = dict(META, x=FakeTensor(address, BF16))
+        assert not launches.launch(NONE, (None, 17, 1, 3, 0.5), kwargs)
+        launches.learn(loaded(), (None, 17, 1, 3, 0.5), kwargs)
+    assert launches.variants() == 0 and not launches._attempts and not launches._launchers
+
+
 def test_a_launch_hook_or_a_callable_grid_keeps_tritons_path(launches, monkeypatch):
     launches.learn(loaded(), example(), META)
     assert not launches.launch(lambda meta: (1, ), example(), META)

@@ -138,14 +138,17 @@ class AllGatherGroupGemmContext(AllGatherGemmContext):
             raise ValueError(f"triton_dist {op}: topk_idx must be an int32 or int64 [{m}, {self.topk}] tensor on "
                              f"{self.device}, got {_describe(topk_idx)}")
         if not isinstance(w, torch.Tensor) or w.dim() != 3 or w.dtype != self.dtype or not w.is_contiguous() or \
-                w.shape[0] != self.num_experts or w.shape[2] != self.k or w.shape[1] % 8 or w.device != self.device:
-            raise ValueError(f"triton_dist {op}: w must be a contiguous [{self.num_experts}, N, {self.k}] {self.dtype} "
-                             f"tensor on {self.device} with N a multiple of 8, got {_describe(w)}")
+                w.shape[0] != self.num_experts or w.shape[2] != self.k or w.shape[1] % 8 or w.device != self.device \
+                or w.data_ptr() % 16:
+            raise ValueError(f"triton_dist {op}: w must be a contiguous, 16-byte aligned [{self.num_experts}, N, "
+                             f"{self.k}] {self.dtype} tensor on {self.device} with N a multiple of 8, got "
+                             f"{_describe(w)}")
         shape = (self.world * m * self.topk, w.shape[1])
         if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or
-                                out.dtype != self.dtype or not out.is_contiguous() or out.device != self.device):
-            raise ValueError(f"triton_dist {op}: out must be a contiguous {list(shape)} {self.dtype} tensor on "
-                             f"{self.device}, got {_describe(out)}")
+                                out.dtype != self.dtype or not out.is_contiguous() or out.device != self.device or
+                                out.data_ptr() % 16):
+            raise ValueError(f"triton_dist {op}: out must be a contiguous, 16-byte aligned {list(shape)} {self.dtype} "
+                             f"tensor on {self.device}, got {_describe(out)}")
         return m, w.shape[1]
 
 

@@ -21,9 +21,9 @@ Within an expert, tiles go in the grouped order of the dense GEMM (:func:`tile_c
 tile's K loop is the dense GEMM's (:func:`tile_product`). A's TMA box may run past the expert's
 rows into the next expert's (read, never used) and W's past ``N`` into the next expert's weights;
 the epilogue stores with a mask on the expert's rows and on ``N``, so no tile writes rows of
-another expert. Row offsets are clamped on the GPU (to ``[0, T]`` and non-decreasing; counts to
-``[0, capacity]``), so unchecked bad routing cannot write out of bounds; the host check
-(``check_rows``) reports it instead.
+another expert. Row offsets are clamped on the GPU (to ``[0, T]``; counts to ``[0, capacity]``),
+so unchecked bad routing cannot write out of bounds (experts' rows may then overlap); the host
+check (``check_rows``) reports it instead.
 """
 
 from __future__ import annotations
@@ -150,8 +150,12 @@ def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity
 def _scatter_add_tile(acc, partial, half, token_index, topk_slot, weights, index, valid, cols, mask, stride,
                       m_per_rank, TOPK: tl.constexpr, WORLD: tl.constexpr):
     """``SCATTER_ADD``'s epilogue (see :func:`group_gemm_kernel`): the tile's rows, weighted, into
-    their tokens' rows on the tokens' ranks (consecutive ranks: tokens ascend within an expert)."""
+    their tokens' rows on the tokens' ranks (consecutive ranks: tokens ascend within an expert).
+    A token index outside ``[0, WORLD * m_per_rank)`` (a layout not made by ``ag_group_gemm``)
+    adds nothing, so no rank or row out of range is written."""
     tokens = tl.load(token_index + index, mask=valid, other=0)
+    valid = valid & (tokens >= 0) & (tokens < WORLD * m_per_rank)
+    mask = mask & valid[:, None]
     slots = tl.load(topk_slot + index, mask=valid, other=0)
     scale = tl.load(weights + tokens.to(tl.int64) * TOPK + slots, mask=valid, other=0.0)
     value = acc * scale[:, None]
@@ -206,14 +210,14 @@ def _check(x, w, ends, padded: bool, out):
         raise ValueError(f"triton_dist {op}: x has K = {x.shape[-1]} but w is [experts, N, K] = {list(w.shape)}")
     if padded and x.shape[0] != experts:
         raise ValueError(f"triton_dist {op}: x is {list(x.shape)}, one block per expert, but w has {experts} experts")
-    if k % 8 or n % 8:
-        raise ValueError(f"triton_dist {op}: K ({k}) and N ({n}) must be multiples of 8 (TMA needs 16-byte aligned "
-                         f"rows)")
+    if k % 8 or n % 8 or k == 0:
+        raise ValueError(f"triton_dist {op}: K ({k}) and N ({n}) must be multiples of 8, K positive (TMA needs "
+                         f"16-byte aligned rows)")
     name = "counts" if padded else "offsets"
     if not isinstance(ends, torch.Tensor) or ends.dtype != torch.int32 or tuple(ends.shape) != (experts, ) or \
-            ends.device != w.device:
-        raise ValueError(f"triton_dist {op}: {name} must be an int32 [{experts}] tensor on {w.device}, got "
-                         f"{_describe(ends)}")
+            ends.device != w.device or not ends.is_contiguous():
+        raise ValueError(f"triton_dist {op}: {name} must be a contiguous int32 [{experts}] tensor on {w.device}, "
+                         f"got {_describe(ends)}")
     shape = (*x.shape[:-1], n)
     if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != x.dtype
                             or out.device != x.device or not out.is_contiguous() or out.data_ptr() % 16):
@@ -271,16 +275,6 @@ def group_gemm(x, w, *, offsets=None, counts=None, out=None, config: str | None 
         check_rows = not torch.cuda.is_current_stream_capturing()
     if check_rows:
         _check_rows(ends.tolist(), padded, rows, x.shape[1] if padded else 0)
-    if w.shape[2] == 0:
-        return out.zero_() if not padded else _zero_counted_rows(out, ends)
     launch(_gemm.aligned_for_tma(x), _gemm.aligned_for_tma(w), out, ends, padded=padded, config=config)
     return out
 
-
-def _zero_counted_rows(out, counts):
-    """K = 0: every counted row of a padded output is an empty sum."""
-    import torch
-
-    used = torch.arange(out.shape[1], device=out.device)[None, :] < counts[:, None]
-    out.masked_fill_(used[:, :, None], 0)
-    return out

@@ -140,9 +140,11 @@ class GroupGemmReduceScatterContext:
         m = weights.shape[0]
         rows = self.world * m * self.topk
         if not isinstance(w, torch.Tensor) or w.dim() != 3 or tuple(w.shape[:2]) != (self.num_experts, self.n) or \
-                w.dtype != self.dtype or not w.is_contiguous() or w.shape[2] % 8 or w.device != self.device:
-            raise ValueError(f"triton_dist {op}: w must be a contiguous [{self.num_experts}, {self.n}, K] {self.dtype} "
-                             f"tensor on {self.device} with K a multiple of 8, got {_describe(w)}")
+                w.dtype != self.dtype or not w.is_contiguous() or w.shape[2] % 8 or not w.shape[2] or \
+                w.device != self.device or w.data_ptr() % 16:
+            raise ValueError(f"triton_dist {op}: w must be a contiguous, 16-byte aligned [{self.num_experts}, "
+                             f"{self.n}, K] {self.dtype} tensor on {self.device} with K a positive multiple of 8, got "
+                             f"{_describe(w)}")
         if not isinstance(act, torch.Tensor) or tuple(act.shape) != (rows, w.shape[2]) or act.dtype != self.dtype or \
                 not act.is_contiguous() or act.device != self.device:
             raise ValueError(f"triton_dist {op}: act must be a contiguous [{rows}, {w.shape[2]}] {self.dtype} tensor "
@@ -150,9 +152,9 @@ class GroupGemmReduceScatterContext:
         for name, t, shape in (("offsets", offsets, (self.num_experts, )), ("token_index", token_index, (rows, )),
                                ("topk_slot", topk_slot, (rows, ))):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or tuple(t.shape) != shape or \
-                    t.device != self.device:
-                raise ValueError(f"triton_dist {op}: {name} must be an int32 {list(shape)} tensor on {self.device} "
-                                 f"(the routing's layout from ops.ag_group_gemm), got {_describe(t)}")
+                    t.device != self.device or not t.is_contiguous():
+                raise ValueError(f"triton_dist {op}: {name} must be a contiguous int32 {list(shape)} tensor on "
+                                 f"{self.device} (the routing's layout from ops.ag_group_gemm), got {_describe(t)}")
         if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (m, self.n) or
                                 out.dtype != self.dtype or not out.is_contiguous() or out.device != self.device):
             raise ValueError(f"triton_dist {op}: out must be a contiguous [{m}, {self.n}] {self.dtype} tensor on "
