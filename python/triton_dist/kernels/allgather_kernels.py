@@ -10,7 +10,7 @@ import triton.language as tl
 from .. import language as dl
 from ..distributed_jit import jit
 from ..language.signals import _settings
-from .ll_protocol import ll_flag, ll_own_copy, ll_receive, ll_store, ll_words
+from .ll_protocol import ll_call, ll_own_copy, ll_receive, ll_store, ll_words
 from .tiles import load_tile, store_tile
 
 
@@ -217,14 +217,10 @@ def all_gather_ll_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, L
     ``2 * WORLD * LL_SLOT`` words, zeroed at creation; ``words``: LL words per rank (``n`` elements
     of ``4 / ELEMS`` bytes, 4 payload bytes a word); ``epoch_ptr``: the context's call counter."""
     TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
-    epoch = tl.load(epoch_ptr)
-    flag, high = ll_flag(epoch)
+    flag, high, half, tiles, lanes = ll_call(epoch_ptr, words, WORLD, LL_SLOT, BLOCK_W)
     me = dl.rank()
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK_W)
-    half = (epoch % 2).to(tl.int64) * (WORLD * LL_SLOT)
-    tiles = tl.cdiv(words, BLOCK_W)
     n64 = n.to(tl.int64)
 
     # 1. Send: one 64-bit relaxed system-scope store per word (payload | flag << 32) to every peer.

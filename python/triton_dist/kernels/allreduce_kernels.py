@@ -11,7 +11,7 @@ import triton.language as tl
 from .. import language as dl
 from ..distributed_jit import jit
 from ..language.signals import _settings
-from .ll_protocol import ll_flag, ll_receive, ll_store_values, ll_values, ll_words
+from .ll_protocol import ll_call, ll_receive, ll_store_values, ll_values, ll_words
 from .ring import ring_all_gather_steps
 from .tickets import last_to_finish
 from .tiles import copy_program_tiles, copy_tile, load_tile, store_tile
@@ -272,15 +272,11 @@ def ll_reduce_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LL_SL
     ``out`` is this rank's ``n``-element shard of the sum (it may be this rank's shard of
     ``x``)."""
     TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
-    epoch = tl.load(epoch_ptr)
-    flag, high = ll_flag(epoch)
+    flag, high, half, tiles, lanes = ll_call(epoch_ptr, words, WORLD, LL_SLOT, BLOCK_W)
     me = dl.rank()
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK_W)
-    half = (epoch % 2).to(tl.int64) * (WORLD * LL_SLOT)
     mine = ll + half  # this rank's half
-    tiles = tl.cdiv(words, BLOCK_W)
 
     # 1. Push: each tile, packed once, goes to slot `me` of every rank (own buffer first, then
     # peers), one 64-bit relaxed system-scope store per word. Words past `words` in the last tile

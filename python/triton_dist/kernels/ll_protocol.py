@@ -71,6 +71,17 @@ def ll_flag(epoch):
 
 
 @triton.jit
+def ll_call(epoch_ptr, words, WORLD: tl.constexpr, LL_SLOT: tl.constexpr, BLOCK_W: tl.constexpr):
+    """What every LL kernel derives first from its call: ``(flag, flag << 32)`` of this epoch
+    (:func:`ll_flag`), the offset of this call's half of a ``2 * WORLD * LL_SLOT``-word buffer, the
+    tiles of ``BLOCK_W`` words that ``words`` take, and the lanes of one tile."""
+    epoch = tl.load(epoch_ptr)
+    flag, high = ll_flag(epoch)
+    half = (epoch % 2).to(tl.int64) * (WORLD * LL_SLOT)
+    return flag, high, half, tl.cdiv(words, BLOCK_W), tl.arange(0, BLOCK_W)
+
+
+@triton.jit
 def ll_receive(ptrs, valid, flag, lanes, TIMEOUT_NS: tl.constexpr):
     """Spin on the LL words at ``ptrs`` until every valid one carries ``flag`` in its high half;
     returns the words. On timeout, reports (word index in the tile, its address, expected flag,
