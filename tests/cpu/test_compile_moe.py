@@ -25,11 +25,16 @@ def _shape(world, hidden=7168, experts=256, topk=8, tokens=128):
                 LP=1 << (local - 1).bit_length(), WORLD=world, MAX_PROGRAMS=32, BH=min(1024, 1 << (hidden - 1).bit_length()))
 
 
-def dispatch_ptx(world, send=True, recv=True, dt="bf16", **shape):
-    sig = dict(_INT, **_FP32, x=f"*{dt}", recv_x=f"*{dt}", out_x=f"*{dt}", signals="*u64", epoch_ptr="*i64",
+def dispatch_ptx(world, send=True, recv=True, dt="bf16", fp8=False, **shape):
+    moved = "fp8e4nv" if fp8 else dt
+    sig = dict(_INT, **_FP32, x=f"*{dt}", recv_x=f"*{moved}", out_x=f"*{moved}", signals="*u64", epoch_ptr="*i64",
                handle_epoch="*i64", tokens="i32")
-    return compile_for_hopper(alltoall.ep_dispatch_kernel, sig, dict(_shape(world, **shape), SEND=send, RECV=recv),
-                              num_warps=4).asm["ptx"]
+    meta = dict(_shape(world, **shape), SEND=send, RECV=recv, FP8=fp8, QB=128, QG=8 if fp8 else 1)
+    if fp8:
+        sig.update(recv_scale="*fp32", out_scale="*fp32")
+    else:
+        meta.update(recv_scale=None, out_scale=None)
+    return compile_for_hopper(alltoall.ep_dispatch_kernel, sig, meta, num_warps=4).asm["ptx"]
 
 
 def combine_ptx(world, dt="bf16", **shape):
@@ -88,3 +93,20 @@ def test_layout_is_deterministic(world, experts):
                              num_warps=4).asm["ptx"]
     assert ".target sm_90" in ptx
     assert not re.search(r"\batom\.|\bred\.", ptx)
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_fp8_dispatch_quantises_on_send(world):
+    """FP8 dispatch: the sender converts to e4m3 with saturation (cvt.rn.satfinite), several bytes
+    per store, and the protocol's waits and notifies are those of the bf16 dispatch."""
+    ptx = dispatch_ptx(world, fp8=True)
+    _no_nvshmem_calls(ptx)
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+    assert ptx.count(_SPIN) == 4, ptx.count(_SPIN)
+    assert len(re.findall(_RELEASE, ptx)) == 2 * world
+    send = dispatch_ptx(world, True, False, fp8=True)
+    assert re.search(r"st\.global(\.[a-z0-9]+)*\.v2\.b32", send) and "st.global.b8" not in send
+
+
+def test_bf16_dispatch_has_no_fp8():
+    assert "e4m3" not in dispatch_ptx(2)

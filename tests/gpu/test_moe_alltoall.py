@@ -3,7 +3,8 @@ rank computes from every rank's seeded inputs: uniform and skewed routing, every
 one rank, ``-1`` entries and tokens routed nowhere, topk 1, 2 and 8, hidden 7168 and odd sizes. What
 dispatch moves is compared exactly (routing is not arithmetic), combine within bf16 rounding. Also
 1,000 back-to-back calls with changing routing, the send/receive split with two micro-batches in
-flight, CUDA-graph capture and replay, and bad input. Any world size."""
+flight, CUDA-graph capture and replay, bad input, and FP8 dispatch against torch's quantisation.
+Any world size."""
 
 import pytest
 import torch
@@ -237,3 +238,60 @@ def test_cuda_graph_capture_and_replay():
         if not torch.allclose(out.float(), expected_combine(seed, ctx, "uniform").float(), rtol=2e-2, atol=2e-2):
             bad.append(seed)
     all_ranks_agree(not bad, f"rank {me}: replays of seeds {bad} combined wrong")
+
+
+def quantized_reference(x):
+    """torch's float8 e4m3 of ``x`` (``[rows, hidden]``) with one scale per 128 values, as FP8
+    dispatch promises: ``(values [rows, hidden / 128, 128] in fp32, scales [rows, hidden / 128])``."""
+    v = x.float().view(x.shape[0], -1, 128)
+    amax = v.abs().amax(-1)
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    return (v / scale[..., None]).to(torch.float8_e4m3fn).float(), scale
+
+
+@pytest.mark.parametrize("max_tokens,hidden,local,topk", [(128, 7168, 8, 8), (32, 256, 2, 2)])
+def test_fp8_dispatch_matches_torch_quantisation(max_tokens, hidden, local, topk):
+    """Rows arrive as float8 with per-128 scales equal to torch's quantisation of the same rows (the
+    GPU's division is within 2 ulp of torch's, so an fp8 value may round one step apart), the
+    weights and counts exactly; combine (bf16) still brings every token back."""
+    me = tdist.rank()
+    ctx = EPContext(max_tokens, hidden, local * tdist.world_size(), topk, DTYPE, fp8_dispatch=True)
+    bad = []
+    for seed, kind in ((31, "uniform"), (32, "with_none")):
+        x, idx, w = routing(seed, me, tokens_of(me, max_tokens), hidden, ctx.num_experts, topk, kind)
+        d = ops.ep_dispatch(x, idx, w, context=ctx)
+        scales_shape = (*d.x.shape[:2], hidden // 128)
+        if d.x.dtype != torch.float8_e4m3fn or d.scales is None or tuple(d.scales.shape) != scales_shape:
+            bad.append(f"x {d.x.dtype}, scales {None if d.scales is None else tuple(d.scales.shape)}")
+            break
+        want_x, want_w = expected_dispatch(seed, ctx, kind)
+        counts = d.counts.tolist()
+        for j in range(ctx.local_experts):
+            n = want_x[j].shape[0]
+            if counts[j] != n or not torch.equal(d.weights[j, :n], want_w[j]):
+                bad.append(f"expert {j}: {counts[j]} rows (expected {n}) or weights differ")
+                continue
+            values, scales = quantized_reference(want_x[j])
+            got_scales = d.scales[j, :n]
+            got = d.x[j, :n].float().view(n, -1, 128)
+            if not torch.allclose(got_scales, scales, rtol=1e-6, atol=0):
+                bad.append(f"expert {j}: scales differ by {(got_scales - scales).abs().max().item():.3g}")
+            # One fp8 step apart at most: e4m3 has 3 mantissa bits (relative step 2**-3), and
+            # subnormals a step of 2**-9.
+            if not bool(((got - values).abs() <= values.abs() * 2**-3 + 2**-9).all()):
+                bad.append(f"expert {j}: values more than one fp8 step from torch's")
+        dequantized = d.x.float().view(*d.x.shape[:2], -1, 128) * d.scales[..., None]
+        y = torch.zeros((*d.x.shape[:2], hidden), device="cuda", dtype=DTYPE)
+        for j, n in enumerate(counts):
+            scale = expert_scale(me * ctx.local_experts + j, ctx.num_experts)
+            y[j, :n] = (dequantized[j, :n].reshape(n, hidden) * scale).to(DTYPE)
+        out = ops.ep_combine(y, d.handle)
+        want = expected_combine(seed, ctx, kind).float()
+        if not torch.allclose(out.float(), want, rtol=0.15, atol=0.15 * float(want.abs().max())):
+            bad.append(f"combine after fp8: max error {(out.float() - want).abs().max().item():.3g}")
+    all_ranks_agree(not bad, f"rank {me}: {bad[:4]}")
+
+
+def test_fp8_dispatch_needs_whole_blocks():
+    with pytest.raises(ValueError, match="multiple of 128"):
+        EPContext(16, 1000, 2 * tdist.world_size(), 1, DTYPE, fp8_dispatch=True)

@@ -48,6 +48,26 @@ from ... import language as dl
 from ...distributed_jit import jit
 
 
+FP8_MAX = tl.constexpr(448.0)
+"""The largest finite float8 e4m3 value: each block's scale maps its largest magnitude there."""
+
+
+@triton.jit
+def _quantize_row(dst, dst_scale, src, H: tl.constexpr, QB: tl.constexpr, QG: tl.constexpr):
+    """``src[:H]`` as float8 e4m3 into ``dst`` with one fp32 scale per ``QB`` values into
+    ``dst_scale`` (``value = dst * scale``; ``scale = max |block| / FP8_MAX``, 1 for a block of
+    zeros), ``QG`` blocks at a time (so that each thread stores several bytes at once). ``H`` a
+    multiple of ``QB * QG``."""
+    for g in tl.static_range(0, H // (QB * QG)):
+        blocks = g * QG + tl.arange(0, QG)
+        h = blocks[:, None] * QB + tl.arange(0, QB)[None, :]
+        v = tl.load(src + h).to(tl.float32)
+        amax = tl.max(tl.abs(v), 1)
+        scale = tl.where(amax > 0, amax / FP8_MAX, 1.0)
+        tl.store(dst + h, (v / scale[:, None]).to(dst.dtype.element_ty))
+        tl.store(dst_scale + blocks, scale)
+
+
 @triton.jit
 def _copy_row(dst, src, H: tl.constexpr, BH: tl.constexpr):
     """``dst[:H] = src[:H]``, ``BH`` elements at a time."""
@@ -59,10 +79,17 @@ def _copy_row(dst, src, H: tl.constexpr, BH: tl.constexpr):
 @jit(do_not_specialize=["tokens"])
 def ep_dispatch_kernel(x, topk_idx, topk_weights, slots, positions, layout_counts, recv_x, recv_route, recv_weight,
                        recv_counts, signals, out_x, out_weight, out_counts, row_of, weight_of, recv_tokens,
-                       epoch_ptr, handle_epoch, tokens, H: tl.constexpr, T: tl.constexpr, K: tl.constexpr,
-                       KP: tl.constexpr, E: tl.constexpr, L: tl.constexpr, LP: tl.constexpr, WORLD: tl.constexpr,
-                       MAX_PROGRAMS: tl.constexpr, BH: tl.constexpr, SEND: tl.constexpr, RECV: tl.constexpr):
+                       epoch_ptr, handle_epoch, tokens, recv_scale, out_scale, H: tl.constexpr, T: tl.constexpr,
+                       K: tl.constexpr, KP: tl.constexpr, E: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
+                       WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BH: tl.constexpr, SEND: tl.constexpr,
+                       RECV: tl.constexpr, FP8: tl.constexpr = False, QB: tl.constexpr = 128,
+                       QG: tl.constexpr = 1):
     """Dispatch's send and/or receive half (module notes), ``MAX_PROGRAMS`` programs.
+
+    ``FP8``: each row travels as float8 e4m3 with one fp32 scale per ``QB`` values (quantised by
+    the sender, :func:`_quantize_row`, ``QG`` blocks at a time): ``recv_x`` and ``out_x`` are
+    float8, ``recv_scale`` (symmetric, two halves of ``[WORLD, T, H / QB]``) and ``out_scale``
+    (``[L, WORLD * T, H / QB]``) fp32; otherwise both are None.
 
     Local inputs: ``x`` ``[tokens, H]``; ``topk_idx`` int32 and ``topk_weights`` fp32 ``[tokens, K]``;
     the layout's ``slots`` ``[tokens, WORLD]``, ``positions`` ``[tokens, K]``, ``layout_counts``
@@ -84,6 +111,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, slots, positions, layout_count
     dispatched = signals
     freed = signals + WORLD * MAX_PROGRAMS
     x_half = half * WORLD * T * H
+    scale_half = half * WORLD * T * (H // QB)
     route_half = half * WORLD * T * KP
     counts_half = half * WORLD * (1 + LP)
     if SEND:
@@ -102,7 +130,14 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, slots, positions, layout_count
                 if slot >= 0:
                     row = me.to(tl.int64) * T + slot
                     peer_x = dl.symm_at(recv_x, d) + x_half
-                    _copy_row(peer_x + row * H, x + t64 * H, H, BH)
+                    if FP8:
+                        peer_scale = dl.symm_at(recv_scale, d) + scale_half
+                        # 16-byte aligned: a symmetric base and rows of H bytes, H a multiple of QB
+                        # (symm_at loses the fact, and the stores would go a byte at a time).
+                        dst = tl.multiple_of(peer_x + row * H, 16)
+                        _quantize_row(dst, peer_scale + row * (H // QB), x + t64 * H, H, QB, QG)
+                    else:
+                        _copy_row(peer_x + row * H, x + t64 * H, H, BH)
                     here = valid & (idx // L == d)
                     entry = route_half + row * KP + k_off
                     peer_route = dl.symm_at(recv_route, d)
@@ -123,6 +158,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, slots, positions, layout_count
         route = dl.consume_token(recv_route + 2 * route_half, token)
         arrived_x = dl.consume_token(recv_x + x_half, token)
         arrived_weight = dl.consume_token(recv_weight + route_half, token)
+        if FP8:
+            arrived_scale = dl.consume_token(recv_scale + scale_half, token)
         if pid == 0:
             total = tl.zeros([LP], dtype=tl.int32)
             for r in tl.static_range(WORLD):
@@ -143,6 +180,9 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, slots, positions, layout_count
                     flat = tl.where(j >= 0, j.to(tl.int64) * WORLD * T + out_row, -1)
                     if j >= 0:
                         _copy_row(out_x + flat * H, arrived_x + row_in * H, H, BH)
+                        if FP8:
+                            _copy_row(out_scale + flat * (H // QB), arrived_scale + row_in * (H // QB), H // QB,
+                                      64)
                         tl.store(out_weight + flat, w)
                     tl.store(row_of + row_in * KP + k, flat.to(tl.int32))
                     tl.store(weight_of + row_in * KP + k, w)

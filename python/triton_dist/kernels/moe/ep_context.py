@@ -32,6 +32,9 @@ MAX_TOKENS = 1024
 and its fixed layouts grow with ``world * max_tokens * hidden`` (the dispatch output with ``local
 experts`` times that: 470 MB per rank at 128 tokens, hidden 7168, 256 experts on 8 ranks)."""
 
+FP8_BLOCK = 128
+"""Values per scale of FP8 dispatch (DeepSeek-V3's and DeepEP's block size)."""
+
 LAYOUT_TOKENS_PER_STEP = 32
 """Tokens each layout program reads per step (``BT`` of :func:`ep_layout_kernel`)."""
 
@@ -63,12 +66,16 @@ class EPDispatch:
     hidden]``, expert ``j``'s rows packed at the start of ``x[j]`` (by source rank, then the source's
     token order); ``weights``: fp32 ``[local experts, world * max_tokens]``, each row's routing
     weight; ``counts``: int32 ``[local experts]``, the rows of each expert (on the GPU). Rows past
-    ``counts[j]`` are not written. ``handle``: for :meth:`EPContext.combine`."""
+    ``counts[j]`` are not written. ``handle``: for :meth:`EPContext.combine`. With FP8 dispatch
+    (``EPContext(fp8_dispatch=True)``), ``x`` is float8 e4m3 and ``scales`` fp32 ``[local experts,
+    world * max_tokens, hidden / 128]``: row ``i``'s values ``x[j, i, b * 128:(b + 1) * 128] *
+    scales[j, i, b]``; None otherwise."""
 
     x: object
     weights: object
     counts: object
     handle: EPHandle
+    scales: object = None
 
 
 class EPContext(CollectiveContext):
@@ -82,10 +89,15 @@ class EPContext(CollectiveContext):
     ``4 * world * max_tokens * hidden`` elements of ``dtype`` (receive and combine buffers, two
     halves each) plus ``2 * world * max_tokens * KP * 12`` bytes of routing (``KP``: ``topk`` rounded
     up to a power of two).
+
+    ``fp8_dispatch``: rows travel and arrive as float8 e4m3 with one fp32 scale per
+    :data:`FP8_BLOCK` values (``hidden`` a multiple of it), quantised by the sender: half the
+    dispatch's bytes for bf16 input (the receive buffer is float8 and a scale buffer is added);
+    :class:`EPDispatch` then carries ``scales``. Combine stays in ``dtype``.
     """
 
     def __init__(self, max_tokens: int, hidden: int, num_experts: int, topk: int, dtype, *,
-                 max_programs: int | None = None):
+                 max_programs: int | None = None, fp8_dispatch: bool = False):
         op = "EPContext"
         _runtime._require_initialized(op)
         import torch
@@ -106,7 +118,13 @@ class EPContext(CollectiveContext):
         if not isinstance(dtype, torch.dtype) or str(dtype).replace("torch.", "") not in DTYPES:
             raise TypeError(f"triton_dist {op}: dtype must be one of torch.float32, torch.bfloat16, torch.float16, "
                             f"got {dtype!r}")
+        if fp8_dispatch and hidden % FP8_BLOCK:
+            raise ValueError(f"triton_dist {op}: FP8 dispatch quantises blocks of {FP8_BLOCK} values; hidden "
+                             f"{hidden} is not a multiple of {FP8_BLOCK}")
         self.max_tokens, self.hidden, self.num_experts, self.topk = max_tokens, hidden, num_experts, topk
+        self.fp8 = bool(fp8_dispatch)
+        self.x_dtype = torch.float8_e4m3fn if self.fp8 else dtype
+        """What dispatched rows arrive as: float8 e4m3 with FP8 dispatch, else the context's dtype."""
         self.local_experts = num_experts // world
         """Experts per rank: rank ``d`` holds experts ``[d * local_experts, (d + 1) * local_experts)``."""
         self.kp = triton.next_power_of_2(topk)
@@ -115,7 +133,8 @@ class EPContext(CollectiveContext):
         programs = min(PROGRAMS, max_programs) if max_programs is not None else PROGRAMS
         # Three regions of world * MAX_PROGRAMS signals: dispatched, freed, combined.
         super().__init__(op, dtype, rows * hidden, {}, 3 * world, max_programs=programs)
-        self.recv_x = symm_empty((2 * rows * hidden, ), dtype)
+        self.recv_x = symm_empty((2 * rows * hidden, ), self.x_dtype)
+        self.recv_scale = symm_empty((2 * rows * (hidden // FP8_BLOCK), ), torch.float32) if self.fp8 else None
         self.comb_x = symm_empty((2 * rows * hidden, ), dtype)
         self.recv_route = symm_empty((2 * rows * self.kp * 2, ), torch.int32)
         self.recv_weight = symm_empty((2 * rows * self.kp, ), torch.float32)
@@ -130,7 +149,8 @@ class EPContext(CollectiveContext):
     def _meta(self, send: bool, recv: bool) -> dict:
         return dict(H=self.hidden, T=self.max_tokens, K=self.topk, KP=self.kp, E=self.num_experts,
                     L=self.local_experts, LP=self.lp, WORLD=self.world, MAX_PROGRAMS=self.max_programs,
-                    BH=self._bh(), SEND=send, RECV=recv, num_warps=4)
+                    BH=self._bh(), SEND=send, RECV=recv, FP8=self.fp8, QB=FP8_BLOCK, QG=self._quant_group(),
+                    num_warps=4)
 
     def _combine_meta(self) -> dict:
         return dict(H=self.hidden, T=self.max_tokens, K=self.topk, KP=self.kp, WORLD=self.world,
@@ -139,6 +159,12 @@ class EPContext(CollectiveContext):
     def _layout_meta(self) -> dict:
         return dict(K=self.topk, KP=self.kp, E=self.num_experts, L=self.local_experts, WORLD=self.world,
                     BT=LAYOUT_TOKENS_PER_STEP, num_warps=4)
+
+    def _quant_group(self) -> int:
+        """Blocks FP8 dispatch quantises at a time: the largest power of two (at most 8, 1024
+        values) that divides ``hidden / FP8_BLOCK``."""
+        blocks = self.hidden // FP8_BLOCK
+        return min(8, blocks & -blocks) if self.fp8 else 1
 
     def _bh(self) -> int:
         return min(1024, triton.next_power_of_2(self.hidden))
@@ -157,7 +183,9 @@ class EPContext(CollectiveContext):
             positions=torch.empty((rows, self.topk), dtype=i32, device=dev),
             layout_counts=torch.empty((self.num_experts + w, ), dtype=i32, device=dev),
             out_x=out_x if out_x is not None else
-            torch.empty((self.local_experts, w * t, self.hidden), dtype=self.dtype, device=dev),
+            torch.empty((self.local_experts, w * t, self.hidden), dtype=self.x_dtype, device=dev),
+            out_scale=torch.empty((self.local_experts, w * t, self.hidden // FP8_BLOCK), dtype=torch.float32,
+                                  device=dev) if self.fp8 else None,
             out_weight=out_weight if out_weight is not None else
             torch.empty((self.local_experts, w * t), dtype=torch.float32, device=dev),
             out_counts=torch.empty((self.local_experts, ), dtype=i32, device=dev),
@@ -169,7 +197,8 @@ class EPContext(CollectiveContext):
     def _dispatch_args(self, x, idx, weights, b, epoch_ptr, tokens) -> tuple:
         return (x, idx, weights, b["slots"], b["positions"], b["layout_counts"], self.recv_x, self.recv_route,
                 self.recv_weight, self.recv_counts, self.pad.signals, b["out_x"], b["out_weight"], b["out_counts"],
-                b["row_of"], b["weight_of"], b["recv_tokens"], epoch_ptr, b["epoch"], tokens)
+                b["row_of"], b["weight_of"], b["recv_tokens"], epoch_ptr, b["epoch"], tokens, self.recv_scale,
+                b["out_scale"])
 
     def preload(self) -> None:
         """Compile and load the layout, the three dispatch variants (both halves, send, receive)
@@ -224,7 +253,7 @@ class EPContext(CollectiveContext):
                 raise ValueError(f"triton_dist {op}: expert ids must be in [-1, {self.num_experts}), got ids from "
                                  f"{low} to {high}")
         rows = self.world * self.max_tokens
-        for name, given, shape, dtype in (("out_x", out_x, (self.local_experts, rows, self.hidden), self.dtype),
+        for name, given, shape, dtype in (("out_x", out_x, (self.local_experts, rows, self.hidden), self.x_dtype),
                                           ("out_weight", out_weight, (self.local_experts, rows), torch.float32)):
             if given is not None and (not isinstance(given, torch.Tensor) or tuple(given.shape) != shape or
                                       given.dtype != dtype or not given.is_contiguous() or
@@ -245,7 +274,7 @@ class EPContext(CollectiveContext):
         self._dispatches += 1
         if not send_only:
             self._next_receive += 1
-        return EPDispatch(b["out_x"], b["out_weight"], b["out_counts"], handle)
+        return EPDispatch(b["out_x"], b["out_weight"], b["out_counts"], handle, b["out_scale"])
 
     def receive(self, handle: EPHandle) -> None:
         """The receive half of a ``send_only`` dispatch (collective, in dispatch order)."""
