@@ -11,7 +11,7 @@ programs. Importing is cheap and inert: nothing touches the GPU, torch or NVSHME
     tdist.finalize()
 """
 
-from . import host_collectives, placement, residency
+from . import host_collectives, placement, residency, timeline
 from .config import Config
 from .config import get as get_config
 from .device_map import symmetric_map, symmetric_map_bytes

@@ -109,6 +109,7 @@ from ..symmetric import peer_tensor, symm_empty
 from . import gemm as _gemm
 from . import call_counter as _call_counter
 from .. import parallel_compile as _parallel_compile
+from .. import timeline as _timeline
 from .tickets import last_to_finish
 from .tiles import copy_program_tiles
 
@@ -321,7 +322,7 @@ class AllGatherGemmContext:
         a_desc, b_desc, c_desc = _gemm.descriptors(a, b, out, config)
         ag_gemm_consumer_kernel[_gemm.grid_for(rows, n, config, self.max_programs)](
             a_desc, b_desc, c_desc, rows, n, k, self.pad.signals, self.calls, self.rank, m,
-            **_gemm.kernel_meta(config, True))
+            **_gemm.kernel_meta(config, True), **_timeline.kernel_args())
         stream.wait_stream(self._side)
 
     def start_gather(self, a_shard):

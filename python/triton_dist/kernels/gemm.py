@@ -41,6 +41,7 @@ import triton.language as tl
 
 from .. import language as dl
 from .. import residency as _residency
+from ..language import timeline as _timeline
 from .gemm_tile import tile_coords, tile_product
 from .tickets import last_to_finish
 
@@ -248,7 +249,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 WORLD: tl.constexpr = 1, PEER_EPILOGUE: tl.constexpr = False, signal_region=0,
                 REDUCE_OWN: tl.constexpr = False, out=None, ALL_REDUCE: tl.constexpr = False,
                 PEER_TMA: tl.constexpr = False, PEER_COPY_ENGINE: tl.constexpr = False, chunk_n=1,
-                chunk_flags=None, tickets=None):
+                chunk_flags=None, tickets=None, timeline=None, TIMELINE: tl.constexpr = False):
     """``C = A @ B^T`` over a persistent grid. ``a_desc``: ``[M, K]`` block ``[BM, BK]``;
     ``b_desc``: ``[N, K]`` block ``[BN, BK]``; ``c_desc``: ``[M, N]`` block ``[BM, BN]``.
 
@@ -318,7 +319,10 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     ``WORLD`` fp32 partials in rank order ``0, 1, ...`` (its own from registers), so every rank
     rounds the same sum: the results are bit-identical across ranks. A program signals its tile
     before it waits, and tile ``t`` is program ``t % grid``'s on every rank (same grid
-    everywhere), so no program waits for one that waits for it."""
+    everywhere), so no program waits for one that waits for it.
+
+    ``TIMELINE``: stamps into ``timeline`` (:mod:`triton_dist.language.timeline`) for each tile: its
+    start, the end of its wait (``WAIT_FOR_ROWS``), the end of its K loop and of its epilogue."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     num_m = tl.cdiv(M, BM)
@@ -350,7 +354,11 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
         pending_tile = pid * 0 - 1  # signal index (region offset included); < 0: none
         pending_dest = pid * 0
         pending_count = pid * 0  # PEER_COPY_ENGINE: pending_tile is a chunk's flag, this its tile count
+    if TIMELINE:
+        cursor = pid * 0
     for tile in range(pid, num_tiles, grid):
+        if TIMELINE:
+            cursor = _timeline.stamp(timeline, cursor, _timeline.TILE)
         if SIGNAL_ROWS:
             if REDUCE_OWN:
                 # Peers' tiles first, so that every peer's partial of this rank's tile t is
@@ -397,9 +405,13 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             first = off_m // m_per_rank
             last = (tl.minimum(off_m + BM, M) - 1) // m_per_rank
             token = dl.wait(signals + first, last - first + 1, "sys", "acquire", epoch)
+            if TIMELINE:
+                cursor = _timeline.stamp(timeline, cursor, _timeline.WAITED)
         else:
             token = None
         acc = tile_product(a_desc, b_desc, off_m, off_n, k_tiles, token, BM, BN, BK, NUM_STAGES, WAIT_FOR_ROWS)
+        if TIMELINE:
+            cursor = _timeline.stamp(timeline, cursor, _timeline.COMPUTED)
         if SIGNAL_ROWS:
             rows = pid_m * BM + tl.arange(0, BM)  # within the destination's m_per_rank rows
             cols = off_n + tl.arange(0, BN)
@@ -451,6 +463,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                              signal_region, epoch, WORLD, BM, BN)
         else:
             c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+        if TIMELINE:
+            cursor = _timeline.stamp(timeline, cursor, _timeline.DONE)
     if SIGNAL_ROWS:
         _publish_pending(signals, chunk_flags, tickets, pending_tile, pending_dest, pending_count, epoch, PEER_TMA,
                          PEER_COPY_ENGINE)

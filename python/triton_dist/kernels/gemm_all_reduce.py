@@ -64,6 +64,7 @@ import triton.language as tl
 
 from .. import language as dl
 from .. import runtime as _runtime
+from .. import timeline as _timeline
 from ..distributed_jit import DistributedKernel, jit
 from ..signals import SignalPad
 from ..symmetric import symm_empty
@@ -341,4 +342,5 @@ class GemmAllReduceContext:
         _call_counter.bump(self.calls)
         grid = _gemm.grid_for(m, n, config, self.num_sms)
         gemm_ar_kernel[grid](a_desc, b_desc, self.partials, m, n, k, self.pad.signals, self.calls, self.rank, m,
-                             half_elems=self.half, signal_region=self.tiles_max, out=target, **self._meta(config))
+                             half_elems=self.half, signal_region=self.tiles_max, out=target, **self._meta(config),
+                             **_timeline.kernel_args())

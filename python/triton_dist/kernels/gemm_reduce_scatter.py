@@ -143,6 +143,7 @@ from . import gemm as _gemm
 from . import gemm_tile as _gemm_tile
 from . import call_counter as _call_counter
 from .. import parallel_compile as _parallel_compile
+from .. import timeline as _timeline
 from .scratch import GlobalScratch
 
 REDUCE_SMS = 8
@@ -409,7 +410,8 @@ class GemmReduceScatterContext:
                                           self.rank, m, half_elems=self.half,  # after the constexprs: by name
                                           signal_region=self.tiles_per_rank, out=target,
                                           **_gemm.kernel_meta(config, False, signal_rows=True, world=self.world,
-                                                              peer_epilogue=peer, reduce_own=fused, peer_tma=peer_tma))
+                                                              peer_epilogue=peer, reduce_own=fused, peer_tma=peer_tma),
+                                          **_timeline.kernel_args())
         if fused:
             if target is not out:
                 out.copy_(target)
@@ -477,7 +479,7 @@ class GemmReduceScatterContext:
             a_desc, b_desc, self.ce_rows, big_m, n, k, self.ce_pad.signals, self.calls, me, m, half_elems=self.half,
             signal_region=region, out=target, chunk_n=chunk_n, chunk_flags=self.chunk_flags, tickets=self.tickets,
             **_gemm.kernel_meta(config, False, signal_rows=True, world=world, reduce_own=True,
-                                peer_copy_engine=True))
+                                peer_copy_engine=True), **_timeline.kernel_args())
         if not copies_first:
             schedule.enqueue(side)
         # The GEMM consumed every ready flag of this call: zero them before any peer may set the

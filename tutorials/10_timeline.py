@@ -1,0 +1,69 @@
+"""Tutorial 10: see the overlap. Record one call of ag_gemm and one of gemm_rs, and write each as a
+trace a browser opens (chrome://tracing or https://ui.perfetto.dev) and as a PNG.
+
+    torchrun --nproc-per-node=2 tutorials/10_timeline.py [--out DIR]   (default: $OUT or the temp dir)
+
+Each rank's persistent GEMM programs are rows of the trace; every output tile is a span split into
+its wait (AllGather+GEMM: for the rows of the rank that holds them; GEMM+ReduceScatter "fused": the
+epilogue of this rank's own tiles waits for the peers' partials), its K loop and its epilogue. The
+summary printed last is the share of tile time spent waiting, per rank.
+"""
+
+import argparse
+import json
+import os
+import tempfile
+
+import torch
+
+import triton_dist as tdist
+from triton_dist import ops
+from triton_dist.kernels import AllGatherGemmContext
+
+
+def record(name, call, out_dir):
+    timeline = tdist.timeline.Timeline()
+    with tdist.timeline.recording(timeline):
+        call()
+    torch.cuda.synchronize()
+    spans = tdist.timeline.gather(timeline)  # collective
+    if tdist.rank() == 0:
+        path = tdist.timeline.write_chrome_trace(spans, os.path.join(out_dir, f"{name}.json"), name)
+        for rank, row in tdist.timeline.summary(spans).items():
+            print(f"{name} rank {rank}: {row['tiles']} tiles, {row['tile']:.0f} us of tile time, "
+                  f"{100 * row['wait_share']:.0f} % waiting", flush=True)
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("wrote", path, "(no PNG: matplotlib is not installed)", flush=True)
+            return
+        from triton_dist.tools import plot_timeline
+
+        with open(path) as f:
+            print("wrote", path, "and", plot_timeline.plot(json.load(f), path[:-5] + ".png"), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    # $OUT: the GPU machine's folder that comes back (scripts/gpu-test runs every tutorial).
+    parser.add_argument("--out", default=os.environ.get("OUT") or tempfile.gettempdir())
+    args = parser.parse_args()
+    tdist.init()
+    world, me = tdist.world_size(), tdist.rank()
+    m, n, k = 2048, 4096, 4096
+    g = torch.Generator(device="cuda").manual_seed(me)
+    a = torch.randn((m, k), device="cuda", generator=g).bfloat16()
+    b = torch.randn((n, k), device="cuda", generator=g).bfloat16()
+    ctx = AllGatherGemmContext(m, k, torch.bfloat16)
+    ops.ag_gemm(a, b, context=ctx)  # compiled and warm before the recorded call
+    ops.gemm_rs(torch.cat([a] * world), b, variant="fused")
+    torch.cuda.synchronize()
+    record("ag_gemm", lambda: ops.ag_gemm(a, b, context=ctx), args.out)
+    record("gemm_rs_fused", lambda: ops.gemm_rs(torch.cat([a] * world), b, variant="fused"), args.out)
+    tdist.barrier()
+    print(f"rank {me}: timelines recorded")
+    tdist.finalize()
+
+
+if __name__ == "__main__":
+    main()
