@@ -23,7 +23,7 @@ def _compile(config, dtype="bf16"):
                  "num_experts": "i32", "total_rows": "i32", "capacity": "i32", "N": "i32", "K": "i32",
                  "gathered": f"*{dtype}", "token_index": "*i32", "signals": "*u64", "calls": "*i64",
                  "m_per_rank": "i32"}
-    meta = agg._meta(config)
+    meta = gg.kernel_meta(config)
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
     meta.update(a_desc=None, GATHERED=True)
     return compile_for_hopper(agg.ag_group_gemm_kernel, signature, meta, **options)

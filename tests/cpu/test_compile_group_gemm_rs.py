@@ -8,6 +8,7 @@ import re
 import pytest
 
 from triton_dist.kernels import gemm as gemm_module
+from triton_dist.kernels.moe import group_gemm as gg
 from triton_dist.kernels.moe import group_gemm_rs as grs
 from triton_dist.tools.compile_check import compile_for_hopper, spill_bytes, wgmma_serialized, without_wait_timeout_report
 
@@ -23,7 +24,7 @@ def _gemm(config, world, dtype="bf16"):
                  "num_experts": "i32", "total_rows": "i32", "capacity": "i32", "N": "i32", "K": "i32",
                  "token_index": "*i32", "topk_slot": "*i32", "weights": "*fp32", "signals": "*u64", "calls": "*i64",
                  "m_per_rank": "i32", "half_elems": "i32", "tickets": "*i32"}
-    meta = grs._meta(config, 2)
+    meta = gg.kernel_meta(config, SCATTER_ADD=True, TOPK=2)
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
     meta.update(WORLD=world)
     return compile_for_hopper(grs.group_gemm_rs_kernel, signature, meta, **options)

@@ -23,13 +23,10 @@ dense consumer does, only in another order, and the call ends with the same stre
 
 from __future__ import annotations
 
-import triton
-
 from ...distributed_jit import DistributedKernel
-from .. import gemm as _gemm
 from ..allgather_gemm import AllGatherGemmContext
 from .ep_context import _describe
-from .group_gemm import CONFIGS, group_gemm_kernel, launch, pick_config
+from .group_gemm import CONFIGS, grid_for, group_gemm_kernel, kernel_meta, launch, pick_config, weight_descriptor
 
 
 ag_group_gemm_kernel = DistributedKernel(group_gemm_kernel)
@@ -73,13 +70,11 @@ class AllGatherGroupGemmContext(AllGatherGemmContext):
         """The gather's kernels and the grouped consumer in each config (every int unspecialised)."""
         import torch
 
-        a = self.gathered[:self.world * self.max_m * self.k].view(self.world * self.max_m, self.k)
+        w = torch.empty((1, 8, self.k), dtype=self.dtype, device=self.device)  # only the type and block matter
         index = torch.zeros(1, dtype=torch.int32, device=self.device)
         for config in CONFIGS:
-            _, w_desc = _gemm.operand_descriptors(a, a, config)  # only the type and the block matter
-            ag_group_gemm_kernel.preload(None, w_desc, self.gathered, index, 2, 2, 0, 8, 8, grid=(1, ),
-                                         **_consumer_args(self.gathered, index, self.pad.signals, self.calls, 2),
-                                         **_meta(config))
+            ag_group_gemm_kernel.preload(None, weight_descriptor(w, config), self.gathered, index, 2, 2, 0, 8, 8,
+                                         grid=(1, ), **self._consumer_args(index, 2), **kernel_meta(config))
         self.preload_producer()
 
     def layout(self, topk_idx_all):
@@ -112,15 +107,16 @@ class AllGatherGroupGemmContext(AllGatherGemmContext):
         stream = self.start_gather(x)
         rows = out.shape[0]
         config = pick_config(rows, experts, n, self.max_programs)
-        cfg = _gemm.config_params(config)
-        a = self.gathered[:self.world * m * k].view(self.world * m, k)
-        _, w_desc = _gemm.operand_descriptors(a, w.reshape(experts * n, k), config)
-        tiles = (triton.cdiv(rows, cfg["BM"]) + experts) * triton.cdiv(n, cfg["BN"])
-        ag_group_gemm_kernel[(max(1, min(tiles, self.max_programs)), )](
-            None, w_desc, out, offsets, experts, rows, 0, n, k,
-            **_consumer_args(self.gathered, token_index, self.pad.signals, self.calls, m), **_meta(config))
+        ag_group_gemm_kernel[grid_for(rows, experts, n, config, self.max_programs)](
+            None, weight_descriptor(w, config), out, offsets, experts, rows, 0, n, k,
+            **self._consumer_args(token_index, m), **kernel_meta(config))
         stream.wait_stream(self._side)
         return result
+
+    def _consumer_args(self, token_index, m_per_rank: int) -> dict:
+        """The consumer's keywords beyond the tile config: the gather's buffer and signals."""
+        return dict(GATHERED=True, gathered=self.gathered, token_index=token_index, signals=self.pad.signals,
+                    calls=self.calls, m_per_rank=m_per_rank)
 
     def check_call(self, x, topk_idx, w, out) -> tuple[int, int]:
         """``(m, N)`` of a valid call of :func:`triton_dist.ops.ag_group_gemm`; raises naming the
@@ -152,12 +148,3 @@ class AllGatherGroupGemmContext(AllGatherGemmContext):
         return m, w.shape[1]
 
 
-def _consumer_args(gathered, token_index, signals, calls, m_per_rank: int) -> dict:
-    return dict(GATHERED=True, gathered=gathered, token_index=token_index, signals=signals, calls=calls,
-                m_per_rank=m_per_rank)
-
-
-def _meta(config: str) -> dict:
-    cfg = _gemm.config_params(config)
-    return dict(BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], GROUP_M=cfg["GROUP_M"], NUM_STAGES=cfg["NUM_STAGES"],
-                PADDED=False, num_warps=cfg["num_warps"], num_stages=cfg["NUM_STAGES"])

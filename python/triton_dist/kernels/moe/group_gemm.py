@@ -168,6 +168,32 @@ def _scatter_add_tile(acc, partial, half, token_index, topk_slot, weights, index
         tl.atomic_add(base + offs, value, mask=mask & (dest == d)[:, None], sem="relaxed", scope="sys")
 
 
+def kernel_meta(config: str, **modes) -> dict:
+    """Launch keywords of :func:`group_gemm_kernel` for ``config`` (its tiles, pipeline depth and
+    warps) and the mode constexprs ``modes`` (``PADDED`` defaults to False)."""
+    cfg = _gemm.config_params(config)
+    return dict(BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], GROUP_M=cfg["GROUP_M"], NUM_STAGES=cfg["NUM_STAGES"],
+                num_warps=cfg["num_warps"], num_stages=cfg["NUM_STAGES"], PADDED=False) | modes
+
+
+def grid_for(rows: int, experts: int, n: int, config: str, max_programs: int) -> tuple[int]:
+    """The persistent grid: one program per output tile there can be, at most ``max_programs``.
+    Whatever the routing there are at most ``cdiv(rows, BM) + experts`` m-tiles (each expert
+    rounds up once)."""
+    cfg = _gemm.config_params(config)
+    tiles = (triton.cdiv(rows, cfg["BM"]) + experts) * triton.cdiv(n, cfg["BN"])
+    return (max(1, min(tiles, max_programs)), )
+
+
+def weight_descriptor(w, config: str):
+    """The TMA descriptor of ``w [E, N, K]`` seen as ``[E * N, K]``, block ``[BN, BK]`` of ``config``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    cfg = _gemm.config_params(config)
+    experts, n, k = w.shape
+    return TensorDescriptor.from_tensor(w.reshape(experts * n, k), [cfg["BN"], cfg["BK"]])
+
+
 def launch(a, w, c, ends, *, padded: bool, config: str | None = None) -> None:
     """Launch :func:`group_gemm_kernel` on the current stream for already checked tensors: ``a``
     ``[T, K]`` (padded: ``[E, capacity, K]``), ``w`` ``[E, N, K]``, ``c`` the output of ``a``'s
@@ -178,14 +204,9 @@ def launch(a, w, c, ends, *, padded: bool, config: str | None = None) -> None:
     rows = a2.shape[0]
     sms = _gemm.num_sms(a.device)
     config = config or pick_config(rows, experts, n, sms)
-    cfg = _gemm.config_params(config)
     a_desc, w_desc = _gemm.operand_descriptors(a2, w.reshape(experts * n, k), config)
-    # At most cdiv(rows, BM) + experts m-tiles whatever the routing (each expert rounds up once).
-    tiles = (triton.cdiv(rows, cfg["BM"]) + experts) * triton.cdiv(n, cfg["BN"])
-    group_gemm_kernel[(max(1, min(tiles, sms)), )](
-        a_desc, w_desc, c, ends, experts, rows, capacity, n, k, BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"],
-        GROUP_M=cfg["GROUP_M"], NUM_STAGES=cfg["NUM_STAGES"], PADDED=padded, num_warps=cfg["num_warps"],
-        num_stages=cfg["NUM_STAGES"])
+    group_gemm_kernel[grid_for(rows, experts, n, config, sms)](a_desc, w_desc, c, ends, experts, rows, capacity, n,
+                                                               k, **kernel_meta(config, PADDED=padded))
 
 
 def _check(x, w, ends, padded: bool, out):
@@ -251,9 +272,9 @@ def group_gemm(x, w, *, offsets=None, counts=None, out=None, config: str | None 
 
     Give exactly one of ``offsets`` (``x [T, K]`` sorted by expert, int32 cumulative row ends,
     ``out [T, N]``, rows past ``offsets[-1]`` left as they were: the dropped pairs that
-    :func:`triton_dist.ops.ag_group_gemm` sorts last) or ``counts`` (``x [experts, capacity, K]``, int32 rows used per expert, ``out
-    [experts, capacity, N]``, rows past the counts left as they were). Empty experts and ``T = 0``
-    are fine. ``config``: one of :data:`CONFIGS` (default: :func:`pick_config`). ``check_rows``:
+    :func:`triton_dist.ops.ag_group_gemm` sorts last) or ``counts`` (``x [experts, capacity, K]``,
+    int32 rows used per expert, ``out [experts, capacity, N]``, rows past the counts left as they
+    were). Empty experts and ``T = 0`` are fine. ``config``: one of :data:`CONFIGS` (default: :func:`pick_config`). ``check_rows``:
     check the offsets or counts on the host (one synchronisation); default: when not capturing a
     CUDA graph. Unchecked bad rows are clamped on the GPU, never written out of bounds."""
     if (offsets is None) == (counts is None):

@@ -43,7 +43,7 @@ from ...symmetric import symm_zeros
 from .. import call_counter as _call_counter
 from .. import gemm as _gemm
 from .ep_context import _describe
-from .group_gemm import group_gemm_kernel, pick_config
+from .group_gemm import grid_for, group_gemm_kernel, kernel_meta, pick_config
 
 CONFIGS = ("skinny_n128", "small")
 """The grouped GEMM's configs this op runs with: not ``"large"``, whose 128x256 fp32 tile spilled
@@ -115,7 +115,7 @@ class GroupGemmReduceScatterContext:
         for config in CONFIGS:
             a_desc, w_desc = _gemm.operand_descriptors(a, a, config)
             group_gemm_rs_kernel.preload(a_desc, w_desc, self.partial, index, 2, 2, 0, 8, 8, grid=(1, ),
-                                         **self._args(index, index, weights, 2), **_meta(config, self.topk))
+                                         **self._args(index, index, weights, 2), **self._meta(config))
         group_gemm_rs_finish_kernel.preload(self.partial, a, self.done.signals, self.calls, 2, 2, grid=(1, ),
                                             **self._finish_meta())
 
@@ -123,6 +123,9 @@ class GroupGemmReduceScatterContext:
         return dict(token_index=token_index, topk_slot=topk_slot, weights=weights, signals=self.done.signals,
                     calls=self.calls, m_per_rank=m, half_elems=self.half_elems, tickets=self.tickets,
                     WORLD=self.world)
+
+    def _meta(self, config: str) -> dict:
+        return kernel_meta(config, SCATTER_ADD=True, TOPK=self.topk)
 
     def _finish_meta(self) -> dict:
         return dict(WORLD=self.world, BLOCK=FINISH_BLOCK, num_warps=4)
@@ -167,21 +170,15 @@ class GroupGemmReduceScatterContext:
         experts, n, k = w.shape
         rows = act.shape[0]
         _call_counter.bump(self.calls)
-        config = pick_config(rows, experts, n, _gemm.num_sms(self.device))
+        sms = _gemm.num_sms(self.device)
+        config = pick_config(rows, experts, n, sms)
         config = config if config in CONFIGS else "small"
-        cfg = _gemm.config_params(config)
         a_desc, w_desc = _gemm.operand_descriptors(_gemm.aligned_for_tma(act), w.reshape(experts * n, k), config)
-        tiles = (triton.cdiv(rows, cfg["BM"]) + experts) * triton.cdiv(n, cfg["BN"])
         # The GEMM waits for nothing: any grid is safe; every program counts itself on the ticket.
-        group_gemm_rs_kernel[(max(1, min(tiles, _gemm.num_sms(self.device))), )](
+        group_gemm_rs_kernel[grid_for(rows, experts, n, config, sms)](
             a_desc, w_desc, self.partial, offsets, experts, rows, 0, n, k,
-            **self._args(token_index, topk_slot, weights_all, m), **_meta(config, self.topk))
+            **self._args(token_index, topk_slot, weights_all, m), **self._meta(config))
         numel = m * n
-        group_gemm_rs_finish_kernel[(max(1, min(triton.cdiv(numel, FINISH_BLOCK), _gemm.num_sms(self.device))), )](
+        group_gemm_rs_finish_kernel[(max(1, min(triton.cdiv(numel, FINISH_BLOCK), sms)), )](
             self.partial, out, self.done.signals, self.calls, numel, self.half_elems, **self._finish_meta())
 
-
-def _meta(config: str, topk: int) -> dict:
-    cfg = _gemm.config_params(config)
-    return dict(BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], GROUP_M=cfg["GROUP_M"], NUM_STAGES=cfg["NUM_STAGES"],
-                PADDED=False, SCATTER_ADD=True, TOPK=topk, num_warps=cfg["num_warps"], num_stages=cfg["NUM_STAGES"])
