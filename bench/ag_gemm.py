@@ -44,9 +44,9 @@ except ImportError:
 from triton_dist import bench  # noqa: E402
 from triton_dist import ops  # noqa: E402
 from triton_dist.kernels import AllGatherGemmContext  # noqa: E402
-from triton_dist.kernels import allgather_gemm  # noqa: E402
-from triton_dist.kernels import gemm as gemm_module  # noqa: E402
-from triton_dist.kernels.gemm import gemm  # noqa: E402
+from triton_dist.kernels.gemm import ag_gemm as allgather_gemm  # noqa: E402
+from triton_dist.kernels.gemm import dense as gemm_module  # noqa: E402
+from triton_dist.kernels.gemm.dense import gemm  # noqa: E402
 
 log = bench.script.logger("ag_gemm")
 all_ok = bench.script.all_ranks_ok

@@ -51,7 +51,7 @@ import triton_dist as tdist  # noqa: E402
 from triton_dist import bench  # noqa: E402
 from triton_dist import ops  # noqa: E402
 from triton_dist.kernels import AllGatherContext  # noqa: E402
-from triton_dist.kernels.allgather import LL_MAX_BYTES  # noqa: E402
+from triton_dist.kernels.collectives.allgather import LL_MAX_BYTES  # noqa: E402
 
 KIB, MIB = bench.script.KIB, bench.script.MIB
 LINK_GBPS = bench.script.LINK_GBPS

@@ -21,7 +21,7 @@ except ImportError:
     sys.path.insert(0, str(HERE.parent / "python"))
 
 from triton_dist import bench  # noqa: E402
-from triton_dist.kernels.gemm import gemm  # noqa: E402
+from triton_dist.kernels.gemm.dense import gemm  # noqa: E402
 
 SHAPES = [(8192, 14336, 8192), (8192, 8192, 14336), (8192, 28672, 8192)]
 """(M, N, K): AllGather+GEMM and GEMM+ReduceScatter of LLaMA-3.1-70B on 2 ranks, and unsplit."""

@@ -38,7 +38,7 @@ except ImportError:
 from triton_dist import bench  # noqa: E402
 from triton_dist import ops  # noqa: E402
 from triton_dist.kernels import GemmAllReduceContext  # noqa: E402
-from triton_dist.kernels.gemm import gemm  # noqa: E402
+from triton_dist.kernels.gemm.dense import gemm  # noqa: E402
 
 log = bench.script.logger("gemm_ar")
 all_ok = bench.script.all_ranks_ok

@@ -10,7 +10,7 @@ contraction; result ``[M / world, N]``: this rank's rows of the sum over ranks o
 M sweep for llama3.1-70b), ``K`` split across ranks.
 
 - ``ours_us``: ``ops.gemm_rs(variant="auto")``; ``fused_us``, ``push_us``, ``pull_us``: each
-  variant (:mod:`triton_dist.kernels.gemm_reduce_scatter`);
+  variant (:mod:`triton_dist.kernels.gemm.gemm_rs`);
 - ``torch_nccl_us``: ``torch.matmul(A, B.T)`` + ``dist.reduce_scatter_tensor``;
 - ``torch_symm_mem_us``: ``torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B.T, "sum", 0,
   group)`` (omitted when unavailable or failing; timed without a CUDA graph);
@@ -42,8 +42,9 @@ except ImportError:
 from triton_dist import bench  # noqa: E402
 from triton_dist import ops  # noqa: E402
 from triton_dist.kernels import GemmReduceScatterContext  # noqa: E402
-from triton_dist.kernels.gemm import gemm  # noqa: E402
-from triton_dist.kernels.gemm_reduce_scatter import AUTO_VARIANT, VARIANTS  # noqa: E402
+from triton_dist.kernels.gemm.dense import gemm  # noqa: E402
+from triton_dist.kernels.gemm.gemm_rs import VARIANTS  # noqa: E402
+from triton_dist.kernels.gemm.policy import GEMM_RS_VARIANT  # noqa: E402
 
 log = bench.script.logger("gemm_rs")
 all_ok = bench.script.all_ranks_ok
@@ -177,7 +178,7 @@ def main() -> int:
         bound = max(times["gemm"], transfer)
         flop = 2.0 * big_m * n * k
         per_variant = ", ".join(f"{v} {times[v]:.1f} us" for v in _VARIANTS)
-        log(f"{label} M={big_m} N={n} K={k}: ours ({AUTO_VARIANT}) {times['ours']:.1f} us, {per_variant}, "
+        log(f"{label} M={big_m} N={n} K={k}: ours ({GEMM_RS_VARIANT}) {times['ours']:.1f} us, {per_variant}, "
             f"matmul+NCCL {times['torch_nccl']:.1f} us, symm_mem {times.get('torch_symm_mem', float('nan')):.1f} us, "
             f"gemm alone {times['gemm']:.1f} us (cuBLAS {times['cublas']:.1f} us), transfer {transfer:.1f} us, "
             f"bound {bound:.1f} us; eager: ours {times['ours_eager']:.1f} us (host enqueue {host_us:.1f} us), "
@@ -187,7 +188,7 @@ def main() -> int:
                          ours_us=times["ours"],
                          baselines={"torch_nccl_us": times["torch_nccl"],
                                     "torch_symm_mem_us": times.get("torch_symm_mem")},
-                         bound_us=bound, m_per_rank=m, variant=AUTO_VARIANT,
+                         bound_us=bound, m_per_rank=m, variant=GEMM_RS_VARIANT,
                          **{f"{v}_us": times[v] for v in _VARIANTS},
                          reduce_sms=ctx.reduce_sms, gemm_us=times["gemm"], cublas_us=times["cublas"],
                          gemm_vs_cublas=times["cublas"] / times["gemm"], transfer_us=transfer,

@@ -29,32 +29,6 @@ from __future__ import annotations
 
 from .runtime import _require_initialized
 
-AUTO_ONE_SHOT_MAX_BYTES = 16 << 20
-"""``all_reduce(method="auto")`` uses one-shot up to this many bytes, two-shot above. Measured on
-2 x H200 (bench/results/h200-x2/allreduce.json, CUDA-graph timing): one-shot ahead up to 512 KiB;
-at 2 and 8 MiB the two trade places between dtypes and runs (within the 1.7x run-to-run spread
-there); at 32 MiB two-shot ahead in both runs since it reads its own shard in place (9740a80: bf16
-172 against 181 us, fp32 157 against 176; a9498d2: bf16 152 against 182, fp32 141 against 153).
-Hence 16 MiB, between the tie and the loss (16 MiB itself not measured); it was 32 MiB before.
-On two GPUs both move the same bytes; one-shot moves ``w / 2`` times the bytes of two-shot on
-``w`` GPUs, so the threshold is scaled by ``2 / w`` (not yet measured beyond two GPUs)."""
-
-AUTO_CE_TWO_SHOT_MIN_BYTES = 512 << 20
-"""``all_reduce(method="auto")`` uses ``"ce_two_shot"`` (copy engines) from this many bytes. In the
-run at 9740a80 it lost to two-shot at 256 MiB (1133 against 958 us, bf16) and won or tied at 1 GB
-(bf16 2983 against 3411 us, fp32 3138 against 3139); at a9498d2 it tied at 256 MiB (938 against
-941 us) and led at 1 GB (bf16 3002 against 3404, fp32 3122 against 3146); 512 MiB, the threshold,
-was not measured.
-Its transfers also leave the SMs to concurrent kernels (only the additions run on them). Two ranks
-only: with more, each call queues ``5 (w - 1)`` copy-stream operations per chunk from Python and
-one pull stream visits the peers in turn, neither measured yet."""
-
-AUTO_LL_MAX_BYTES = 32 << 10
-"""``all_reduce(method="auto")`` uses ``"ll"`` up to this many bytes (capped by
-``AllReduceContext.LL_MAX_BYTES``): in bench/results/h200-x2/allreduce.json (9740a80, CUDA-graph
-timing) ll is ahead of one-shot at 8 KiB (bf16 6.9 against 7.1 us, fp32 6.7 against 8.7) and
-32 KiB (5.6 against 8.1, 5.2 against 8.0); sizes between 32 and 64 KiB were not measured."""
-
 MIN_CONTEXT_BYTES = 1 << 20
 """Contexts created on first use hold at least this many bytes (then powers of two)."""
 
@@ -84,7 +58,7 @@ def _cached_context(op: str, dtype, nbytes: int):
             _FITTING.clear()
         chosen = _FITTING[(op, dtype, nbytes)] = min(fitting, key=lambda c: c.max_bytes)
         return chosen
-    from .kernels.context import MAX_NUMEL
+    from .kernels.common.context import MAX_NUMEL
 
     size = MIN_CONTEXT_BYTES
     while size < nbytes:
@@ -138,9 +112,9 @@ def _output(op: str, x, out, shape):
     return out
 
 
-def _check_method(op: str, method: str, methods: tuple[str, ...]) -> None:
+def _check_method(op: str, method: str, methods: tuple[str, ...], what: str = "method") -> None:
     if method not in methods:
-        raise ValueError(f"triton_dist {op}: method must be one of {methods}, got {method!r}")
+        raise ValueError(f"triton_dist {op}: {what} must be one of {methods}, got {method!r}")
 
 
 def _resolve_context(op: str, x, context):
@@ -173,9 +147,8 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     transfers on copy engines, in chunks that overlap the SMs' sums; for large tensors),
     ``"ring"`` (reduce-scatter then all-gather around the ring ``r -> r + 1``, fp32 partials; for
     machines whose GPUs are not all linked to each other; its first call allocates an fp32 inbox,
-    so make it outside CUDA graph capture) or ``"auto"`` (``"ll"`` up to :data:`AUTO_LL_MAX_BYTES`, one-shot up to
-    :data:`AUTO_ONE_SHOT_MAX_BYTES`, two-shot above, ``"ce_two_shot"`` from
-    :data:`AUTO_CE_TWO_SHOT_MIN_BYTES` on two ranks).
+    so make it outside CUDA graph capture) or ``"auto"`` (:func:`triton_dist.kernels.collectives.policy.all_reduce_method`: ``"ll"``
+    for small inputs, one-shot, then two-shot, ``"ce_two_shot"`` for the largest on two ranks).
     Every rank gets bit-identical results (``"ll"`` and ``"one_shot"`` the same bits).
     ``context``: an :class:`~triton_dist.kernels.AllReduceContext` of ``x``'s dtype to use instead
     of a cached one.
@@ -190,23 +163,12 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     if x.numel() == 0:
         return out
     if method == "auto":
+        from .kernels.collectives import policy as _policy
         from .runtime import world_size
 
-        method = auto_all_reduce_method(x.numel() * x.element_size(), world_size(), context.ll_max_bytes)
+        method = _policy.all_reduce_method(x.numel() * x.element_size(), world_size(), context.ll_max_bytes)
     context.run(x.view(-1), out.view(-1), method)
     return out
-
-
-def auto_all_reduce_method(nbytes: int, world: int, ll_max_bytes: int) -> str:
-    """The method ``all_reduce(method="auto")`` runs for ``nbytes`` per rank on ``world`` ranks with
-    a context whose ``"ll"`` takes up to ``ll_max_bytes`` (the thresholds above)."""
-    if nbytes <= min(AUTO_LL_MAX_BYTES, ll_max_bytes):
-        return "ll"
-    if nbytes <= AUTO_ONE_SHOT_MAX_BYTES * 2 // max(2, world):
-        return "one_shot"
-    if world == 2 and nbytes >= AUTO_CE_TWO_SHOT_MIN_BYTES:
-        return "ce_two_shot"
-    return "two_shot"
 
 
 def all_gather(x, *, out=None, method: str = "auto", context=None):
@@ -325,7 +287,7 @@ def ag_gemm(a_shard, b, *, out=None, context=None):
     0 in rank order, times ``b`` transposed; returns ``out`` (``[world * m, N]``; a new tensor when
     None). The gather (copy engine, side stream; a context made with ``producer="sm_push"`` or
     ``"ce_pull"`` chooses another producer) overlaps the GEMM (persistent Triton kernel, the
-    current stream) tile by tile; see :mod:`triton_dist.kernels.allgather_gemm`.
+    current stream) tile by tile; see :mod:`triton_dist.kernels.gemm.ag_gemm`.
 
     ``a_shard``: ``[m, K]``, the same ``m`` on every rank; ``b``: ``[N, K]`` (the weight of a
     linear layer: ``y = x @ W.T``); both contiguous, bfloat16 or float16 (the same), on the current
@@ -344,6 +306,18 @@ def ag_gemm(a_shard, b, *, out=None, context=None):
     if m == 0 or n == 0:
         return out
     context.run(a_shard, b, out)
+    return out
+
+
+def _run_n_keyed_gemm(op: str, context_class, a, b, out_shape, out, context, variant: str, *, min_m: int):
+    """The common end of gemm_rs and gemm_ar, whose contexts are keyed by N: check (or make) ``out``,
+    skip empty calls, find the context and run."""
+    out = _output(op, a, out, out_shape)
+    _check_aligned(op, "out", out)
+    if a.shape[0] == 0 or b.shape[0] == 0:
+        return out
+    context = _n_keyed_gemm_context(op, context_class, a, b.shape[0], context, min_m=min_m)
+    context.run(a, b, out, variant)
     return out
 
 
@@ -377,7 +351,7 @@ def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
     """GEMM+ReduceScatter: this rank's rows ``[rank * M / world, (rank + 1) * M / world)`` of the sum
     over ranks of ``a @ b.T``; returns ``out`` (``[M / world, N]``; a new tensor when None). The
     reduction overlaps the GEMM (a persistent Triton kernel on the current stream) tile by tile;
-    see :mod:`triton_dist.kernels.gemm_reduce_scatter`.
+    see :mod:`triton_dist.kernels.gemm.gemm_rs`.
 
     ``a``: ``[M, K]`` (this rank's K-shard of the activations, the same ``M`` on every rank, a
     multiple of the world size); ``b``: ``[N, K]`` (this rank's K-shard of a linear layer's
@@ -396,10 +370,10 @@ def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
     same variant.
     """
     _require_initialized("gemm_rs")
-    from .kernels.gemm_reduce_scatter import VARIANTS
+    from .kernels.gemm.gemm_rs import VARIANTS
     from .runtime import world_size
 
-    _check_method("gemm_rs", variant, VARIANTS)
+    _check_method("gemm_rs", variant, VARIANTS, "variant")
     big_m, k, n = _matmul_operands("gemm_rs", "a", a, b, "reduce_scatter(a @ b.T)")
     _check_aligned("gemm_rs", "a", a)
     _check_aligned("gemm_rs", "b", b)
@@ -407,27 +381,22 @@ def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
     if big_m % world:
         raise ValueError(f"triton_dist gemm_rs: M = a.shape[0] = {big_m} must be divisible by the world size {world}; "
                          f"pad the rows")
-    out = _output("gemm_rs", a, out, (big_m // world, n))
-    _check_aligned("gemm_rs", "out", out)
-    if big_m == 0 or n == 0:
-        return out
     from .kernels import GemmReduceScatterContext
 
-    context = _n_keyed_gemm_context("gemm_rs", GemmReduceScatterContext, a, n, context, min_m=256)
-    context.run(a, b, out, variant)
-    return out
+    return _run_n_keyed_gemm("gemm_rs", GemmReduceScatterContext, a, b, (big_m // world, n), out, context, variant,
+                             min_m=256)
 
 
 def gemm_ar(a, b, *, out=None, variant: str = "auto", context=None):
     """GEMM+AllReduce: the sum over ranks of ``a @ b.T`` on every rank, bit-identical across ranks;
     returns ``out`` (``[M, N]``; a new tensor when None). One kernel: each tile's fp32 partial goes
     to every peer as soon as it is computed, and every rank sums the partials in a fixed order; see
-    :mod:`triton_dist.kernels.gemm_all_reduce`. Meant for small ``M`` (decoding): its symmetric
+    :mod:`triton_dist.kernels.gemm.gemm_ar`. Meant for small ``M`` (decoding): its symmetric
     buffer holds ``2 * world * N * max(max_m, 4 * min(max_m, 128))`` fp32 elements (``max_m``: ``M``
     rounded up to a power of two, at least 128).
 
     ``variant``: ``"auto"`` (measured rule: ``"output_tiles"`` at 33-64 rows and past 128,
-    else ``"split_k"``; :func:`~triton_dist.kernels.gemm_all_reduce.auto_variant`),
+    else ``"split_k"``; :func:`~triton_dist.kernels.gemm.policy.gemm_ar_variant`),
     ``"split_k"`` (B's rows as the MMA's long side, the contraction split across programs and
     summed with the all-reduce) or ``"output_tiles"`` (one tile of the output per program); the
     same on every rank.
@@ -440,22 +409,15 @@ def gemm_ar(a, b, *, out=None, variant: str = "auto", context=None):
     capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes.
     """
     _require_initialized("gemm_ar")
-    from .kernels import gemm_all_reduce
+    from .kernels.gemm import gemm_ar as _gemm_ar
 
-    if variant not in gemm_all_reduce.VARIANTS:
-        raise ValueError(f"triton_dist gemm_ar: variant must be one of {gemm_all_reduce.VARIANTS}, got {variant!r}")
+    _check_method("gemm_ar", variant, _gemm_ar.VARIANTS, "variant")
     m, k, n = _matmul_operands("gemm_ar", "a", a, b, "all_reduce(a @ b.T)")
     _check_aligned("gemm_ar", "a", a)
     _check_aligned("gemm_ar", "b", b)
-    out = _output("gemm_ar", a, out, (m, n))
-    _check_aligned("gemm_ar", "out", out)
-    if m == 0 or n == 0:
-        return out
     from .kernels import GemmAllReduceContext
 
-    context = _n_keyed_gemm_context("gemm_ar", GemmAllReduceContext, a, n, context, min_m=128)
-    context.run(a, b, out, variant)
-    return out
+    return _run_n_keyed_gemm("gemm_ar", GemmAllReduceContext, a, b, (m, n), out, context, variant, min_m=128)
 
 
 def _flash_decode_context(q, context):

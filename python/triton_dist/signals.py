@@ -12,7 +12,7 @@ class SignalPad:
     producers set a flag to the epoch when its tile is ready and consumers wait for ``>= epoch``,
     so the pad never needs resetting between calls. (Flags set by copy streams inside a CUDA graph
     cannot follow an epoch: those protocols use 0/1 flags that their consumer resets, e.g.
-    ``"fused_ce"`` in :mod:`triton_dist.kernels.gemm_reduce_scatter`.)
+    ``"fused_ce"`` in :mod:`triton_dist.kernels.gemm.gemm_rs`.)
     """
 
     def __init__(self, num_signals: int):

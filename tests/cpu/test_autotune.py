@@ -378,7 +378,8 @@ def test_environment_and_result_types():
 
 
 def test_gemm_candidates_put_the_rule_first():
-    from triton_dist.kernels import gemm, gemm_autotune
+    from triton_dist.kernels.gemm import dense as gemm
+    from triton_dist.kernels.gemm import autotune as gemm_autotune
 
     cands = gemm_autotune.candidates(8192, 8192, 4096, 132)
     assert [c["name"] for c in cands][0] == gemm.pick_config(8192, 8192, 4096, 132) == "large"

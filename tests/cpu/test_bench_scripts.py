@@ -40,7 +40,7 @@ def test_collective_sweep_fits_the_contexts(world):
     """Every swept size is a whole number of elements of each dtype, splits into ``world`` equal
     shards (reduce-scatter) and stays under the contexts' element limit."""
     from triton_dist.bench.script import COLLECTIVE_SWEEP_BYTES
-    from triton_dist.kernels.context import MAX_NUMEL
+    from triton_dist.kernels.common.context import MAX_NUMEL
 
     assert min(COLLECTIVE_SWEEP_BYTES) == 8 << 10 and max(COLLECTIVE_SWEEP_BYTES) == 10**9
     for nbytes in COLLECTIVE_SWEEP_BYTES:

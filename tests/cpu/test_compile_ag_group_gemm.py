@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from triton_dist.kernels import gemm as gemm_module
+from triton_dist.kernels.gemm import dense as gemm_module
 from triton_dist.kernels.moe import ag_group_gemm as agg
 from triton_dist.kernels.moe import group_gemm as gg
 from triton_dist.tools.compile_check import (compile_for_hopper, depends_on, ops_matching, results, spill_bytes,

@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from triton_dist.kernels import allgather, ring
-from triton_dist.kernels.signal_layout import SignalLayout
+from triton_dist.kernels.collectives import allgather, policy
+from triton_dist.kernels.common import ring
+from triton_dist.kernels.common.signal_layout import SignalLayout
 from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls, without_wait_timeout_report
 
 _SPIN = "ld.acquire.sys.global.u64"
@@ -209,7 +210,7 @@ def test_methods_and_auto_placeholders():
     assert allgather.AllGatherContext.METHODS == ("auto", "sm_push", "ce_push", "ll", "ce_chunked", "ce_zero_copy",
                                                   "sm_zero_copy", "ring", "ce_pull")
     assert set(allgather.AllGatherContext.ZERO_COPY_METHODS) < set(allgather.AllGatherContext.METHODS)
-    assert allgather.AUTO_LL_MAX_BYTES <= allgather.LL_MAX_BYTES < allgather.AUTO_SM_MAX_BYTES
+    assert policy.ALL_GATHER_LL_MAX_BYTES <= allgather.LL_MAX_BYTES < policy.ALL_GATHER_SM_MAX_BYTES
     assert allgather.CE_CHUNK_BYTES % (2048 * 4) == 0 and allgather.CE_MAX_CHUNKS >= 2
 
 
@@ -224,15 +225,15 @@ class _FakeContext:
 
 
 def test_auto_picks_zero_copy_only_for_large_symmetric_out(monkeypatch):
-    monkeypatch.setattr(allgather, "AUTO_ZERO_COPY", True)
+    monkeypatch.setattr(policy, "ALL_GATHER_ZERO_COPY", True)
     ctx = _FakeContext(2)
     method_for = allgather.AllGatherContext.method_for
-    big = allgather.AUTO_SM_MAX_BYTES + 1
+    big = policy.ALL_GATHER_SM_MAX_BYTES + 1
     assert method_for(ctx, 1024) == method_for(ctx, 1024, True) == "ll"
-    assert method_for(ctx, allgather.AUTO_SM_MAX_BYTES, True) == "sm_push"
+    assert method_for(ctx, policy.ALL_GATHER_SM_MAX_BYTES, True) == "sm_push"
     assert method_for(ctx, big, True) == "ce_zero_copy"
-    assert method_for(ctx, big) == ("ce_chunked" if allgather.AUTO_CE_CHUNKED else "ce_push")
-    monkeypatch.setattr(allgather, "AUTO_ZERO_COPY", False)
+    assert method_for(ctx, big) == ("ce_chunked" if policy.ALL_GATHER_CE_CHUNKED else "ce_push")
+    monkeypatch.setattr(policy, "ALL_GATHER_ZERO_COPY", False)
     assert method_for(ctx, big, True) == method_for(ctx, big)
 
 

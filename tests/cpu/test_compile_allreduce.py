@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from triton_dist.kernels import allreduce
+from triton_dist.kernels.collectives import allreduce, policy
+from triton_dist.kernels.common import ll_protocol
 from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls, without_wait_timeout_report
 
 _META = {"WORLD": 2, "MAX_PROGRAMS": 128, "BLOCK": 2048}
@@ -38,7 +39,7 @@ _ELEMS = {"fp32": 1, "bf16": 2, "fp16": 2}
 
 
 def _ll(dt, world=2, scatter=False):
-    block = allreduce.AllReduceContext.LL_BLOCK
+    block = ll_protocol.LL_BLOCK
     return compile_for_hopper(allreduce.ll_reduce_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "ll": "*i64", "n": "i32", "words": "i32",
                                "epoch_ptr": "*i64"},
@@ -158,16 +159,12 @@ def test_methods_and_ll_limit():
     ctx = allreduce.AllReduceContext
     assert ctx.METHODS == ("auto", "one_shot", "two_shot", "ll", "ce_two_shot", "ring")
     assert ctx.LL_MAX_BYTES == 64 * 1024
-    from triton_dist import ops
-
-    assert ctx.LL_MAX_BYTES < ops.AUTO_ONE_SHOT_MAX_BYTES
+    assert ctx.LL_MAX_BYTES < policy.ALL_REDUCE_ONE_SHOT_MAX_BYTES
 
 
 def test_auto_method_by_size_and_world():
-    from triton_dist import ops
-
     ll = allreduce.AllReduceContext.LL_MAX_BYTES
-    pick = ops.auto_all_reduce_method
+    pick = policy.all_reduce_method
     assert pick(8 << 10, 2, ll) == "ll" and pick(32 << 10, 2, ll) == "ll"
     assert pick(8 << 10, 2, 0) == "one_shot"  # a context too small for ll
     assert pick(64 << 10, 2, ll) == "one_shot" and pick(16 << 20, 2, ll) == "one_shot"
@@ -213,7 +210,7 @@ def test_ce_two_shot_reduce_waits_sums_and_publishes(dt, world):
 
 
 def test_rank_barrier_notifies_then_waits():
-    from triton_dist.kernels.rank_barrier import rank_barrier_kernel
+    from triton_dist.kernels.common.rank_barrier import rank_barrier_kernel
 
     ptx = compile_for_hopper(rank_barrier_kernel, {"signals": "*u64", "epoch_ptr": "*i64"},
                              dict(PHASE=1, PHASES=4, WORLD=4), num_warps=1).asm["ptx"]

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from triton_dist.kernels import allgather_gemm
-from triton_dist.kernels import gemm as gemm_module
+from triton_dist.kernels.gemm import ag_gemm as allgather_gemm
+from triton_dist.kernels.gemm import dense as gemm_module
 from triton_dist.tools.compile_check import compile_for_hopper, depends_on, ops_matching, results, wgmma_serialized
 
 _SPIN = "ld.acquire.sys.global.u64"

@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from triton_dist.kernels import gemm as gemm_module
-from triton_dist.kernels import gemm_all_reduce
+from triton_dist.kernels.gemm import dense as gemm_module
+from triton_dist.kernels.gemm import gemm_ar as gemm_all_reduce
+from triton_dist.kernels.gemm import policy as gemm_policy
 from triton_dist.tools.compile_check import (compile_for_hopper, depends_on, ops_matching, results, spill_bytes,
                                              wgmma_serialized)
 
@@ -120,6 +121,6 @@ def test_split_k_rules():
         ctx.n = n
         assert ctx.split_k(k) == want, (n, k)
     assert gemm_all_reduce.SPLIT_K_MAX_M == max(gemm_all_reduce.SPLIT_K_CONFIGS)
-    rule = {m: gemm_all_reduce.auto_variant(m) for m in (1, 16, 32, 33, 64, 65, 128, 129, 4096)}
+    rule = {m: gemm_policy.gemm_ar_variant(m, gemm_all_reduce.SPLIT_K_MAX_M) for m in (1, 16, 32, 33, 64, 65, 128, 129, 4096)}
     assert rule == {1: "split_k", 16: "split_k", 32: "split_k", 33: "output_tiles", 64: "output_tiles",
                     65: "split_k", 128: "split_k", 129: "output_tiles", 4096: "output_tiles"}

@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from triton_dist.kernels import gemm as gemm_module
-from triton_dist.kernels import gemm_reduce_scatter as grs
+from triton_dist.kernels.gemm import dense as gemm_module
+from triton_dist.kernels.gemm import gemm_rs as grs
+from triton_dist.kernels.gemm import policy as gemm_policy
 from triton_dist.tools.compile_check import (compile_for_hopper, depends_on, ops_matching, results, spill_bytes,
                                              wgmma_serialized)
 
@@ -115,7 +116,7 @@ def test_meta_and_blocks():
     bm, bn = grs._config_blocks()
     assert bm == 128 and bn == min(c["BN"] for c in gemm_module.CONFIGS.values())
     assert grs.VARIANTS == ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
-    assert grs.AUTO_VARIANT in grs.VARIANTS[1:]
+    assert gemm_policy.GEMM_RS_VARIANT in grs.VARIANTS[1:]
     assert not gemm_module.kernel_meta("large", False, signal_rows=True, world=2, peer_tma=True)["PEER_TMA"]
     fused = gemm_module.kernel_meta("large", False, signal_rows=True, world=2, reduce_own=True)
     assert fused["REDUCE_OWN"] and fused["PEER_EPILOGUE"] and not fused["PEER_COPY_ENGINE"]

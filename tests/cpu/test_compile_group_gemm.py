@@ -6,7 +6,7 @@ rows). Host-side rules (config choice, row checks, argument errors) need no GPU.
 import pytest
 
 from triton_dist import ops
-from triton_dist.kernels import gemm as gemm_module
+from triton_dist.kernels.gemm import dense as gemm_module
 from triton_dist.kernels.moe import group_gemm as gg
 from triton_dist.tools.compile_check import compile_for_hopper, ops_matching, spill_bytes, wgmma_serialized
 

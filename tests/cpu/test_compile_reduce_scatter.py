@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from triton_dist.kernels import reduce_scatter
+from triton_dist.kernels.collectives import reduce_scatter
 from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls
 
 _SPIN = "ld.acquire.sys.global.u64"

@@ -5,7 +5,7 @@ sized for, naming the fix. No GPU or torch needed."""
 import pytest
 from triton.runtime import _allocation
 
-from triton_dist.kernels.scratch import GlobalScratch
+from triton_dist.kernels.common.scratch import GlobalScratch
 
 
 class _Buffer:

@@ -13,7 +13,7 @@ from triton.runtime.jit import create_function_from_signature
 
 from triton_dist import config, parallel_compile
 from triton_dist.language import support_library
-from triton_dist.kernels.rank_barrier import rank_barrier_kernel
+from triton_dist.kernels.common.rank_barrier import rank_barrier_kernel
 
 
 class FakeTensor:
@@ -101,7 +101,8 @@ def test_a_descriptor_kernel_defined_with_triton_jit_compiles_in_a_worker(monkey
     wrap it in other modules), taking TMA descriptors: the worker must find it by name too."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    from triton_dist.kernels import allgather_gemm, gemm
+    from triton_dist.kernels.gemm import ag_gemm as allgather_gemm
+    from triton_dist.kernels.gemm import dense as gemm
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     # The support library lives in the cache directory, and its path is remembered per process.

@@ -32,12 +32,13 @@ def test_only_residency_reads_the_sm_count():
 
 def test_contexts_size_their_grids_from_residency():
     """Every context that launches waiting grids takes its program limit from the SMs this process
-    may use (kernels/context.py for the collectives, kernels/gemm.num_sms for the GEMM contexts)."""
+    may use (kernels/common/context.py for the collectives, kernels/gemm/context.py for the GEMM contexts)."""
     kernels = _PACKAGE / "kernels"
-    assert "_residency.max_waiting_programs(" in (kernels / "context.py").read_text()
-    assert "_residency.sm_count(" in (kernels / "gemm.py").read_text()
-    for name in ("allgather_gemm.py", "gemm_reduce_scatter.py", "gemm_all_reduce.py"):
-        assert re.search(r"self\.num_sms = _gemm\.num_sms\(", (kernels / name).read_text()), name
+    assert "_residency.max_waiting_programs(" in (kernels / "common" / "context.py").read_text()
+    assert "_residency.sm_count(" in (kernels / "gemm" / "dense.py").read_text()
+    assert re.search(r"self\.num_sms = _gemm\.num_sms\(", (kernels / "gemm" / "context.py").read_text())
+    for name in ("ag_gemm.py", "gemm_rs.py", "gemm_ar.py"):
+        assert "(OverlappedGemmContext):" in (kernels / "gemm" / name).read_text(), name
 
 
 def test_no_reserved_sms_leave_nothing(monkeypatch):

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from triton_dist import timeline
-from triton_dist.kernels import gemm as gemm_module
-from triton_dist.kernels import allgather_gemm
+from triton_dist.kernels.gemm import dense as gemm_module
+from triton_dist.kernels.gemm import ag_gemm as allgather_gemm
 from triton_dist.language import timeline as stamps
 from triton_dist.tools.compile_check import compile_for_hopper
 

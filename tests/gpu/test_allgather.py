@@ -13,8 +13,9 @@ import triton_dist as tdist
 from conftest import all_ranks_agree, raises_everywhere
 from triton_dist import host_collectives, ops
 from triton_dist.kernels import AllGatherContext
-from triton_dist.kernels.allgather import (AUTO_CE_CHUNKED, AUTO_SM_MAX_BYTES, AUTO_ZERO_COPY, CE_MAX_CHUNKS,
-                                          LL_MAX_BYTES)
+from triton_dist.kernels.collectives.allgather import CE_MAX_CHUNKS, LL_MAX_BYTES
+from triton_dist.kernels.collectives.policy import (ALL_GATHER_CE_CHUNKED, ALL_GATHER_SM_MAX_BYTES,
+                                                    ALL_GATHER_ZERO_COPY)
 
 _SIZES = [1, 7, 4099 * 3, 1000003]
 _METHODS = ["sm_push", "ce_push", "ll", "ring", "ce_pull", "auto"]
@@ -229,14 +230,14 @@ def test_ce_chunked_many_chunks(n, dtype):
 
 def test_ce_chunked_default_chunks_large():
     """The default chunk size at 40 MB + 1 element per rank (4 chunks of ~10 MB), and auto above
-    AUTO_SM_MAX_BYTES with plain and symmetric outputs."""
+    ALL_GATHER_SM_MAX_BYTES with plain and symmetric outputs."""
     dtype = torch.float32
     n = 10_000_001
     world = dist.get_world_size()
-    assert n * 4 > AUTO_SM_MAX_BYTES
+    assert n * 4 > ALL_GATHER_SM_MAX_BYTES
     ctx = AllGatherContext(n * 4, dtype)
-    assert ctx.method_for(n * 4) == ("ce_chunked" if AUTO_CE_CHUNKED else "ce_push")
-    assert ctx.method_for(n * 4, True) == ("ce_zero_copy" if AUTO_ZERO_COPY else ctx.method_for(n * 4))
+    assert ctx.method_for(n * 4) == ("ce_chunked" if ALL_GATHER_CE_CHUNKED else "ce_push")
+    assert ctx.method_for(n * 4, True) == ("ce_zero_copy" if ALL_GATHER_ZERO_COPY else ctx.method_for(n * 4))
     x = _fresh(n, dtype, seed=77)
     ref = _reference(x)
     plain = torch.full((world * n, ), float("nan"), device="cuda", dtype=dtype)

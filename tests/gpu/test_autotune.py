@@ -9,8 +9,8 @@ import torch.distributed as dist
 
 from conftest import all_ranks_agree, raises_everywhere, rank_generator
 from triton_dist import autotune, ops
-from triton_dist.kernels import gemm as gemm_mod
-from triton_dist.kernels.gemm_autotune import tune_gemm, tuned_gemm_config
+from triton_dist.kernels.gemm import dense as gemm_mod
+from triton_dist.kernels.gemm.autotune import tune_gemm, tuned_gemm_config
 
 _REL_TOL = 1e-2
 
@@ -55,7 +55,7 @@ def test_tuned_gemm_agrees_and_is_correct(tmp_path, m, n, k):
 
 def test_gemm_config_auto_uses_the_tuned_config(monkeypatch, tmp_path):
     """``gemm(config="auto")``: every rank runs the autotuner's choice, and the result is right."""
-    from triton_dist.kernels import gemm_autotune
+    from triton_dist.kernels.gemm import autotune as gemm_autotune
 
     tuner = _tuner(tmp_path)
     monkeypatch.setattr(gemm_autotune, "_shared", tuner)

@@ -12,7 +12,7 @@ import triton.language as tl
 import triton_dist as tdist
 import triton_dist.language as dl
 from conftest import all_ranks_agree
-from triton_dist.kernels import call_counter
+from triton_dist.kernels.common import call_counter
 
 
 @tdist.jit

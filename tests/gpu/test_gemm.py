@@ -12,8 +12,8 @@ from conftest import all_ranks_agree, raises_everywhere, rank_randn
 from triton_dist import host_collectives, ops
 from triton_dist.bench.script import relative_error as _rel_error
 from triton_dist.kernels import AllGatherGemmContext
-from triton_dist.kernels import gemm as gemm_module
-from triton_dist.kernels.gemm import gemm
+from triton_dist.kernels.gemm import dense as gemm_module
+from triton_dist.kernels.gemm.dense import gemm
 
 _REL_TOL = 1e-2  # bf16/fp16 output rounding is 2**-8 relative; a wrong or stale tile is O(1)
 

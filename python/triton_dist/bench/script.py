@@ -82,7 +82,7 @@ KIB, MIB = 1 << 10, 1 << 20
 COLLECTIVE_SWEEP_BYTES = tuple(8 * KIB * 4**k for k in range(8)) + (256 * MIB, 10**9)
 """The collectives' message sizes: 8 KiB .. 128 MiB in x4 steps, 256 MiB and 1 GB. The top is 10^9
 bytes, not 2^30: 2^30 bytes of bf16 are 2^29 elements, one past the contexts' element limit
-(:data:`triton_dist.kernels.context.MAX_NUMEL`)."""
+(:data:`triton_dist.kernels.common.context.MAX_NUMEL`)."""
 
 COLLECTIVE_DTYPES = ("bfloat16", "float32")
 """The collectives' element types, each swept on its own (``--dtypes`` picks some)."""

@@ -1,24 +1,20 @@
-"""Communication kernels built from :mod:`triton_dist.language`: each module holds a context
-(symmetric buffers and signals, created collectively once and reused) and its Triton kernels.
-Torch-facing entry points live in :mod:`triton_dist.ops`."""
+"""Kernel families built from :mod:`triton_dist.language`, one subpackage each and all of the same
+shape (a context derived from :class:`~triton_dist.kernels.common.context.CollectiveContext`, its
+Triton kernels, a ``policy`` module where ``"auto"`` is decided): :mod:`.collectives`, :mod:`.gemm`,
+:mod:`.moe`, :mod:`.attention`; what they share is in :mod:`.common`. Torch-facing entry points live
+in :mod:`triton_dist.ops`; docs/adding_a_kernel_family.md shows how a new family fits in."""
 
-from .allgather import AllGatherContext
-from .allgather_gemm import AllGatherGemmContext, ag_gemm_consumer_kernel, ag_gemm_signal_kernel
-from .allreduce import AllReduceContext, ll_reduce_kernel, all_reduce_one_shot_kernel, all_reduce_two_shot_kernel
-from .context import CollectiveContext
-from .gemm import gemm_kernel  # the host wrapper: triton_dist.kernels.gemm.gemm
-from .reduce_scatter import ReduceScatterContext, reduce_scatter_push_kernel, reduce_scatter_ring_kernel
+from .collectives import (AllGatherContext, AllReduceContext, ReduceScatterContext, all_reduce_one_shot_kernel,
+                          all_reduce_two_shot_kernel, ll_reduce_kernel, reduce_scatter_push_kernel,
+                          reduce_scatter_ring_kernel)
+from .common.context import CollectiveContext
+from .gemm import (AllGatherGemmContext, GemmAllReduceContext, GemmReduceScatterContext, ag_gemm_consumer_kernel,
+                   ag_gemm_signal_kernel, gemm_ar_kernel, gemm_kernel, gemm_rs_producer_kernel, gemm_rs_reduce_kernel)
+from .moe import EPContext, EPDispatch, EPHandle
 
 __all__ = ["AllGatherContext", "AllGatherGemmContext", "ag_gemm_consumer_kernel", "ag_gemm_signal_kernel",
            "gemm_kernel", "AllReduceContext", "CollectiveContext", "ReduceScatterContext",
            "ll_reduce_kernel", "all_reduce_one_shot_kernel", "all_reduce_two_shot_kernel",
-           "reduce_scatter_push_kernel", "reduce_scatter_ring_kernel"]
-from .gemm_reduce_scatter import GemmReduceScatterContext, gemm_rs_producer_kernel, gemm_rs_reduce_kernel  # noqa: E402
-
-__all__ += ["GemmReduceScatterContext", "gemm_rs_producer_kernel", "gemm_rs_reduce_kernel"]
-from .gemm_all_reduce import GemmAllReduceContext, gemm_ar_kernel  # noqa: E402
-
-__all__ += ["GemmAllReduceContext", "gemm_ar_kernel"]
-from .moe import EPContext, EPDispatch, EPHandle  # noqa: E402
-
-__all__ += ["EPContext", "EPDispatch", "EPHandle"]
+           "reduce_scatter_push_kernel", "reduce_scatter_ring_kernel", "GemmReduceScatterContext",
+           "gemm_rs_producer_kernel", "gemm_rs_reduce_kernel", "GemmAllReduceContext", "gemm_ar_kernel",
+           "EPContext", "EPDispatch", "EPHandle"]

@@ -20,7 +20,7 @@ the tokens it holds, 0 allowed on the other ranks) and computes its partial outp
 
 A rank that holds no token of a sequence contributes ``lse = -inf``, weight 0. Buffers alternate
 halves by the epoch's parity, and a program signals before it waits, so the argument of
-:mod:`triton_dist.kernels.context` holds: a rank cannot write half ``e % 2`` again (call ``e + 2``)
+:mod:`triton_dist.kernels.common.context` holds: a rank cannot write half ``e % 2`` again (call ``e + 2``)
 before every rank finished reading it in call ``e``. No host synchronisation; capturable in a CUDA
 graph with fixed maxima (the epoch is the context's device call counter).
 """
@@ -32,7 +32,7 @@ import triton.language as tl
 
 from ... import language as dl
 from ...distributed_jit import jit
-from ..context import CollectiveContext
+from ..common.context import CollectiveContext
 from . import decode as _decode
 
 ROWS_PER_TILE = 16

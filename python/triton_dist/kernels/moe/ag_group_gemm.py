@@ -17,14 +17,14 @@ holds (tokens ascend within an expert, so those ranks are a contiguous range), a
 A go through ``dl.consume_token`` of the row pointers. W comes by TMA.
 
 Why no stale rows are read and no rows are overwritten while read: the gather's own argument
-(:mod:`~triton_dist.kernels.allgather_gemm`); the consumer here reads ``gathered`` exactly as the
+(:mod:`~triton_dist.kernels.gemm.ag_gemm`); the consumer here reads ``gathered`` exactly as the
 dense consumer does, only in another order, and the call ends with the same stream wait.
 """
 
 from __future__ import annotations
 
 from ...distributed_jit import DistributedKernel
-from ..allgather_gemm import AllGatherGemmContext
+from ..gemm.ag_gemm import AllGatherGemmContext
 from .ep_context import _describe
 from .group_gemm import CONFIGS, grid_for, group_gemm_kernel, kernel_meta, launch, pick_config, weight_descriptor
 

@@ -18,7 +18,7 @@ import triton
 from ... import runtime as _runtime
 from ...eager_launch import EagerLaunches
 from ...symmetric import symm_empty
-from ..context import DTYPES, CollectiveContext
+from ..common.context import DTYPES, CollectiveContext
 from .alltoall import ep_combine_kernel, ep_dispatch_kernel
 from .layout import ep_layout_kernel
 

@@ -32,14 +32,14 @@ import triton
 import triton.language as tl
 
 from ... import language as dl
-from .. import gemm as _gemm
-from ..gemm_tile import tile_coords, tile_product
-from ..tickets import last_to_finish
+from ..gemm import dense as _gemm
+from ..gemm.tile import tile_coords, tile_product
+from ..common.tickets import last_to_finish
 from .ep_context import _describe
 
 CONFIGS = ("skinny_n128", "small", "large")
-"""The dense GEMM's configs (:data:`triton_dist.kernels.gemm.CONFIGS`,
-:data:`~triton_dist.kernels.gemm.SKINNY_CONFIGS`) the grouped GEMM runs with, chosen by
+"""The dense GEMM's configs (:data:`triton_dist.kernels.gemm.dense.CONFIGS`,
+:data:`~triton_dist.kernels.gemm.dense.SKINNY_CONFIGS`) the grouped GEMM runs with, chosen by
 :func:`pick_config`."""
 
 

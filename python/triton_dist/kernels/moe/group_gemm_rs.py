@@ -35,13 +35,12 @@ import triton
 import triton.language as tl
 
 from ... import language as dl
-from ... import parallel_compile as _parallel_compile
-from ... import runtime as _runtime
 from ...distributed_jit import DistributedKernel, jit
 from ...signals import SignalPad
 from ...symmetric import symm_zeros
-from .. import call_counter as _call_counter
-from .. import gemm as _gemm
+from ..common import call_counter as _call_counter
+from ..gemm import dense as _gemm
+from ..gemm.context import OverlappedGemmContext
 from .ep_context import _describe
 from .group_gemm import grid_for, group_gemm_kernel, kernel_meta, pick_config
 
@@ -73,7 +72,7 @@ def group_gemm_rs_finish_kernel(partial, out, done, calls, numel, half_elems, WO
         tl.store(src + offs, tl.zeros((BLOCK, ), tl.float32), mask=mask)
 
 
-class GroupGemmReduceScatterContext:
+class GroupGemmReduceScatterContext(OverlappedGemmContext):
     """Buffers, signals and loaded kernels for grouped GEMM + ReduceScatter of up to
     ``max_m_per_rank`` tokens per rank, ``n`` output columns, ``num_experts`` experts, ``topk``
     experts per token, ``dtype`` bfloat16 or float16 (the weights' and the output's; accumulation
@@ -82,27 +81,22 @@ class GroupGemmReduceScatterContext:
 
     def __init__(self, max_m_per_rank: int, n: int, dtype, num_experts: int, topk: int):
         op = "GroupGemmReduceScatterContext"
-        _runtime._require_initialized(op)
         import torch
 
-        _gemm.check_context_args(op, dtype, aligned="n", max_m_per_rank=max_m_per_rank, n=n)
+        # The protocol runs on one rank too: the GEMM adds into the fp32 partial either way.
+        super().__init__(op, dtype, aligned="n", protocol_on_one_rank=True, max_m_per_rank=max_m_per_rank, n=n)
         for name, v in (("num_experts", num_experts), ("topk", topk)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"triton_dist {op}: {name} must be a positive int, got {v!r}")
         if max_m_per_rank * n >= 2**31:
             raise ValueError(f"triton_dist {op}: max_m_per_rank * n = {max_m_per_rank * n} is too large (< 2**31)")
-        self.world, self.rank = _runtime.world_size(), _runtime.rank()
-        self.max_m, self.n, self.dtype, self.num_experts, self.topk = max_m_per_rank, n, dtype, num_experts, topk
-        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.max_m, self.n, self.num_experts, self.topk = max_m_per_rank, n, num_experts, topk
         self.half_elems = max_m_per_rank * n
         self.partial = symm_zeros((2 * self.half_elems, ), torch.float32)
         """Two halves of ``[max_m, n]`` fp32 sums that the ranks' GEMMs add into (module notes)."""
         self.done = SignalPad(self.world)
-        self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.tickets = torch.zeros(1, dtype=torch.int32, device=self.device)
-        _parallel_compile.preload_in_parallel(self.preload)
-        torch.cuda.synchronize()
-        _runtime.barrier()  # every rank's partial and signals are zero before any rank adds into them
+        self.ready()  # every rank's partial and signals are zero before any rank adds into them
 
     def preload(self) -> None:
         """Compile and load the GEMM in each config and the finish kernel (every int unspecialised)."""

@@ -2,7 +2,7 @@
 the small M of decoding (a row-parallel linear layer: ``K`` is each rank's shard of the
 contraction, every rank needs the whole ``[M, N]`` sum).
 
-``"output_tiles"``: one launch of the persistent GEMM of :mod:`triton_dist.kernels.gemm` with
+``"output_tiles"``: one launch of the persistent GEMM of :mod:`triton_dist.kernels.gemm.dense` with
 ``ALL_REDUCE``: each program computes its tile, stores the fp32 tile into slot ``me`` of every peer's symmetric
 ``partials`` (``dl.symm_at``, stores over NVLink), signals every rank (its own included), waits
 for the same tile from every rank, and sums the ``world`` fp32 partials in rank order ``0, 1,
@@ -27,7 +27,7 @@ at least one signal of every peer's current call, so the variants may alternate 
 
 Two tile loops (``variant=``, :data:`VARIANTS`):
 
-- ``"output_tiles"``: the one described above, on the shared GEMM loop (:func:`~triton_dist.kernels.gemm.gemm_kernel`
+- ``"output_tiles"``: the one described above, on the shared GEMM loop (:func:`~triton_dist.kernels.gemm.dense.gemm_kernel`
   with ``ALL_REDUCE``): one tile of ``out`` per program, the skinny configs up to
   ``gemm.SKINNY_MAX_M`` rows, :data:`CONFIG` past them.
 - ``"split_k"`` (:func:`gemm_ar_split_k_kernel`, ``M <= SPLIT_K_MAX_M``): decode shapes are bound
@@ -47,7 +47,7 @@ Two tile loops (``variant=``, :data:`VARIANTS`):
   price: ``split_k`` times the partial bytes of ``"output_tiles"``. Measured on 2 x H200
   (bench/gemm_ar.py at 523650f, µs, split_k against output_tiles): 30 against 44 on
   1x4096x7168, 68 against 97 on 1x8192x14336, 45 against 29 at 64 rows on 8b
-  (:func:`auto_variant` has the rule).
+  (:func:`triton_dist.kernels.gemm.policy.gemm_ar_variant` has the rule).
 
 No deadlock (``"output_tiles"``): a program signals its tile before it waits, tile ``t`` is
 program ``t % grid``'s on every rank (the grid depends only on the shape and the SM count), and the grid is at most one
@@ -62,15 +62,15 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import language as dl
-from .. import runtime as _runtime
-from .. import timeline as _timeline
-from ..distributed_jit import DistributedKernel, jit
-from ..signals import SignalPad
-from ..symmetric import symm_empty
-from . import gemm as _gemm
-from . import call_counter as _call_counter
-from .. import parallel_compile as _parallel_compile
+from ... import language as dl
+from ... import timeline as _timeline
+from ...distributed_jit import DistributedKernel, jit
+from ...signals import SignalPad
+from ...symmetric import symm_empty
+from . import dense as _gemm
+from .context import OverlappedGemmContext
+from . import policy as _policy
+from ..common import call_counter as _call_counter
 
 CONFIG = "small"
 """The GEMM config of calls with more than ``gemm.SKINNY_MAX_M`` rows (128x128 tiles): with 128x256
@@ -79,7 +79,7 @@ of registers per thread (ptxas, sm_90a). Calls with fewer rows take ``gemm.pick_
 (64-row tiles that spread the read of B over every SM: decode shapes are bound by that read)."""
 
 VARIANTS = ("auto", "split_k", "output_tiles")
-"""``variant=`` of :meth:`GemmAllReduceContext.run` (module notes); ``"auto"``: :func:`auto_variant`."""
+"""``variant=`` of :meth:`GemmAllReduceContext.run` (module notes); ``"auto"``: :func:`triton_dist.kernels.gemm.policy.gemm_ar_variant`."""
 
 SPLIT_K_MAX_M = 128
 """The most rows ``"split_k"`` takes: ``BM`` (``out``'s rows, wgmma's N side) up to 128."""
@@ -106,20 +106,8 @@ SPLIT_K_CONFIGS = {
 ``BM`` holding the call's rows."""
 
 
-def auto_variant(m: int) -> str:
-    """What ``variant="auto"`` runs for ``m`` rows: ``"output_tiles"`` where its 64-row skinny
-    tile is more than half full (33-64 rows) or ``m`` is past :data:`SPLIT_K_MAX_M`, else
-    ``"split_k"``. Measured on 2 x H200 (bench/gemm_ar.py at 63a1899, µs, split_k against
-    output_tiles): at 1 and 16 rows split_k led on all three models (8b 28 against 44, 70b 68
-    against 98, 405b 210 against 254 at one row); at 64 rows output_tiles led (8b 47 against 31,
-    70b 81 against 72, 405b even), its tile full and split_k's partials four times the bytes; at
-    128 rows, where output_tiles has only 128x128 tiles, split_k led on 70b and 405b (99 against
-    113, 243 against 265) and tied on 8b (61 against 59)."""
-    return "output_tiles" if m > SPLIT_K_MAX_M or _gemm.SKINNY_MAX_M // 2 < m <= _gemm.SKINNY_MAX_M else "split_k"
-
-
 gemm_ar_kernel = DistributedKernel(_gemm.gemm_kernel)
-""":func:`triton_dist.kernels.gemm.gemm_kernel` launched with ``ALL_REDUCE=True`` and the
+""":func:`triton_dist.kernels.gemm.dense.gemm_kernel` launched with ``ALL_REDUCE=True`` and the
 language's libraries linked in (``"output_tiles"``)."""
 
 
@@ -173,7 +161,7 @@ def gemm_ar_split_k_kernel(a_desc, b_desc, partials, out, signals, calls, M, N, 
             tl.store(out + offs, total.to(out.dtype.element_ty), mask=mask)
 
 
-class GemmAllReduceContext:
+class GemmAllReduceContext(OverlappedGemmContext):
     """Symmetric fp32 partials, signals and loaded kernels for GEMM+AllReduce of up to ``max_m`` rows
     and ``n`` columns, ``dtype`` bfloat16 or float16; any ``K``.
 
@@ -190,14 +178,14 @@ class GemmAllReduceContext:
     and wait on its own rank) instead of the plain GEMM, so that one GPU can test it.
     """
 
+    VARIANTS = VARIANTS
+
     def __init__(self, max_m: int, n: int, dtype, *, protocol_on_one_rank: bool = False):
-        _runtime._require_initialized("GemmAllReduceContext")
         import torch
 
         op = "triton_dist GemmAllReduceContext"
-        _gemm.check_context_args("GemmAllReduceContext", dtype, aligned="n", max_m=max_m, n=n)
-        self.world = _runtime.world_size()
-        self.rank = _runtime.rank()
+        super().__init__("GemmAllReduceContext", dtype, aligned="n", protocol_on_one_rank=protocol_on_one_rank,
+                         max_m=max_m, n=n)
         self.half = self.world * n * max(max_m, SPLIT_K_MAX * min(max_m, SPLIT_K_MAX_M))
         """fp32 elements of each half of :attr:`partials`: ``world`` slots of ``max_m x n`` for
         ``"output_tiles"``, ``world * SPLIT_K_MAX`` of ``min(max_m, SPLIT_K_MAX_M) x n`` for
@@ -208,9 +196,6 @@ class GemmAllReduceContext:
                              f"GEMM+AllReduce is meant for small M")
         self.max_m = max_m
         self.n = n
-        self.dtype = dtype
-        self.device = torch.device("cuda", torch.cuda.current_device())
-        self.num_sms = _gemm.num_sms(self.device)
         # A config's tile count grows with M: the largest M of each config bounds its calls.
         largest = {min(max_m, _gemm.SKINNY_MAX_M), max_m}
         self.configs = sorted({self._config(m) for m in largest})
@@ -223,13 +208,7 @@ class GemmAllReduceContext:
         """The most tiles of a call (signals per source rank)."""
         self.partials = symm_empty((2 * self.half, ), torch.float32)
         self.pad = SignalPad(self.world * self.tiles_max)
-        self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
-        """The device-side call counter (this call's epoch once bumped)."""
-        self._protocol = self.world > 1 or bool(protocol_on_one_rank)
-        if self._protocol:
-            _parallel_compile.preload_in_parallel(self.preload)
-        torch.cuda.synchronize()
-        _runtime.barrier()  # every rank's pad is zeroed before any rank can signal it
+        self.ready()
 
     def _config(self, m: int) -> str:
         """The config of an ``m``-row call: the same on every rank (the tile count decides which
@@ -293,9 +272,7 @@ class GemmAllReduceContext:
         ``variant``: one of :data:`VARIANTS` (module notes); every rank passes the same."""
         import torch
 
-        if variant not in VARIANTS:
-            raise ValueError(f"triton_dist GemmAllReduceContext.run: variant must be one of {VARIANTS}, got "
-                             f"{variant!r}")
+        self.check_variant(variant)
         m, k = a.shape
         n = b.shape[0]
         if n != self.n or m > self.max_m:
@@ -304,13 +281,10 @@ class GemmAllReduceContext:
         if variant == "split_k" and m > SPLIT_K_MAX_M:
             raise ValueError(f"triton_dist GemmAllReduceContext.run: variant 'split_k' takes M <= {SPLIT_K_MAX_M}, "
                              f"got M = {m}; use 'output_tiles' or 'auto'")
-        if m == 0:
-            return
-        if not self._protocol:
-            _gemm.gemm(a, b, out=out)
+        if m == 0 or self.ran_plain_gemm(a, b, out):
             return
         if variant == "auto":
-            variant = auto_variant(m)
+            variant = _policy.gemm_ar_variant(m, SPLIT_K_MAX_M)
         # The preloaded variants assume a 16-byte aligned output: another would load here, possibly
         # while a peer spins.
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)

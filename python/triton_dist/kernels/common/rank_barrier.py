@@ -9,13 +9,13 @@ slot of ``WORLD`` uint64s in a context's signal pad, used by nothing else.
 
 Why earlier copy-engine copies are covered: the kernel starts after the copy on its stream has
 completed, and its release at system scope is what the peer acquires (the argument of
-``ce_push`` in :mod:`triton_dist.kernels.allgather`).
+``ce_push`` in :mod:`triton_dist.kernels.collectives.allgather`).
 """
 
 import triton.language as tl
 
-from .. import language as dl
-from ..distributed_jit import jit
+from ... import language as dl
+from ...distributed_jit import jit
 
 
 @jit

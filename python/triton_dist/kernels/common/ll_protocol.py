@@ -1,6 +1,6 @@
 """The LL (low-latency) protocol's device side, shared by the LL AllGather
-(:func:`~triton_dist.kernels.allgather_kernels.all_gather_ll_kernel`) and the LL AllReduce and
-ReduceScatter (:func:`~triton_dist.kernels.allreduce_kernels.ll_reduce_kernel`): every 8-byte word sent to
+(:func:`~triton_dist.kernels.collectives.allgather_kernels.all_gather_ll_kernel`) and the LL AllReduce and
+ReduceScatter (:func:`~triton_dist.kernels.collectives.allreduce_kernels.ll_reduce_kernel`): every 8-byte word sent to
 a peer carries 4 bytes of payload (low half) and a 4-byte flag derived from the call's epoch (high
 half), written with one 64-bit store, which is single-copy atomic, so a receiver that sees the flag
 sees the payload: no signal and no fence. Receivers spin with ``ld.relaxed.sys`` on every word of a
@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 from triton.language import core
 
-from .. import language as dl
-from ..language.signals import _timed_out
+from ... import language as dl
+from ...language.signals import _timed_out
 
 
 @core.builtin
@@ -24,6 +24,10 @@ def globaltimer(_semantic=None):
     return core.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.uint64, is_pure=False,
                                        pack=1, _semantic=_semantic)
 
+
+
+LL_BLOCK = 512
+"""8-byte LL words per tile (one program handles a tile at a time), in every LL kernel."""
 
 @triton.jit
 def ll_words(x, w, n, ELEMS: tl.constexpr):

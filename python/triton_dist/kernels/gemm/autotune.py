@@ -1,7 +1,7 @@
 """The persistent GEMM's config chosen by the distributed autotuner (:mod:`triton_dist.autotune`)
-instead of :func:`triton_dist.kernels.gemm.pick_config`'s fixed rule.
+instead of :func:`triton_dist.kernels.gemm.dense.pick_config`'s fixed rule.
 
-    from triton_dist.kernels.gemm_autotune import tuned_gemm_config
+    from triton_dist.kernels.gemm.autotune import tuned_gemm_config
     name = tuned_gemm_config(m, n, k, torch.bfloat16)      # collective on the first call per shape
     gemm(a, b, out=out, config=name)
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import gemm as _gemm
+from . import dense as _gemm
 
 OP = "gemm"
 
@@ -62,7 +62,7 @@ def tune_gemm(m: int, n: int, k: int, dtype: Any, *, autotuner=None):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"triton_dist tuned_gemm_config: {name} must be a positive int, got {value!r}")
     dtype_name = _dtype_name(dtype)
-    from .. import autotune
+    from ... import autotune
 
     tuner = autotuner or _default_autotuner()
     sms = _gemm.num_sms()
@@ -93,7 +93,7 @@ _shared = None
 def _default_autotuner():
     global _shared
     if _shared is None:
-        from ..autotune import DistributedAutotuner
+        from ...autotune import DistributedAutotuner
 
         _shared = DistributedAutotuner(warmup=5, iters=20, graph=True)
     return _shared

@@ -1,6 +1,6 @@
 """One output tile of a Hopper GEMM: where it sits in a grouped walk (:func:`tile_coords`) and its
 software-pipelined K loop (:func:`tile_product`), shared by every GEMM kernel of the library (the
-dense :func:`~triton_dist.kernels.gemm.gemm_kernel` with its overlapped epilogues, and the MoE
+dense :func:`~triton_dist.kernels.gemm.dense.gemm_kernel` with its overlapped epilogues, and the MoE
 grouped GEMM of :mod:`triton_dist.kernels.moe.group_gemm`), so that there is one K loop to tune."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import language as dl
+from ... import language as dl
 
 
 @triton.jit

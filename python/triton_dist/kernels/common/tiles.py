@@ -34,6 +34,28 @@ def copy_tile(dst, src, idx, n, MASKED: tl.constexpr):
 
 
 @triton.jit
+def program_share(BLOCK: tl.constexpr):
+    """``(pid, grid, lanes)``: this program, the grid's size and a tile's element offsets
+    ``0 .. BLOCK``, for a kernel whose program ``pid`` takes tiles ``pid, pid + grid, ...``."""
+    return tl.program_id(0), tl.num_programs(0), tl.arange(0, BLOCK)
+
+
+@triton.jit
+def each_tile(tile_fn: tl.constexpr, args, start, stop, step, n, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """``tile_fn(args, offs, n, WORLD, MASKED)`` for tiles ``start, start + step, ... < stop`` of
+    ``BLOCK`` elements (``offs``: the tile's int64 element indices): ``MASKED=False`` for whole
+    tiles, so that they compile without predicates, True for the one straddling ``n``. ``args``: a
+    tuple the tile function unpacks (Triton tuples drop constexpr-ness, hence ``WORLD`` apart)."""
+    lanes = tl.arange(0, BLOCK)
+    for t in range(start, stop, step):
+        offs = t.to(tl.int64) * BLOCK + lanes
+        if (t.to(tl.int64) + 1) * BLOCK <= n:
+            tile_fn(args, offs, n, WORLD, False)
+        else:
+            tile_fn(args, offs, n, WORLD, True)
+
+
+@triton.jit
 def copy_program_tiles(dst, src, n, tiles, BLOCK: tl.constexpr):
     """``dst[i] = src[i]`` for ``i < n`` over this program's share of ``tiles`` ``BLOCK``-element
     tiles (tiles ``pid, pid + grid, ...``; whole tiles unmasked, only the one straddling ``n``

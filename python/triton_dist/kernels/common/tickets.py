@@ -12,7 +12,7 @@ It also resets the counter, so every piece starts the next call at zero.
 import triton
 import triton.language as tl
 
-from .. import language as dl
+from ... import language as dl
 
 
 @triton.jit

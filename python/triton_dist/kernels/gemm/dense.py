@@ -6,11 +6,11 @@ epilogue and the waits:
 
 - the plain GEMM (launched as a ``triton.jit`` kernel by :func:`gemm`);
 - the GEMM+ReduceScatter producer (``SIGNAL_ROWS``, with ``PEER_EPILOGUE`` or ``REDUCE_OWN``, see
-  :mod:`triton_dist.kernels.gemm_reduce_scatter`) and GEMM+AllReduce (``ALL_REDUCE``, see
-  :mod:`triton_dist.kernels.gemm_all_reduce`): tiles stored with ``tl.store`` into symmetric
+  :mod:`triton_dist.kernels.gemm.gemm_rs`) and GEMM+AllReduce (``ALL_REDUCE``, see
+  :mod:`triton_dist.kernels.gemm.gemm_ar`): tiles stored with ``tl.store`` into symmetric
   buffers, signalled, and (own tiles, all-reduce) summed after waiting for the peers';
 - the consumer of AllGather+GEMM (``WAIT_FOR_ROWS=True``, launched through ``triton_dist.jit``
-  by :mod:`triton_dist.kernels.allgather_gemm`): A is the gathered ``[world * m, K]`` buffer, rank
+  by :mod:`triton_dist.kernels.gemm.ag_gemm`): A is the gathered ``[world * m, K]`` buffer, rank
   ``r``'s shard in rows ``[r * m, (r + 1) * m)``; before the K loop of a tile it acquire-waits
   (system scope) until ``signals[r] >= epoch`` for every rank ``r`` whose shard holds one of the
   tile's rows (``epoch = *calls``), and its TMA loads of A go through ``dl.consume_token`` of the
@@ -39,11 +39,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import language as dl
-from .. import residency as _residency
-from ..language import timeline as _timeline
-from .gemm_tile import tile_coords, tile_product
-from .tickets import last_to_finish
+from ... import language as dl
+from ... import residency as _residency
+from ...language import timeline as _timeline
+from .tile import tile_coords, tile_product
+from ..common.tickets import last_to_finish
 
 DTYPES = ("bfloat16", "float16")
 
@@ -149,7 +149,7 @@ def _copy_chunk(pid_m, pid_n, local_m, num_n, chunk_n, GROUP_M: tl.constexpr):
 @triton.jit
 def _count_chunk_tile(chunk_flags, tickets, index, tiles_in_chunk):
     """One more tile of copy-engine chunk ``index`` (< 0: none) is stored here: the program that
-    stores the chunk's last tile (:func:`~triton_dist.kernels.tickets.last_to_finish`) raises
+    stores the chunk's last tile (:func:`~triton_dist.kernels.common.tickets.last_to_finish`) raises
     ``chunk_flags[index]`` to 1 for the copy stream, with a system-scope release (the copy engine
     reads the chunk)."""
     if index >= 0:
@@ -258,7 +258,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     GPU, published with release semantics at system scope); this program's rank is ``rank``.
     Unused otherwise (pass None).
 
-    ``SIGNAL_ROWS`` (the GEMM+ReduceScatter producer, :mod:`~triton_dist.kernels.gemm_reduce_scatter`):
+    ``SIGNAL_ROWS`` (the GEMM+ReduceScatter producer, :mod:`~triton_dist.kernels.gemm.gemm_rs`):
     ``M = WORLD * m_per_rank``, rows ``[d * m_per_rank, (d + 1) * m_per_rank)`` of C go to rank
     ``d``. ``c_desc`` is then a plain pointer to a symmetric buffer of two halves of
     ``half_elems`` elements (the half is ``*calls % 2``), ``N`` a multiple of 8. Tiles never
@@ -308,9 +308,9 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     rows with the copy engine and sets ``signals[rank * signal_region + chunk]`` to 1 on ``d``. An own tile waits for
     ``signals[r * signal_region + chunk] >= 1`` from every peer ``r``, then sums as
     ``REDUCE_OWN``. The host resets the flags between calls
-    (:mod:`~triton_dist.kernels.gemm_reduce_scatter`). ``chunk_n``: n-tiles per chunk.
+    (:mod:`~triton_dist.kernels.gemm.gemm_rs`). ``chunk_n``: n-tiles per chunk.
 
-    ``ALL_REDUCE`` (GEMM+AllReduce, :mod:`~triton_dist.kernels.gemm_all_reduce`): ``c_desc`` is a
+    ``ALL_REDUCE`` (GEMM+AllReduce, :mod:`~triton_dist.kernels.gemm.gemm_ar`): ``c_desc`` is a
     pointer to a symmetric fp32 buffer of two halves of ``half_elems`` elements (the half is
     ``*calls % 2``), each ``WORLD`` slots of ``[M, N]``; ``out`` is ``[M, N]``, ``N`` a multiple of
     8, 16-byte aligned. Each tile (plain order) goes to slot ``rank`` of every peer's half, is
@@ -470,22 +470,6 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                          PEER_COPY_ENGINE)
 
 
-def check_context_args(op: str, dtype, *, aligned: str, **sizes) -> None:
-    """The constructor checks every overlapped-GEMM context shares: each of ``sizes`` a positive
-    int, ``dtype`` bfloat16 or float16, and ``sizes[aligned]`` a multiple of 8 (the row length in
-    elements of a buffer TMA or 16-byte vectors read: 16-byte aligned rows)."""
-    import torch
-
-    for name, v in sizes.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"triton_dist {op}: {name} must be a positive int, got {v!r}")
-    if dtype not in (torch.bfloat16, torch.float16):
-        raise TypeError(f"triton_dist {op}: dtype must be torch.bfloat16 or torch.float16, got {dtype!r}")
-    if sizes[aligned] % 8:
-        raise ValueError(f"triton_dist {op}: {aligned} ({sizes[aligned]}) must be a multiple of 8 (16-byte aligned "
-                         f"rows)")
-
-
 def num_sms(device=None) -> int:
     """SMs this process may use (an MPS share lowers it): persistent grids are sized from it
     (:mod:`triton_dist.residency`)."""
@@ -561,7 +545,7 @@ def gemm(a, b, *, out=None, config: str | None = None):
     (a new ``[M, N]`` tensor when None). ``config``: a key of :data:`CONFIGS` or
     :data:`SKINNY_CONFIGS`; None (the default): :func:`pick_skinny_config`'s fixed rule for
     ``M <= SKINNY_MAX_M``, else :func:`pick_config`'s, which need no triton_dist runtime; ``"auto"``: the
-    distributed autotuner's choice for this shape (:mod:`~triton_dist.kernels.gemm_autotune`),
+    distributed autotuner's choice for this shape (:mod:`~triton_dist.kernels.gemm.autotune`),
     collective on the first call per shape and dtype (every rank, same shape, at the same time),
     and not inside a CUDA graph capture (it times candidates)."""
     import torch
@@ -577,7 +561,7 @@ def gemm(a, b, *, out=None, config: str | None = None):
         return out.zero_()
     sms = num_sms(a.device)
     if config == "auto":
-        from .gemm_autotune import tuned_gemm_config
+        from .autotune import tuned_gemm_config
 
         config = tuned_gemm_config(m, n, k, a.dtype)
     config = config or pick_skinny_config(m, n, sms) or pick_config(m, n, k, sms)

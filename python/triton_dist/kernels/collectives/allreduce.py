@@ -29,7 +29,7 @@ Two-shot (:func:`all_reduce_two_shot_kernel`), bandwidth-bound sizes. The tensor
    from the gather buffer into the output.
 
 LL (:func:`ll_reduce_kernel`), small messages (up to :attr:`AllReduceContext.LL_MAX_BYTES`
-per rank), the low-latency protocol of :mod:`triton_dist.kernels.allgather`'s ``"ll"`` method:
+per rank), the low-latency protocol of :mod:`triton_dist.kernels.collectives.allgather`'s ``"ll"`` method:
 the input is cut into 8-byte LL words of 4 payload bytes (low half) and a 4-byte flag derived
 from the epoch (high half); program ``p`` owns the same ``BLOCK_W``-word tiles on every rank.
 
@@ -67,7 +67,7 @@ against two-shot's 242, 560 and 1194 and NCCL's 170, 490 and 921: not the win it
 promises (each direction carries one push and one pull of a half, 268 MB at 256 MiB, ~730 µs at
 the measured copy-engine bandwidth); why is not yet known (the pulls' read bandwidth is the first
 suspect). Later runs put it level with two-shot at 256 MiB and ahead at 1 GB, so ``"auto"`` uses
-it from :data:`triton_dist.ops.AUTO_CE_TWO_SHOT_MIN_BYTES` on two ranks. The shards are those of
+it from :data:`~triton_dist.kernels.collectives.policy.ALL_REDUCE_CE_TWO_SHOT_MIN_BYTES` on two ranks. The shards are those of
 two-shot; each is cut into ``chunks`` chunks of ``chunk_tiles`` tiles
 (:meth:`AllReduceContext.ce_chunking`). Streams: the caller's ``S``, a push stream ``P`` and a pull
 stream ``Q``. Signals (the context's ``ce_pad``, 0/1 flags reset by their consumer, because the
@@ -75,7 +75,7 @@ copy streams' operations carry values fixed when enqueued, which a replayed CUDA
 change): ``scattered[r][c]`` (rank ``r``'s part of my shard, chunk ``c``, is in my ``stage``),
 ``reduced[r][c]`` (rank ``r``'s shard, chunk ``c``, is summed in its ``gather``), and a barrier slot.
 
-1. ``S``: bump the call counter; :func:`~triton_dist.kernels.rank_barrier.rank_barrier_kernel`
+1. ``S``: bump the call counter; :func:`~triton_dist.kernels.common.rank_barrier.rank_barrier_kernel`
    (every rank has finished its previous call, of any method: nobody still reads the buffers
    written below, and every flag of the previous call was consumed and reset).
 2. ``P``, chunk by chunk: copy my part of shard ``s``, chunk ``c``, into slot ``me`` of rank
@@ -112,7 +112,7 @@ data moves only from rank ``r`` to rank ``r + 1``. Shards as two-shot's; two hal
    step slot ``WORLD - 2`` holds shard ``me`` summed over every other rank; adding x's part gives
    the result, rounded once into ``out``;
 2. all-gather of the reduced shards around the same ring through ``stage`` (half ``epoch % 2``;
-   :func:`~triton_dist.kernels.ring.ring_all_gather_steps`).
+   :func:`~triton_dist.kernels.common.ring.ring_all_gather_steps`).
 
 Each shard is summed by one rank and copied to the others, so every rank gets the same bits; the
 order of the additions is the ring's, so not the bits of one-shot. ``ring_inbox`` (this method's
@@ -131,7 +131,7 @@ be safe after ``"ce_two_shot"`` on three or more ranks: a third rank may still b
 
 Reuse between calls (one-shot, two-shot, the ring's ``stage``): the epoch is the context's
 device call counter and buffers alternate halves by its parity (see
-:mod:`triton_dist.kernels.context` for why that is safe and graph-capturable). Every method
+:mod:`triton_dist.kernels.common.context` for why that is safe and graph-capturable). Every method
 bumps the same counter, so the argument above holds across methods.
 
 Inputs and outputs need not be symmetric; only the staging, gather and LL buffers are.
@@ -142,13 +142,13 @@ from __future__ import annotations
 
 import triton
 
-from .. import runtime as _runtime
-from ..signals import SignalPad, stream_wait_value64, stream_write_value64
-from ..symmetric import peer_tensor, symm_empty
+from ...signals import SignalPad, stream_wait_value64, stream_write_value64
+from ...symmetric import peer_tensor, symm_empty
 from .allreduce_kernels import (all_reduce_ce_reduce_kernel, all_reduce_one_shot_kernel, all_reduce_ring_kernel,
                                 all_reduce_two_shot_kernel, ll_reduce_kernel)
-from .context import CollectiveContext
-from .rank_barrier import rank_barrier_kernel
+from ..common.context import CollectiveContext
+from ..common.ll_protocol import LL_BLOCK
+from ..common.rank_barrier import rank_barrier_kernel
 
 
 class AllReduceContext(CollectiveContext):
@@ -186,20 +186,12 @@ class AllReduceContext(CollectiveContext):
 
     LL_MAX_BYTES = 64 * 1024
     """The largest input (bytes per rank) the ``"ll"`` method takes; ``"auto"`` uses ``"ll"`` up to
-    :data:`triton_dist.ops.AUTO_LL_MAX_BYTES` (32 KiB: measured ahead of one-shot at 8 and 32 KiB
-    on 2 x H200)."""
-
-    LL_BLOCK = 512
-    """8-byte LL words per tile (one program handles a tile at a time)."""
+    :data:`~triton_dist.kernels.collectives.policy.ALL_REDUCE_LL_MAX_BYTES`."""
 
     def __init__(self, max_bytes: int, dtype, *, max_programs: int | None = None):
         import torch
 
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
-            raise ValueError(f"triton_dist AllReduceContext: max_bytes must be a positive int, got {max_bytes!r}")
-        itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 1
-        max_numel = max(1, max_bytes // itemsize)
-        world = _runtime.world_size() if _runtime.is_initialized() else 1
+        max_numel, world = self.numel_and_world("AllReduceContext", max_bytes, dtype)
         half = world * triton.cdiv(max_numel, world * self.BLOCK) * self.BLOCK
         # Signals per program slot: one-shot's region, two-shot's two, the ring's 2 (world - 1) steps.
         super().__init__("AllReduceContext", dtype, max_numel, {"stage": half, "gather": half},
@@ -207,7 +199,7 @@ class AllReduceContext(CollectiveContext):
         self.half = self.halves["stage"]
         self.ll_max_bytes = min(self.max_bytes, self.LL_MAX_BYTES)
         """The largest input (bytes per rank) this context's ``"ll"`` method takes."""
-        self.ll_slot = triton.cdiv(triton.cdiv(self.ll_max_bytes, 4), self.LL_BLOCK) * self.LL_BLOCK
+        self.ll_slot = triton.cdiv(triton.cdiv(self.ll_max_bytes, 4), LL_BLOCK) * LL_BLOCK
         """8-byte words per rank slot of :attr:`ll` (whole tiles)."""
         self.ll = symm_empty((2 * self.world * self.ll_slot, ), torch.int64)
         """The LL buffer: two halves of ``world`` slots of ``ll_slot`` words, zeroed (flags are
@@ -234,7 +226,7 @@ class AllReduceContext(CollectiveContext):
         return self.meta()
 
     def _ll_meta(self) -> dict:
-        return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=self.LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
+        return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
                     num_warps=self.NUM_WARPS)
 
     def preload(self) -> None:
@@ -304,9 +296,7 @@ class AllReduceContext(CollectiveContext):
         if method == "ll" and nbytes > self.ll_max_bytes:
             raise ValueError(f"triton_dist all_reduce: method 'll' takes at most {self.ll_max_bytes} bytes per rank, "
                              f"got {nbytes}; use 'one_shot', 'two_shot' or 'auto'")
-        if self.world == 1:
-            if out.data_ptr() != x.data_ptr():
-                out.copy_(x)
+        if self.ran_on_one_rank(x, out):
             return
         # The preloaded variants assume 16-byte aligned pointers: a misaligned tensor would
         # compile and load another variant here, possibly while a peer spins.
@@ -336,7 +326,7 @@ class AllReduceContext(CollectiveContext):
                                                            epoch_ptr, shard_tiles, self.half // self.BLOCK, **meta)
         else:
             words = triton.cdiv(nbytes, 4)
-            grid = self.grid(triton.cdiv(words, self.LL_BLOCK))
+            grid = self.grid(triton.cdiv(words, LL_BLOCK))
             ll_reduce_kernel[grid](x, target, self.ll, n, words, epoch_ptr, **self._ll_meta())
         if target is not out:
             out.copy_(target)

@@ -21,7 +21,7 @@ dependent steps. On a full mesh (NVSwitch, or two GPUs) push is the better choic
 two are the same transfer.
 
 Buffer reuse: the receive buffer alternates halves by the epoch's parity, as the callers' other
-methods do (:mod:`triton_dist.kernels.context`): a rank writes rank ``me + 1``'s half ``e % 2``
+methods do (:mod:`triton_dist.kernels.common.context`): a rank writes rank ``me + 1``'s half ``e % 2``
 again only in call ``e + 2``, after finishing call ``e + 1``, which needed something rank ``me + 1``
 sent in call ``e + 1`` (in a ring call, its own chunk, which arrives at the last step; every
 other method hears from every rank directly), hence sent after rank ``me + 1`` finished call
@@ -31,9 +31,9 @@ other method hears from every rank directly), hence sent after rank ``me + 1`` f
 import triton
 import triton.language as tl
 
-from .. import language as dl
-from ..distributed_jit import jit
-from .tiles import load_tile, store_tile
+from ... import language as dl
+from ...distributed_jit import jit
+from .tiles import load_tile, program_share, store_tile
 
 
 @triton.jit
@@ -63,9 +63,7 @@ def ring_all_gather_steps(own, out, received, signals, epoch, half, chunk_stride
     ``OWN_TO_OUT``: also copy ``own`` into its place in ``out`` (False when it is already there)."""
     me = dl.rank()
     nxt = (me + 1) % WORLD
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK)
+    pid, grid, lanes = program_share(BLOCK)
     mine = received + half
     theirs = tl.multiple_of(dl.symm_at(received, nxt), 16) + half  # symm_at loses the alignment fact
     token = tl.zeros((), tl.int32)

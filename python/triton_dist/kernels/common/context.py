@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import triton
 
-from .. import parallel_compile as _parallel_compile
-from .. import residency as _residency
-from .. import runtime as _runtime
-from ..signals import SignalPad
-from ..symmetric import symm_empty
+from ... import parallel_compile as _parallel_compile
+from ... import residency as _residency
+from ... import runtime as _runtime
+from ...signals import SignalPad
+from ...symmetric import symm_empty
 from . import call_counter as _call_counter
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -94,6 +94,27 @@ class CollectiveContext:
         self.pad = SignalPad(max(1, signals_per_program * self.max_programs))
         self.calls = torch.zeros(1, dtype=torch.int64, device=device)
         """The device-side call counter (the epoch of the latest call)."""
+
+    @staticmethod
+    def numel_and_world(op: str, max_bytes: int, dtype) -> tuple[int, int]:
+        """``(max_numel, world)`` for a context sized in bytes: ``max_bytes`` checked, as elements of
+        ``dtype`` (at least one), and the world size (1 before ``init``: the constructor then raises
+        the uninitialised-runtime error, and a bad ``dtype`` its own)."""
+        import torch
+
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
+            raise ValueError(f"triton_dist {op}: max_bytes must be a positive int, got {max_bytes!r}")
+        itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 1
+        return max(1, max_bytes // itemsize), _runtime.world_size() if _runtime.is_initialized() else 1
+
+    def ran_on_one_rank(self, x, out) -> bool:
+        """With one rank a reduction is its input: ``out = x`` (nothing to do when they alias).
+        True if so; the protocol is not run."""
+        if self.world != 1:
+            return False
+        if out.data_ptr() != x.data_ptr():
+            out.copy_(x)
+        return True
 
     def ready(self) -> None:
         """End of construction: compile (in parallel, once per node: :mod:`triton_dist.parallel_compile`)

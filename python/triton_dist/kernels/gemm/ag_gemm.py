@@ -4,7 +4,7 @@ result is ``C [world * m, N]``, rank ``r``'s rows ``[r * m, (r + 1) * m)`` compu
 
 Two producers (:data:`PRODUCERS`); ``"ce_push"``, the default, first. Producer (copy engine, on
 the context's side stream) and consumer (the persistent GEMM of
-:mod:`triton_dist.kernels.gemm` with ``WAIT_FOR_ROWS``, on the caller's stream) share one
+:mod:`triton_dist.kernels.gemm.dense` with ``WAIT_FOR_ROWS``, on the caller's stream) share one
 symmetric buffer ``gathered`` (``world * max_m * K`` elements; a call uses its first
 ``world * m`` rows, rank ``r``'s shard at rows ``[r * m, (r + 1) * m)``) which the GEMM reads
 directly as its A (a TMA descriptor over ``gathered[:world * m]``; no copy-out), and a signal pad
@@ -40,7 +40,7 @@ call's ``P`` work is ordered after this GEMM anyway).
 Why ``ready[r] >= k`` means "rank ``r``'s rows of call ``k`` are in my buffer": the copy and the
 signal kernel are consecutive on ``r``'s stream ``P``, so the copy engine finished writing (over
 NVLink) before the kernel's release at system scope, which my acquire observes (the argument of
-``ce_push`` in :mod:`~triton_dist.kernels.allgather`). ``ready`` only grows (``set`` to ``k``,
+``ce_push`` in :mod:`~triton_dist.kernels.collectives.allgather`). ``ready`` only grows (``set`` to ``k``,
 and call ``k + 1`` cannot set it before this rank acknowledged call ``k``, see next), so a value
 ``>= k`` is this call's.
 
@@ -75,7 +75,7 @@ copies and signal kernels of ``P`` replaced by one kernel of ``push_programs`` p
 k - 1`` to every peer; then for each peer ``r`` (the order of ``ce_push``) every program waits for
 ``ack[r] >= k - 1`` and stores its share of this rank's rows (read from slot ``me`` of the local
 ``gathered``, where ``S`` copied them) into slot ``me`` of ``r``'s ``gathered``; the last program
-to finish its share (a ticket counter per peer, :mod:`~triton_dist.kernels.tickets`, counted
+to finish its share (a ticket counter per peer, :mod:`~triton_dist.kernels.common.tickets`, counted
 with acq_rel at system scope so that each program's count releases its own NVLink stores) sets
 ``ready[me] = k`` on ``r`` (release, system scope). Same reasoning as ``ce_push``: the ready
 value is released after every store of the rows it announces. What it buys: one kernel launch
@@ -100,18 +100,17 @@ from __future__ import annotations
 
 import triton.language as tl
 
-from .. import language as dl
-from .. import residency as _residency
-from .. import runtime as _runtime
-from ..distributed_jit import DistributedKernel, jit
-from ..signals import SignalPad
-from ..symmetric import peer_tensor, symm_empty
-from . import gemm as _gemm
-from . import call_counter as _call_counter
-from .. import parallel_compile as _parallel_compile
-from .. import timeline as _timeline
-from .tickets import last_to_finish
-from .tiles import copy_program_tiles
+from ... import language as dl
+from ... import residency as _residency
+from ...distributed_jit import DistributedKernel, jit
+from ...signals import SignalPad
+from ...symmetric import peer_tensor, symm_empty
+from . import dense as _gemm
+from .context import OverlappedGemmContext
+from ..common import call_counter as _call_counter
+from ... import timeline as _timeline
+from ..common.tickets import last_to_finish
+from ..common.tiles import copy_program_tiles
 
 RESERVED_SMS = 1
 """SMs the consumer GEMM leaves free for the producer's signal kernels (see the module notes)."""
@@ -135,7 +134,7 @@ PUSH_BLOCK = 4096
 8 warps)."""
 
 ag_gemm_consumer_kernel = DistributedKernel(_gemm.gemm_kernel)
-""":func:`triton_dist.kernels.gemm.gemm_kernel` launched with ``WAIT_FOR_ROWS=True`` and the
+""":func:`triton_dist.kernels.gemm.dense.gemm_kernel` launched with ``WAIT_FOR_ROWS=True`` and the
 language's libraries linked in."""
 
 
@@ -203,7 +202,7 @@ def ag_gemm_signal_kernel(signals, calls, peer, PHASE: tl.constexpr, WORLD: tl.c
         dl.notify(signals + WORLD + me, peer, k, "set", "intra_node")
 
 
-class AllGatherGemmContext:
+class AllGatherGemmContext(OverlappedGemmContext):
     """Symmetric buffer, signals, side stream and loaded kernels for AllGather+GEMM of up to
     ``max_m_per_rank`` rows of ``k`` columns per rank, ``dtype`` bfloat16 or float16.
 
@@ -227,24 +226,19 @@ class AllGatherGemmContext:
 
     def __init__(self, max_m_per_rank: int, k: int, dtype, *, producer: str = "ce_push",
                  push_programs: int | None = None, protocol_on_one_rank: bool = False):
-        _runtime._require_initialized("AllGatherGemmContext")
         import torch
 
-        _gemm.check_context_args("AllGatherGemmContext", dtype, aligned="k", max_m_per_rank=max_m_per_rank, k=k)
+        super().__init__("AllGatherGemmContext", dtype, aligned="k", protocol_on_one_rank=protocol_on_one_rank,
+                         max_m_per_rank=max_m_per_rank, k=k)
         if producer not in PRODUCERS:
             raise ValueError(f"triton_dist AllGatherGemmContext: producer must be one of {PRODUCERS}, got "
                              f"{producer!r}")
         self.producer = producer
-        self.world = _runtime.world_size()
-        self.rank = _runtime.rank()
         if self.world * max_m_per_rank * k >= 2**31:
             raise ValueError(f"triton_dist AllGatherGemmContext: world * max_m_per_rank * k = "
                              f"{self.world * max_m_per_rank * k} elements is too large (< 2**31)")
         self.max_m = max_m_per_rank
         self.k = k
-        self.dtype = dtype
-        self.device = torch.device("cuda", torch.cuda.current_device())
-        self.num_sms = _gemm.num_sms(self.device)
         if push_programs is None:  # at most half of what the headroom leaves (all of an H200's: 8 of 132)
             push_programs = max(1, min(PUSH_PROGRAMS, (self.num_sms - _residency.headroom_sms()) // 2))
         if isinstance(push_programs, bool) or not isinstance(push_programs, int) or \
@@ -267,8 +261,6 @@ class AllGatherGemmContext:
         self.shard = symm_empty((max_m_per_rank * k, ), dtype) if pull else None
         """``"ce_pull"``: this rank's shard, published for the peers to copy."""
         self.pad = SignalPad(3 * self.world)
-        self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
-        """The device-side call counter (this call's ``k`` once bumped)."""
         self.tickets = torch.zeros(self.world, dtype=torch.int32, device=self.device)
         """``"sm_push"``: per peer, the push programs that finished their share (zero between calls)."""
         exposed = self.shard if pull else self.gathered
@@ -276,11 +268,7 @@ class AllGatherGemmContext:
         self._side = torch.cuda.Stream(device=self.device)
         if pull:  # ordinary memory written on the side stream: its release must wait for that stream too
             self.gathered.record_stream(self._side)
-        self._protocol = self.world > 1 or bool(protocol_on_one_rank)
-        if self._protocol:
-            _parallel_compile.preload_in_parallel(self.preload)
-        torch.cuda.synchronize()
-        _runtime.barrier()  # every rank's pad is zeroed before any rank can signal it
+        self.ready()
 
     def preload(self) -> None:
         """Compile and load every kernel with the specialisation of real calls (descriptors of this
@@ -309,10 +297,7 @@ class AllGatherGemmContext:
         ``N % 8 == 0``, ``b`` and ``out`` 16-byte aligned (validated by
         :func:`triton_dist.ops.ag_gemm`, not here)."""
         m, n = a_shard.shape[0], b.shape[0]
-        if m == 0 or n == 0:
-            return
-        if not self._protocol:
-            _gemm.gemm(a_shard, b, out=out)
+        if m == 0 or n == 0 or self.ran_plain_gemm(a_shard, b, out):
             return
         k = self.k
         stream = self.start_gather(a_shard)

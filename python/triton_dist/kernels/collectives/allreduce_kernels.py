@@ -1,5 +1,5 @@
 """The AllReduce's device kernels, one per method of
-:class:`~triton_dist.kernels.allreduce.AllReduceContext`, whose module notes give the protocols
+:class:`~triton_dist.kernels.collectives.allreduce.AllReduceContext`, whose module notes give the protocols
 (signals, epochs, halves, the copy-engine flags) these kernels carry out; the host side lives
 there. :func:`ll_reduce_kernel` also serves the LL ReduceScatter."""
 
@@ -8,17 +8,18 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import language as dl
-from ..distributed_jit import jit
-from ..language.signals import _settings
-from .ll_protocol import ll_call, ll_receive, ll_store_values, ll_values, ll_words
-from .ring import ring_all_gather_steps
-from .tickets import last_to_finish
-from .tiles import copy_program_tiles, copy_tile, load_tile, store_tile
+from ... import language as dl
+from ...distributed_jit import jit
+from ...language.signals import _settings
+from ..common.ll_protocol import ll_call, ll_receive, ll_store_values, ll_values, ll_words
+from ..common.ring import ring_all_gather_steps
+from ..common.tickets import last_to_finish
+from ..common.tiles import copy_program_tiles, copy_tile, each_tile, load_tile, program_share, store_tile
 
 
 @triton.jit
-def _reduce_one_shot_tile(out, stage, half, offs, n, token, WORLD: tl.constexpr, MASKED: tl.constexpr):
+def _reduce_one_shot_tile(args, offs, n, WORLD: tl.constexpr, MASKED: tl.constexpr):
+    out, stage, half, token = args
     acc = tl.zeros(offs.shape, tl.float32)
     for r in tl.static_range(WORLD):
         src = tl.multiple_of(dl.symm_at(stage, r), 16)  # symm_at loses the alignment fact
@@ -35,9 +36,7 @@ def all_reduce_one_shot_kernel(x, out, stage, signals, n, epoch_ptr, half_tiles,
     MAX_PROGRAMS``); ``epoch_ptr``: the context's device call counter."""
     epoch = tl.load(epoch_ptr)
     me = dl.rank()
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK)
+    pid, grid, _ = program_share(BLOCK)
     half = (epoch % 2).to(tl.int64) * half_tiles * BLOCK
     tiles = tl.cdiv(n, BLOCK)
 
@@ -52,12 +51,7 @@ def all_reduce_one_shot_kernel(x, out, stage, signals, n, epoch_ptr, half_tiles,
     token = dl.wait(signals + ((me + 1) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
     for r in tl.static_range(2, WORLD):
         token = token + dl.wait(signals + ((me + r) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
-    for t in range(pid, tiles, grid):
-        offs = t.to(tl.int64) * BLOCK + lanes
-        if (t.to(tl.int64) + 1) * BLOCK <= n:
-            _reduce_one_shot_tile(out, stage, half, offs, n, token, WORLD, False)
-        else:
-            _reduce_one_shot_tile(out, stage, half, offs, n, token, WORLD, True)
+    each_tile(_reduce_one_shot_tile, (out, stage, half, token), pid, tiles, grid, n, WORLD, BLOCK)
 
 
 @triton.jit
@@ -91,9 +85,7 @@ def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, epoch_ptr, sha
     device call counter."""
     epoch = tl.load(epoch_ptr)
     me = dl.rank()
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK)
+    pid, grid, lanes = program_share(BLOCK)
     half = (epoch % 2).to(tl.int64) * half_tiles * BLOCK
     shard = shard_tiles.to(tl.int64) * BLOCK
     sig_scatter = signals + WORLD * MAX_PROGRAMS
@@ -166,15 +158,13 @@ def all_reduce_ring_kernel(x, out, inbox, stage, signals, n, epoch_ptr, shard_ti
                            WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
     """``out = sum over ranks of x`` around the ring ``r -> r + 1``: a ring reduce-scatter (fp32
     partials in ``inbox``, symmetric, ``(WORLD - 1)`` slots of ``shard``, one region), then the
-    ring all-gather of :mod:`triton_dist.kernels.ring` through ``stage`` (half ``epoch % 2``).
+    ring all-gather of :mod:`triton_dist.kernels.common.ring` through ``stage`` (half ``epoch % 2``).
     Shards as two-shot's. ``signals``: the ring regions of the context's pad, ``2 * (WORLD - 1) *
     MAX_PROGRAMS`` signals (reduce-scatter steps, then all-gather steps)."""
     epoch = tl.load(epoch_ptr)
     me = dl.rank()
     nxt = (me + 1) % WORLD
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK)
+    pid, grid, lanes = program_share(BLOCK)
     shard = shard_tiles.to(tl.int64) * BLOCK
     theirs = tl.multiple_of(dl.symm_at(inbox, nxt), 16)  # symm_at loses the alignment fact
 
@@ -216,9 +206,7 @@ def all_reduce_ce_reduce_kernel(x, out, stage, gather, flags, tickets, n, shard_
     c``, ``reduced[r][c]`` at ``(WORLD + r) * MAX_CHUNKS + c``); ``tickets``: ``MAX_CHUNKS`` int32
     counters, zero between calls."""
     me = dl.rank()
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK)
+    pid, grid, lanes = program_share(BLOCK)
     shard = shard_tiles.to(tl.int64) * BLOCK  # a multiple of BLOCK, as the compiler sees: 16-byte vectors
     start = me.to(tl.int64) * shard
     own = tl.minimum(tl.maximum(n - start, 0), shard)  # elements of this rank's shard
@@ -267,7 +255,7 @@ def ll_reduce_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LL_SL
     bytes, 4 payload bytes a word); ``epoch_ptr``: the context's device call counter. ``LL_SLOT``
     is a whole number of ``BLOCK_W``-word tiles.
 
-    ``SCATTER`` (ReduceScatter, :mod:`~triton_dist.kernels.reduce_scatter`'s ``"ll"``): ``x`` holds
+    ``SCATTER`` (ReduceScatter, :mod:`~triton_dist.kernels.collectives.reduce_scatter`'s ``"ll"``): ``x`` holds
     ``WORLD * n`` elements and rank ``r`` receives only ``x[r * n:(r + 1) * n]`` of every rank;
     ``out`` is this rank's ``n``-element shard of the sum (it may be this rank's shard of
     ``x``)."""

@@ -44,11 +44,11 @@ tiny one-program kernels (:func:`all_gather_ce_signal_kernel`) between them:
 ``"ll"`` (low-latency protocol, :func:`all_gather_ll_kernel`, up to :data:`LL_MAX_BYTES` per
 rank): every 8-byte word written to a peer carries its payload and the call's flag, written with
 one 64-bit ``st.relaxed.sys`` store, and receivers spin on the words themselves: no signal, no
-fence (:mod:`triton_dist.kernels.ll_protocol`). The buffer holds ``2x`` the payload and alternates
+fence (:mod:`triton_dist.kernels.common.ll_protocol`). The buffer holds ``2x`` the payload and alternates
 halves by epoch parity like the others.
 
 Reuse between calls (``sm_push``, ``ll``, ``ring``): the epoch is the context's device call
-counter and buffers alternate halves by its parity (see :mod:`triton_dist.kernels.context`).
+counter and buffers alternate halves by its parity (see :mod:`triton_dist.kernels.common.context`).
 Inputs and outputs need not be symmetric; only the context's buffers are.
 
 Methods added after the first GPU run (``ce_push`` spent ~30 % of its time on the copy-out from
@@ -133,41 +133,31 @@ and ``pulled`` in ``pad_ext``, the signal kernel of ``ce_push`` with those regio
    by no other method (``ce_push`` and ``ce_chunked`` write a rank's slots of its peers, and read
    those), so ``ce_pull`` mixes freely with them.
 
-``"ring"`` (:func:`~triton_dist.kernels.ring.all_gather_ring_kernel`, for machines without a full
+``"ring"`` (:func:`~triton_dist.kernels.common.ring.all_gather_ring_kernel`, for machines without a full
 mesh): ``WORLD - 1`` steps in which each rank forwards to rank ``me + 1`` the chunk it received
 at the step before, through ``gathered`` (halves and tiles as ``sm_push``, its own signal region);
-the schedule and why the halves stay safe are in :mod:`triton_dist.kernels.ring`.
+the schedule and why the halves stay safe are in :mod:`triton_dist.kernels.common.ring`.
 """
 
 from __future__ import annotations
 
 import triton
 
-from .. import runtime as _runtime
-from ..signals import SignalPad
-from ..symmetric import peer_tensor, symm_empty
-from . import call_counter as _call_counter
+from ... import runtime as _runtime
+from ...signals import SignalPad
+from ...symmetric import peer_tensor, symm_empty
+from ..common import call_counter as _call_counter
+from . import policy as _policy
 from .allgather_kernels import (all_gather_ce_chunk_signal_kernel, all_gather_ce_copy_out_kernel,
                                 all_gather_ce_signal_kernel, all_gather_ll_kernel, all_gather_push_kernel,
                                 all_gather_zero_copy_kernel)
-from .context import CollectiveContext
-from .ring import all_gather_ring_kernel
-from .signal_layout import SignalLayout
+from ..common.context import CollectiveContext
+from ..common.ll_protocol import LL_BLOCK
+from ..common.ring import all_gather_ring_kernel
+from ..common.signal_layout import SignalLayout
 
 LL_MAX_BYTES = 64 * 1024
 """The largest input (bytes per rank) the ``"ll"`` method takes."""
-
-AUTO_LL_MAX_BYTES = LL_MAX_BYTES
-"""``method="auto"`` uses ``"ll"`` up to this many bytes per rank (bench/results/h200-x2/allgather.json:
-ll 5.8 us against sm_push 8.1 us at 32 KiB, even at 8 KiB)."""
-
-AUTO_SM_MAX_BYTES = 32 << 20
-"""``method="auto"`` uses ``"sm_push"`` up to this many bytes per rank, a copy-engine method above
-(bench/results/h200-x2/allgather.json: sm_push ahead up to 32 MiB, ce_push from 128 MiB; which
-one: :meth:`AllGatherContext.method_for`)."""
-
-LL_BLOCK = 512
-"""8-byte LL words per tile (one program handles a tile at a time)."""
 
 ALIGN_ELEMENTS = 8
 """Calls whose ``n`` is a multiple of this use the variant that knows every rank's slot of
@@ -187,26 +177,13 @@ CE_COPY_PROGRAMS = 32
 """``"ce_chunked"``: programs of the copy-out kernel (they spin most of the time; 32 SMs copy a
 chunk out of the staging buffer far faster than the link fills it)."""
 
-AUTO_CE_CHUNKED = False
-"""``method="auto"`` above :data:`AUTO_SM_MAX_BYTES` with a non-symmetric ``out``: ``"ce_chunked"``
-(True) or ``"ce_push"`` (False). False: ``ce_chunked`` passed its GPU tests, but
-bench/results/h200-x2/allgather.json has it ahead of ``ce_push`` at 8 and 128 MiB per rank and
-behind at 32 and 256 MiB."""
-
-AUTO_ZERO_COPY = False
-"""``method="auto"`` above :data:`AUTO_SM_MAX_BYTES` with a symmetric ``out``: ``"ce_zero_copy"``
-(True) or as for a plain ``out`` (False). False although the zero-copy methods are the fastest
-there (sm_zero_copy 814 against ce_push 996 us at 256 MiB per rank): ``auto`` would decide from
-the calling rank's ``out`` alone, and ranks passing different kinds of ``out`` would pick
-different protocols and wait for each other. Ask for ``method="sm_zero_copy"`` explicitly."""
-
 def _layouts(world: int, max_programs: int) -> tuple[SignalLayout, SignalLayout]:
     """The regions of the context's two pads (the second, ``pad_ext``, holds the methods added after
     the first GPU run). Index ``r`` of a per-rank region is rank ``r``'s signal; ``r * MP + p``
     (``MP``: ``max_programs``) program ``p``'s of rank ``r``; ``r * CE_MAX_CHUNKS + c`` chunk ``c``'s."""
     main = SignalLayout(("sm_push_ready", world * max_programs),  # (r, p): r's tiles p, p + G, ... landed
                         ("ce_push_ready", world), ("ce_push_ack", world),
-                        ("ring", (world - 1) * max_programs))  # (step, p): :mod:`triton_dist.kernels.ring`
+                        ("ring", (world - 1) * max_programs))  # (step, p): :mod:`triton_dist.kernels.common.ring`
     ext = SignalLayout(("zc_ready", world),  # ce_zero_copy: "ready to receive into out"
                        ("zc_done", world),  # ce_zero_copy: "my data is in your out"
                        ("chunk_ready", world * CE_MAX_CHUNKS),  # ce_chunked: chunk c of rank r is in my ce slot r
@@ -231,14 +208,12 @@ class AllGatherContext(CollectiveContext):
     per rank), ``"ce_chunked"`` (``ce_push`` in chunks, the copy-out overlapped with the
     transfer), ``"ce_zero_copy"`` / ``"sm_zero_copy"`` (``out`` must be symmetric, the same
     layout on every rank: peers write into it directly, no staging), ``"ring"`` (around the ring
-    ``r -> r + 1`` through ``gathered``, :mod:`triton_dist.kernels.ring`: for machines without a
+    ``r -> r + 1`` through ``gathered``, :mod:`triton_dist.kernels.common.ring`: for machines without a
     full mesh; never chosen by ``"auto"``, since every machine measured so far is one),
     ``"ce_pull"`` (copy engine, each rank reads the peers' published inputs; not chosen by
     ``"auto"`` until measured) and
-    ``"auto"`` (``ll`` up to
-    :data:`AUTO_LL_MAX_BYTES`, ``sm_push`` up to :data:`AUTO_SM_MAX_BYTES`; above, ``ce_push``, or
-    ``ce_chunked`` / ``ce_zero_copy`` where :data:`AUTO_CE_CHUNKED` / :data:`AUTO_ZERO_COPY` say
-    so; both are False now: :meth:`method_for`).
+    ``"auto"`` (decided by :func:`triton_dist.kernels.collectives.policy.all_gather_method`:
+    ``ll`` for small inputs, ``sm_push`` up to tens of MiB, a copy-engine method above).
     See the module notes for each protocol. ``ce_chunk_bytes``: ``ce_chunked``'s smallest chunk
     (tests use small ones to get many chunks from small inputs).
 
@@ -391,15 +366,10 @@ class AllGatherContext(CollectiveContext):
                                                 **self._zero_copy_meta(aligned))
 
     def method_for(self, nbytes: int, symmetric_out: bool = False) -> str:
-        """The method ``"auto"`` picks for ``nbytes`` bytes per rank; ``symmetric_out``: every
+        """The method ``"auto"`` picks for ``nbytes`` bytes per rank
+        (:func:`triton_dist.kernels.collectives.policy.all_gather_method`); ``symmetric_out``: every
         rank's ``out`` is symmetric (see :meth:`run`)."""
-        if nbytes <= min(AUTO_LL_MAX_BYTES, self.ll_max_bytes):
-            return "ll"
-        if nbytes <= AUTO_SM_MAX_BYTES:
-            return "sm_push"
-        if symmetric_out and AUTO_ZERO_COPY:
-            return "ce_zero_copy"
-        return "ce_chunked" if AUTO_CE_CHUNKED else "ce_push"
+        return _policy.all_gather_method(nbytes, self.ll_max_bytes, symmetric_out)
 
     def chunk_numel(self, n: int) -> int:
         """``"ce_chunked"``'s chunk (elements, a multiple of ``BLOCK``) for ``n`` elements per rank."""
@@ -421,7 +391,7 @@ class AllGatherContext(CollectiveContext):
             return
         nbytes = n * self.dtype.itemsize
         if method == "auto":
-            method = self.method_for(nbytes, nbytes > AUTO_SM_MAX_BYTES and _symmetric_span(out))
+            method = self.method_for(nbytes, nbytes > _policy.ALL_GATHER_SM_MAX_BYTES and _symmetric_span(out))
         if method == "ll" and nbytes > self.ll_max_bytes:
             raise ValueError(f"triton_dist all_gather: method 'll' takes at most {self.ll_max_bytes} bytes per rank, "
                              f"got {nbytes}; use 'sm_push', 'ce_push' or 'auto'")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..eager_launch import EagerLaunches
+from ...eager_launch import EagerLaunches
 
 
 @triton.jit

@@ -27,7 +27,7 @@ fp32 whatever the dtype). Each program signals once per step (after all its tile
 The summation order is not rank order, so bits may differ from push's in the last place.
 
 Reuse between calls: the epoch is the context's device call counter, buffers alternate halves by
-its parity (see :mod:`triton_dist.kernels.context`). The argument there holds for both methods
+its parity (see :mod:`triton_dist.kernels.common.context`). The argument there holds for both methods
 and any mix of them: finishing call ``e + 1`` needs (directly for push, through the ring for
 ring) every peer to have started call ``e + 1``, hence to have finished call ``e``.
 
@@ -45,13 +45,14 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import language as dl
-from .. import runtime as _runtime
-from ..distributed_jit import jit
-from ..symmetric import symm_empty
+from ... import language as dl
+from ...distributed_jit import jit
+from ...symmetric import symm_empty
+from . import policy as _policy
 from .allreduce import ll_reduce_kernel
-from .context import CollectiveContext
-from .tiles import copy_program_tiles, load_tile, store_tile
+from ..common.context import CollectiveContext
+from ..common.ll_protocol import LL_BLOCK
+from ..common.tiles import copy_program_tiles, load_tile, store_tile
 
 
 @triton.jit
@@ -178,12 +179,9 @@ class ReduceScatterContext(CollectiveContext):
     summed in rank order, so it is bit-identical to what any rank would compute), ``"ring"`` (``w -
     1`` steps around the ring ``r -> r + 1``, fp32 partials; for machines without a full NVLink
     mesh), ``"ll"`` (inputs of at most :attr:`ll_max_bytes`: the low-latency protocol of
-    :func:`~triton_dist.kernels.allreduce_kernels.ll_reduce_kernel`, data and flag in 8-byte words, no
-    signals; the same bits as push), ``"auto"``: push at every size, since every machine this
-    runs on so far (H200 with NVSwitch / 2 GPUs NVLinked) is a full mesh, where push moves the
-    fewest bytes with the fewest dependent steps (``ll`` is not chosen: on 2 x H200 at a9498d2 it
-    was 0.05-1.1 µs ahead of push up to 128 KiB, inside the ~25 % run-to-run spread there;
-    bench/results/h200-x2/reduce_scatter.json).
+    :func:`~triton_dist.kernels.collectives.allreduce_kernels.ll_reduce_kernel`, data and flag in 8-byte words, no
+    signals; the same bits as push), ``"auto"``: what :func:`triton_dist.kernels.collectives.policy.reduce_scatter_method`
+    decides (push at every size on the full-mesh machines measured so far).
 
     Collective: every rank creates it with the same arguments, in the same order as its other
     symmetric allocations; creating it compiles and loads every kernel variant. Memory on the
@@ -200,17 +198,10 @@ class ReduceScatterContext(CollectiveContext):
     LL_MAX_BYTES = 1 << 20
     """The largest input (bytes, all ``world`` shards) the ``"ll"`` method takes."""
 
-    LL_BLOCK = 512
-    """8-byte LL words per tile (one program handles a tile at a time)."""
-
     def __init__(self, max_bytes: int, dtype, *, max_programs: int | None = None):
         import torch
 
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
-            raise ValueError(f"triton_dist ReduceScatterContext: max_bytes must be a positive int, got {max_bytes!r}")
-        itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 1
-        max_numel = max(1, max_bytes // itemsize)
-        world = _runtime.world_size() if _runtime.is_initialized() else 1
+        max_numel, world = self.numel_and_world("ReduceScatterContext", max_bytes, dtype)
         slot = triton.cdiv(max(1, max_numel // world), self.BLOCK) * self.BLOCK  # the largest shard, whole tiles
         super().__init__("ReduceScatterContext", dtype, max_numel, {"stage": world * slot}, 2 * world - 1,
                          max_programs)
@@ -221,7 +212,7 @@ class ReduceScatterContext(CollectiveContext):
         self.ll_max_bytes = min(self.max_bytes, self.LL_MAX_BYTES)
         """The largest input (bytes, all shards) this context's ``"ll"`` method takes."""
         shard_words = triton.cdiv(triton.cdiv(self.ll_max_bytes, world), 4)
-        self.ll_slot = triton.cdiv(shard_words, self.LL_BLOCK) * self.LL_BLOCK
+        self.ll_slot = triton.cdiv(shard_words, LL_BLOCK) * LL_BLOCK
         """8-byte words per rank slot of :attr:`ll` (one shard's payload, whole tiles)."""
         self.ll = symm_empty((2 * world * self.ll_slot, ), torch.int64)
         """The LL buffer: two halves of ``world`` slots, zeroed (flags are never 0); :meth:`ready`
@@ -233,7 +224,7 @@ class ReduceScatterContext(CollectiveContext):
         return self.meta(VEC=vec)
 
     def _ll_meta(self) -> dict:
-        return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=self.LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
+        return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
                     SCATTER=True, num_warps=self.NUM_WARPS)
 
     def preload(self) -> None:
@@ -268,12 +259,10 @@ class ReduceScatterContext(CollectiveContext):
         if method == "ll" and n * self.dtype.itemsize > self.ll_max_bytes:
             raise ValueError(f"triton_dist reduce_scatter: method 'll' takes inputs of at most {self.ll_max_bytes} "
                              f"bytes, got {n * self.dtype.itemsize}; use 'push', 'ring' or 'auto'")
-        if self.world == 1:
-            if out.data_ptr() != x.data_ptr():
-                out.copy_(x)
+        if self.ran_on_one_rank(x, out):
             return
         if method == "auto":
-            method = "push"
+            method = _policy.reduce_scatter_method(n * self.dtype.itemsize, self.world)
         m = n // self.world
         vec = self.vec if m % self.vec == 0 else 1
         # The preloaded variants assume 16-byte aligned pointers: a misaligned tensor would
@@ -284,7 +273,7 @@ class ReduceScatterContext(CollectiveContext):
         epoch_ptr = self.next_call()
         if method == "ll":
             words = triton.cdiv(m * self.dtype.itemsize, 4)
-            ll_reduce_kernel[self.grid(triton.cdiv(words, self.LL_BLOCK))](x, target, self.ll, m, words, epoch_ptr,
+            ll_reduce_kernel[self.grid(triton.cdiv(words, LL_BLOCK))](x, target, self.ll, m, words, epoch_ptr,
                                                                            **self._ll_meta())
             if target is not out:
                 out.copy_(target)

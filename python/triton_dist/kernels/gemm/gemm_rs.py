@@ -9,10 +9,10 @@ Variants (``variant=``):
 - ``"fused"``: one kernel on every SM. The GEMM computes the peers' tiles first and stores each
   into its destination's ``partials`` (slot ``me``), then computes its own tiles, and each own
   tile's epilogue waits for the peers' partials of it, adds them and stores the sum into ``out``
-  (``REDUCE_OWN`` in :func:`~triton_dist.kernels.gemm.gemm_kernel`, whose notes give the order
+  (``REDUCE_OWN`` in :func:`~triton_dist.kernels.gemm.dense.gemm_kernel`, whose notes give the order
   and the no-deadlock argument).
 - ``"fused_tma"``: ``"fused"`` with the peers' tiles sent by TMA stores; measured no faster.
-- ``"fused_ce"`` (what ``"auto"`` runs, :data:`AUTO_VARIANT`): ``"fused"`` with the peers'
+- ``"fused_ce"`` (what ``"auto"`` runs: :mod:`triton_dist.kernels.gemm.policy`): ``"fused"`` with the peers'
   tiles sent by the copy engine; faster than ``"fused"`` on 7 of the 9 benchmark shapes in its
   first run on 2 x H200 (4-8 %, slower on two, within the run-to-run noise of a second run that
   had it ahead there too). Why: in ``"fused"``
@@ -20,7 +20,7 @@ Variants (``variant=``):
   64 KiB tile has drained at its ~1/132 share of the link; measured, the op ran 8-21 % over the
   GEMM alone on 2 x H200, about half of the transfer's time. Here the GEMM stores a peer's tile in
   local memory (fast) and counts it in its *chunk* (a group of ``GROUP_M`` m-tiles times
-  ``chunk_n`` n-tiles, :func:`~triton_dist.kernels.gemm._copy_chunk`); the program that stores
+  ``chunk_n`` n-tiles, :func:`~triton_dist.kernels.gemm.dense._copy_chunk`); the program that stores
   a chunk's last tile raises the chunk's flag. The context's copy stream ``P`` holds on that flag
   (``cuStreamWaitValue64``, no SM), copies the chunk into the destination's *incoming* rows
   (one 2-D copy-engine copy, :func:`triton_dist.stream_copy_2d`) and sets the destination's
@@ -30,7 +30,7 @@ Variants (``variant=``):
 - ``"push"`` and ``"pull"``: the producer GEMM below and a separate reduce kernel on
   :data:`REDUCE_SMS` SMs of a side stream.
 
-Producer of ``"push"``/``"pull"`` (the persistent GEMM of :mod:`triton_dist.kernels.gemm` with ``SIGNAL_ROWS``, on the
+Producer of ``"push"``/``"pull"`` (the persistent GEMM of :mod:`triton_dist.kernels.gemm.dense` with ``SIGNAL_ROWS``, on the
 caller's stream ``S``): tiles never straddle two destinations (rank ``d``'s rows are cut into
 m-tiles of their own), and are walked with the destinations interleaved (tile ``i``: destination
 ``(me + 1 + i % world) % world``, its tile ``i // world``), so tile ``t`` of every destination is
@@ -112,7 +112,7 @@ after ``r``'s consumer of call ``e`` (``S`` waits for ``P``), and that consumer 
 GEMMs of call ``e``, which never wait: no cycle.
 
 Buffer reuse: ``partials`` has two halves, the call's half is ``epoch % 2`` (the argument of
-:mod:`triton_dist.kernels.context`): a rank writes half ``e % 2`` again in call ``e + 2``, after
+:mod:`triton_dist.kernels.common.context`): a rank writes half ``e % 2`` again in call ``e + 2``, after
 its call ``e + 1`` finished, which needed every peer's GEMM of call ``e + 1`` to have produced
 this rank's tiles, which on that peer runs after its consumer of call ``e`` (stream order) - the
 only reader of what was written in call ``e`` (pull: peers read my half; push: I read my half;
@@ -131,20 +131,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import language as dl
-from .. import config as _config
-from .. import residency as _residency
-from .. import runtime as _runtime
-from ..distributed_jit import DistributedKernel, jit
-from ..signals import SignalPad
-from ..stream_schedule import StreamSchedule
-from ..symmetric import peer_tensor, symm_empty
-from . import gemm as _gemm
-from . import gemm_tile as _gemm_tile
-from . import call_counter as _call_counter
-from .. import parallel_compile as _parallel_compile
-from .. import timeline as _timeline
-from .scratch import GlobalScratch
+from ... import language as dl
+from ... import config as _config
+from ... import residency as _residency
+from ...distributed_jit import DistributedKernel, jit
+from ...signals import SignalPad
+from ...stream_schedule import StreamSchedule
+from ...symmetric import peer_tensor, symm_empty
+from . import dense as _gemm
+from .context import OverlappedGemmContext
+from . import policy as _policy
+from . import tile as _gemm_tile
+from ..common import call_counter as _call_counter
+from ... import timeline as _timeline
+from ..common.scratch import GlobalScratch
 
 REDUCE_SMS = 8
 """SMs the producer GEMM leaves free for the consumer (its programs): the GEMM loses
@@ -172,11 +172,9 @@ the driver copies a schedule's operations when they are enqueued or captured, so
 safe at any time)."""
 
 VARIANTS = ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
-AUTO_VARIANT = "fused_ce"
-"""What ``variant="auto"`` runs."""
 
 gemm_rs_producer_kernel = DistributedKernel(_gemm.gemm_kernel)
-""":func:`triton_dist.kernels.gemm.gemm_kernel` launched with ``SIGNAL_ROWS=True`` and the
+""":func:`triton_dist.kernels.gemm.dense.gemm_kernel` launched with ``SIGNAL_ROWS=True`` and the
 language's libraries linked in."""
 
 
@@ -226,7 +224,7 @@ def copy_engine_chunking(m: int, n: int, itemsize: int, config: str) -> tuple[in
     """``(chunk_n, chunks)`` of ``"fused_ce"`` for ``m`` rows per rank and ``n`` columns: n-tiles
     per chunk (a fixed rule, the same on every rank: about :data:`CE_CHUNK_BYTES` a chunk, and at
     least :data:`CE_MIN_CHUNKS` chunks per destination where there are that many tiles) and the
-    chunks per destination, numbered as :func:`~triton_dist.kernels.gemm._copy_chunk` does."""
+    chunks per destination, numbered as :func:`~triton_dist.kernels.gemm.dense._copy_chunk` does."""
     c = _gemm.CONFIGS[config]
     num_n = triton.cdiv(n, c["BN"])
     groups = triton.cdiv(triton.cdiv(m, c["BM"]), c["GROUP_M"])
@@ -237,7 +235,7 @@ def copy_engine_chunking(m: int, n: int, itemsize: int, config: str) -> tuple[in
 
 def copy_engine_chunk_region(chunk: int, m: int, n: int, chunk_n: int, config: str) -> tuple[int, int, int, int]:
     """Rows ``[r0, r1)`` and columns ``[c0, c1)`` (within a destination's ``m x n`` rows) of
-    ``"fused_ce"`` chunk ``chunk``: the tiles :func:`~triton_dist.kernels.gemm._copy_chunk` numbers
+    ``"fused_ce"`` chunk ``chunk``: the tiles :func:`~triton_dist.kernels.gemm.dense._copy_chunk` numbers
     so, clipped to ``m`` and ``n``."""
     c = _gemm.CONFIGS[config]
     per_group = triton.cdiv(triton.cdiv(n, c["BN"]), chunk_n)
@@ -252,7 +250,7 @@ def _config_blocks() -> tuple[int, int]:
     return bms.pop(), min(c["BN"] for c in _gemm.CONFIGS.values())
 
 
-class GemmReduceScatterContext:
+class GemmReduceScatterContext(OverlappedGemmContext):
     """Symmetric partials buffer, signals, side stream and loaded kernels for GEMM+ReduceScatter of
     up to ``max_m`` rows in total (``M``, all ranks' output rows; ``M / world`` per rank) and ``n``
     columns, ``dtype`` bfloat16 or float16; any ``K``.
@@ -270,22 +268,19 @@ class GemmReduceScatterContext:
     kernel instead of the plain GEMM, so that one GPU can test them.
     """
 
+    VARIANTS = VARIANTS
+
     def __init__(self, max_m: int, n: int, dtype, *, reduce_sms: int | None = None,
                  protocol_on_one_rank: bool = False):
-        _runtime._require_initialized("GemmReduceScatterContext")
         import torch
 
         op = "triton_dist GemmReduceScatterContext"
-        _gemm.check_context_args("GemmReduceScatterContext", dtype, aligned="n", max_m=max_m, n=n)
+        super().__init__("GemmReduceScatterContext", dtype, aligned="n", protocol_on_one_rank=protocol_on_one_rank,
+                         max_m=max_m, n=n)
         if 2 * max_m * n >= 2**31:
             raise ValueError(f"{op}: 2 * max_m * n = {2 * max_m * n} elements is too large (< 2**31)")
-        self.world = _runtime.world_size()
-        self.rank = _runtime.rank()
         self.max_m = max_m
         self.n = n
-        self.dtype = dtype
-        self.device = torch.device("cuda", torch.cuda.current_device())
-        self.num_sms = _gemm.num_sms(self.device)
         if reduce_sms is None:  # at most half the SMs when there are few (ranks sharing a GPU)
             reduce_sms = max(1, min(REDUCE_SMS, self.num_sms // 2))
         if isinstance(reduce_sms, bool) or not isinstance(reduce_sms, int) or not 0 < reduce_sms < self.num_sms:
@@ -316,16 +311,10 @@ class GemmReduceScatterContext:
         for i in range(1, self.world):
             d = (self.rank + i) % self.world
             self._acks.write(self._peer_ce_pad[d], self._ack + self.rank, 1)
-        self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
-        """The device-side call counter (this call's epoch once bumped)."""
         self._side = torch.cuda.Stream(device=self.device)
         self._bumped = torch.cuda.Event()  # re-recorded each call: a wait takes the latest record
         self._scratch = GlobalScratch(self.device)  # the fused_tma variant's device-built descriptors
-        self._protocol = self.world > 1 or bool(protocol_on_one_rank)
-        if self._protocol:
-            _parallel_compile.preload_in_parallel(self.preload)
-        torch.cuda.synchronize()
-        _runtime.barrier()  # every rank's pad is zeroed before any rank can signal it
+        self.ready()
 
     def _reduce_meta(self, config: str, peer_epilogue: bool) -> dict:
         c = _gemm.CONFIGS[config]
@@ -366,23 +355,18 @@ class GemmReduceScatterContext:
         ``a [M, K]``, ``b [n, K]``, ``out [M / world, n]``: contiguous, 16-byte aligned CUDA
         tensors of this dtype, ``M <= max_m`` a multiple of the world size, ``K`` a multiple of 8
         (validated by :func:`triton_dist.ops.gemm_rs`, not here). ``variant``: one of
-        :data:`VARIANTS` (see the module notes; ``"auto"`` runs :data:`AUTO_VARIANT`)."""
+        :data:`VARIANTS` (see the module notes; ``"auto"``: :func:`triton_dist.kernels.gemm.policy.gemm_rs_variant`)."""
         import torch
 
-        if variant not in VARIANTS:
-            raise ValueError(f"triton_dist GemmReduceScatterContext.run: variant must be one of {VARIANTS}, got "
-                             f"{variant!r}")
+        self.check_variant(variant)
         big_m, k = a.shape
         n = b.shape[0]
         if n != self.n or big_m > self.max_m or big_m % self.world:
             raise ValueError(f"triton_dist GemmReduceScatterContext.run: a is {list(a.shape)} and b {list(b.shape)}; "
                              f"the context takes M <= {self.max_m}, a multiple of {self.world}, and N = {self.n}")
-        if big_m == 0:
+        if big_m == 0 or self.ran_plain_gemm(a, b, out):
             return
-        if not self._protocol:
-            _gemm.gemm(a, b, out=out)
-            return
-        variant = AUTO_VARIANT if variant == "auto" else variant
+        variant = _policy.gemm_rs_variant(big_m // self.world) if variant == "auto" else variant
         if variant == "fused_ce":
             self._run_fused_ce(a, b, out)
             return

@@ -1,5 +1,5 @@
 """The AllGather's device kernels, one or a few per method of
-:class:`~triton_dist.kernels.allgather.AllGatherContext`, whose module notes give the protocols
+:class:`~triton_dist.kernels.collectives.allgather.AllGatherContext`, whose module notes give the protocols
 (signals, epochs, halves) these kernels carry out; the host side and the signal layout live there."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .. import language as dl
-from ..distributed_jit import jit
-from ..language.signals import _settings
-from .ll_protocol import ll_call, ll_own_copy, ll_receive, ll_store, ll_words
-from .tiles import load_tile, store_tile
+from ... import language as dl
+from ...distributed_jit import jit
+from ...language.signals import _settings
+from ..common.ll_protocol import ll_call, ll_own_copy, ll_receive, ll_store, ll_words
+from ..common.tiles import each_tile, load_tile, program_share, store_tile
 
 
 # --------------------------------------------------------------------------------------------
@@ -19,7 +19,8 @@ from .tiles import load_tile, store_tile
 
 
 @triton.jit
-def _push_tile(x, out, gathered, half, offs, n, stride, me, slot, WORLD: tl.constexpr, MASKED: tl.constexpr):
+def _push_tile(args, offs, n, WORLD: tl.constexpr, MASKED: tl.constexpr):
+    x, out, gathered, half, stride, me, slot = args
     v = load_tile(x + offs, offs, n, MASKED)
     store_tile(out + me.to(tl.int64) * stride + offs, v, offs, n, MASKED)
     for r in tl.static_range(WORLD):
@@ -37,9 +38,7 @@ def all_gather_push_kernel(x, out, gathered, signals, n, epoch_ptr, slot_tiles, 
     context's device call counter. ``ALIGNED``: ``n % ALIGN_ELEMENTS == 0``."""
     epoch = tl.load(epoch_ptr)
     me = dl.rank()
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK)
+    pid, grid, lanes = program_share(BLOCK)
     slot_numel = slot_tiles.to(tl.int64) * BLOCK
     half = (epoch % 2).to(tl.int64) * WORLD * slot_numel
     tiles = tl.cdiv(n, BLOCK)
@@ -49,12 +48,7 @@ def all_gather_push_kernel(x, out, gathered, signals, n, epoch_ptr, slot_tiles, 
         stride = n.to(tl.int64)
 
     # 1. Push: each tile of x, loaded once, goes to slot `me` of every rank and to out's own slot.
-    for t in range(pid, tiles, grid):
-        offs = t.to(tl.int64) * BLOCK + lanes
-        if (t.to(tl.int64) + 1) * BLOCK <= n:
-            _push_tile(x, out, gathered, half, offs, n, stride, me, slot_numel, WORLD, False)
-        else:
-            _push_tile(x, out, gathered, half, offs, n, stride, me, slot_numel, WORLD, True)
+    each_tile(_push_tile, (x, out, gathered, half, stride, me, slot_numel), pid, tiles, grid, n, WORLD, BLOCK)
     for r in tl.static_range(1, WORLD):
         dl.notify(signals + me * MAX_PROGRAMS + pid, (me + r) % WORLD, epoch, "set", "intra_node")
 
@@ -125,9 +119,7 @@ def all_gather_ce_copy_out_kernel(out, ce, signals, n, chunk, k_ptr, slot_tiles,
     ...`` of each chunk."""
     k = tl.load(k_ptr)
     me = dl.rank()
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK)
+    pid, grid, lanes = program_share(BLOCK)
     tiles = tl.cdiv(n, BLOCK)
     chunk_tiles = chunk // BLOCK
     chunks = tl.cdiv(tiles, chunk_tiles)
@@ -156,7 +148,8 @@ def all_gather_ce_copy_out_kernel(out, ce, signals, n, chunk, k_ptr, slot_tiles,
 
 
 @triton.jit
-def _zero_copy_tile(x, out, offs, n, stride, me, WORLD: tl.constexpr, MASKED: tl.constexpr):
+def _zero_copy_tile(args, offs, n, WORLD: tl.constexpr, MASKED: tl.constexpr):
+    x, out, stride, me = args
     v = load_tile(x + offs, offs, n, MASKED)
     for r in tl.static_range(WORLD):
         dst = tl.multiple_of(dl.symm_at(out, (me + r) % WORLD), 16)  # symm_at loses the alignment fact
@@ -175,9 +168,7 @@ def all_gather_zero_copy_kernel(x, out, signals, n, epoch_ptr, WORLD: tl.constex
     ``done(r, p)`` (peer ``r``'s program ``p``'s tiles, the same tile indices, are in my ``out``)."""
     epoch = tl.load(epoch_ptr)
     me = dl.rank()
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    lanes = tl.arange(0, BLOCK)
+    pid, grid, _ = program_share(BLOCK)
     tiles = tl.cdiv(n, BLOCK)
     if ALIGNED:
         stride = ((n // 8) * 8).to(tl.int64)
@@ -192,12 +183,7 @@ def all_gather_zero_copy_kernel(x, out, signals, n, epoch_ptr, WORLD: tl.constex
         x = dl.consume_token(x, token)
 
     # 2. Push: each tile of x, loaded once, into slot `me` of every rank's out (own included).
-    for t in range(pid, tiles, grid):
-        offs = t.to(tl.int64) * BLOCK + lanes
-        if (t.to(tl.int64) + 1) * BLOCK <= n:
-            _zero_copy_tile(x, out, offs, n, stride, me, WORLD, False)
-        else:
-            _zero_copy_tile(x, out, offs, n, stride, me, WORLD, True)
+    each_tile(_zero_copy_tile, (x, out, stride, me), pid, tiles, grid, n, WORLD, BLOCK)
 
     # 3. Done: my tiles are in every peer's out; wait until every peer's are in mine.
     for r in tl.static_range(1, WORLD):

@@ -1,0 +1,79 @@
+"""The base of every overlapped-GEMM context (AllGather+GEMM, GEMM+ReduceScatter, GEMM+AllReduce
+and the grouped ones of :mod:`triton_dist.kernels.moe`): the constructor checks they share, the
+rank facts, the SM count grids are sized from, the device call counter, and the end of
+construction (parallel compile of :meth:`preload`, then a barrier, so that every rank's signals are
+zeroed before any rank's first call can write them)."""
+
+from __future__ import annotations
+
+from ... import parallel_compile as _parallel_compile
+from ... import runtime as _runtime
+from . import dense as _gemm
+
+
+class OverlappedGemmContext:
+    """Collective to create: every rank, same arguments, same order as its other symmetric
+    allocations. Subclasses allocate their buffers, then call :meth:`ready`.
+
+    ``op``: the class name errors carry. ``aligned``: which of ``sizes`` is a row length that TMA
+    or 16-byte vectors read (a multiple of 8); every size must be a positive int.
+    ``protocol_on_one_rank``: with a single rank, still run the overlapped protocol (instead of the
+    plain GEMM) so that one GPU can test it.
+    """
+
+    VARIANTS: tuple[str, ...] = ()
+    """``variant=`` values :meth:`check_variant` accepts (subclasses with variants)."""
+
+    def __init__(self, op: str, dtype, *, aligned: str, protocol_on_one_rank: bool = False, **sizes):
+        _runtime._require_initialized(op)
+        import torch
+
+        _check_sizes(op, dtype, aligned, sizes)
+        self.op = op
+        self.world = _runtime.world_size()
+        self.rank = _runtime.rank()
+        self.dtype = dtype
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.num_sms = _gemm.num_sms(self.device)
+        self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
+        """The device-side call counter (this call's epoch once bumped)."""
+        self._protocol = self.world > 1 or bool(protocol_on_one_rank)
+
+    def ready(self) -> None:
+        """End of construction: compile and load the kernels once per node in parallel (when the
+        protocol runs), then synchronise and barrier."""
+        import torch
+
+        if self._protocol:
+            _parallel_compile.preload_in_parallel(self.preload)
+        torch.cuda.synchronize()
+        _runtime.barrier()
+
+    def preload(self) -> None:
+        """Compile and load every kernel with the specialisation of real calls. Subclasses."""
+        raise NotImplementedError
+
+    def check_variant(self, variant: str) -> None:
+        """A clear error for a ``variant`` outside :attr:`VARIANTS`."""
+        if variant not in self.VARIANTS:
+            raise ValueError(f"triton_dist {self.op}.run: variant must be one of {self.VARIANTS}, got {variant!r}")
+
+    def ran_plain_gemm(self, a, b, out) -> bool:
+        """Without the protocol (one rank), ``out = a @ b.T`` by the plain GEMM; True if it ran."""
+        if self._protocol:
+            return False
+        _gemm.gemm(a, b, out=out)
+        return True
+
+
+def _check_sizes(op: str, dtype, aligned: str, sizes: dict) -> None:
+    import torch
+
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"triton_dist {op}: {name} must be a positive int, got {v!r}")
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"triton_dist {op}: dtype must be torch.bfloat16 or torch.float16, got {dtype!r}")
+    if sizes[aligned] % 8:
+        raise ValueError(f"triton_dist {op}: {aligned} ({sizes[aligned]}) must be a multiple of 8 (16-byte aligned "
+                         f"rows)")
