@@ -92,7 +92,7 @@ def _host_enqueue_us(fn, iters: int) -> float:
 def main() -> int:
     parser = bench.script.argument_parser(__doc__, HERE / "results")
     parser.add_argument("--reduce-sms", type=int, default=None,
-                        help="SMs left to the reduce kernel (default: gemm_reduce_scatter.REDUCE_SMS)")
+                        help="SMs left to the reduce kernel (default: gemm_rs.REDUCE_SMS)")
     parser.set_defaults(heap_size="16G")  # the largest shapes' buffers, and the transfer's own contexts
     args = parser.parse_args()
 

@@ -1,7 +1,9 @@
-"""Kernel families built from :mod:`triton_dist.language`, one subpackage each and all of the same
-shape (a context derived from :class:`~triton_dist.kernels.common.context.CollectiveContext`, its
-Triton kernels, a ``policy`` module where ``"auto"`` is decided): :mod:`.collectives`, :mod:`.gemm`,
-:mod:`.moe`, :mod:`.attention`; what they share is in :mod:`.common`. Torch-facing entry points live
+"""Kernel families built from :mod:`triton_dist.language`, one subpackage each: :mod:`.collectives`,
+:mod:`.gemm`, :mod:`.moe`, :mod:`.attention`; what they share is in :mod:`.common`. A family's
+contexts derive from a shared base (:class:`~triton_dist.kernels.common.context.CollectiveContext`,
+or :class:`~triton_dist.kernels.gemm.context.OverlappedGemmContext` around the persistent GEMM), and
+where an op has an ``"auto"`` choice its family's ``policy`` module decides it (collectives, gemm;
+moe's grouped GEMM picks its tile config in ``group_gemm.pick_config``). Torch-facing entry points live
 in :mod:`triton_dist.ops`; docs/adding_a_kernel_family.md shows how a new family fits in."""
 
 from .collectives import (AllGatherContext, AllReduceContext, ReduceScatterContext, all_reduce_one_shot_kernel,
