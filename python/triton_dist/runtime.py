@@ -26,6 +26,19 @@ def _require_initialized(op: str) -> None:
             "(under torchrun, or with a torch ProcessGroup)")
 
 
+def _import_torch(op: str):
+    """torch, or an ImportError that says why triton_dist needs it and how to install it (torch is
+    not a declared dependency: which build a machine needs depends on its CUDA driver)."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(f"triton_dist {op}: PyTorch is not installed, and triton_dist needs it (its runtime "
+                          f"runs over torch.distributed and its ops take and return torch tensors); install a "
+                          f"CUDA build of torch for this machine's driver, e.g. pip install 'triton-dist[torch]' "
+                          f"or pip install torch") from e
+    return torch
+
+
 def _env_int(name: str) -> int | None:
     raw = os.environ.get(name)
     return int(raw) if raw not in (None, "") else None
@@ -57,6 +70,7 @@ def init(process_group=None, *, heap_size: int | str | None = None,
     if _state:
         raise RuntimeError("triton_dist init: already initialised; call triton_dist.finalize() "
                            "before init() again")
+    _import_torch("init")
     import torch
     import torch.distributed as dist
 

@@ -20,6 +20,16 @@ def test_import_is_inert():
     assert out.stdout.strip() == "ok"
 
 
+def test_init_without_torch_says_how_to_install_it():
+    # A fresh interpreter in which torch cannot be imported (None in sys.modules blocks the import).
+    code = ("import sys; sys.modules['torch'] = None; import triton_dist\n"
+            "try:\n    triton_dist.init()\nexcept ImportError as e:\n    print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
+    assert out.returncode == 0, out.stderr
+    assert "triton_dist init: PyTorch is not installed" in out.stdout
+    assert "pip install 'triton-dist[torch]'" in out.stdout
+
+
 def _env():
     import os
 
