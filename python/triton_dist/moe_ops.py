@@ -5,7 +5,6 @@ check their arguments and call the contexts of :mod:`triton_dist.kernels.moe`.""
 
 from __future__ import annotations
 
-from . import ops as _ops
 from .runtime import _require_initialized
 
 
@@ -80,7 +79,7 @@ def ag_group_gemm(x, topk_idx, w, *, context, out=None, check_routing: bool | No
         out = torch.empty((context.world * m * context.topk, n), dtype=x.dtype, device=x.device)
     # The routing's int32 bits travel as float32 words: the gather moves bits, it never computes on them.
     ids = topk_idx.to(torch.int32).contiguous()
-    gathered = _ops.all_gather(ids.view(torch.float32)).view(torch.int32) if m else ids
+    gathered = _all_gather(ids.view(torch.float32)).view(torch.int32) if m else ids
     return context.run(x, gathered.view(context.world * m, context.topk), w, out)
 
 
@@ -110,7 +109,7 @@ def group_gemm_rs(act, w, layout, topk_weights, *, context, out=None):
         out = torch.empty((m, context.n), dtype=context.dtype, device=act.device)
     if m == 0:
         return out
-    weights_all = _ops.all_gather(topk_weights.contiguous())
+    weights_all = _all_gather(topk_weights.contiguous())
     context.run(act, w, layout.offsets, layout.token_index, layout.topk_slot, weights_all, out, m)
     return out
 
@@ -122,3 +121,11 @@ def _ep_context(op: str, context):
         raise TypeError(f"triton_dist {op}: context must be an EPContext (its sizes and expert split are the "
                         f"layer's), got {type(context).__name__}")
     return context
+
+
+def _all_gather(x):
+    # ops imports this module at its end (its MoE half); imported here at call time, either
+    # module can be imported first.
+    from .ops import all_gather
+
+    return all_gather(x)

@@ -20,6 +20,16 @@ def test_import_is_inert():
     assert out.stdout.strip() == "ok"
 
 
+@pytest.mark.parametrize("first", ["triton_dist.moe_ops", "triton_dist.ops", "triton_dist.kernels.gemm.gemm_rs",
+                                   "triton_dist.kernels.collectives.policy", "triton_dist.kernels.moe"])
+def test_any_module_can_be_imported_first(first):
+    # A fresh interpreter each: no import circle that only works in one order.
+    code = f"import {first}; import triton_dist.ops as o; assert o.group_gemm and o.gemm_rs; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
 def test_init_without_torch_says_how_to_install_it():
     # A fresh interpreter in which torch cannot be imported (None in sys.modules blocks the import).
     code = ("import sys; sys.modules['torch'] = None; import triton_dist\n"
