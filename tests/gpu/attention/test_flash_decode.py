@@ -219,7 +219,7 @@ def test_flash_decode_tutorial():
     import importlib.util
     import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "tutorials", "07_flash_decode.py")
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "tutorials", "07_flash_decode.py")
     spec = importlib.util.spec_from_file_location("tutorial_07", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -18,7 +18,7 @@ import triton_dist as tdist
 import triton_dist.language as dl
 from conftest import all_ranks_agree, skip_if_ranks_share_gpus
 
-_ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+_ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "..")
 
 
 def _tutorial(name):
@@ -136,7 +136,7 @@ def test_a_wait_that_never_completes_times_out():
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC", "GROUP_", "ROLE_"))}
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(_free_port()), CUDA_VISIBLE_DEVICES=str(torch.cuda.current_device()))
-        script = os.path.join(os.path.dirname(__file__), "lifecycle.py")
+        script = os.path.join(os.path.dirname(__file__), "..", "lifecycle.py")
         try:
             run = subprocess.run([sys.executable, script, "wait-timeout"], env=env, capture_output=True, text=True,
                                  timeout=120)
