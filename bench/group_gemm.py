@@ -22,7 +22,8 @@ except ImportError:
     sys.path.insert(0, str(HERE.parent / "python"))
 
 from triton_dist import bench  # noqa: E402
-from triton_dist.kernels.moe.group_gemm import group_gemm  # noqa: E402
+from triton_dist import residency  # noqa: E402
+from triton_dist.kernels.moe.group_gemm import CONFIGS, group_gemm, pick_config  # noqa: E402
 
 SHAPES = [
     # name, experts, routed rows (tokens x topk), N, K
@@ -105,6 +106,11 @@ def main() -> int:
             ours = bench.median_us(lambda: group_gemm(x, w, offsets=offsets, out=out, check_rows=False), warmup=5,
                                    iters=30, graph=True)
             loop = bench.median_us(cublas_loop, warmup=5, iters=30, graph=True)
+            # Every config, so that pick_config's rule can be read from the results (ours: its pick).
+            picked = pick_config(rows, experts, n, residency.sm_count())
+            config_us = {c: (ours if c == picked else bench.median_us(
+                lambda c=c: group_gemm(x, w, offsets=offsets, out=out, config=c, check_rows=False), warmup=5,
+                iters=30, graph=True)) for c in CONFIGS}
             grouped = _grouped_mm_baseline(x, w.transpose(1, 2), offsets, ref)
             grouped_us = bench.median_us(grouped, warmup=5, iters=30, graph=True) if grouped else None
             bound = min(v for v in (loop, grouped_us) if v is not None)
@@ -113,12 +119,13 @@ def main() -> int:
             print(f"[group_gemm] {name} {routing}: ours {ours:.1f} us ({tflops:.0f} TFLOP/s, weights at "
                   f"{weight_gbps:.0f} GB/s), cuBLAS loop {loop:.1f} us, torch._grouped_mm "
                   f"{'-' if grouped_us is None else f'{grouped_us:.1f} us'}, ours/bound speed {bound / ours:.3f}, "
-                  f"rel error {error:.2e}")
+                  f"rel error {error:.2e}; configs: " + ", ".join(f"{c} {t:.1f} us" for c, t in config_us.items()) +
+                  f" (picked {picked})")
             records.append(bench.record(
                 "group_gemm", shape=[experts, rows, n, k], dtype="bfloat16", world_size=1, gpu=bench.gpu_slug(),
                 ours_us=ours, baselines={"torch_cublas_loop_us": loop, "torch_grouped_mm_us": grouped_us},
                 bound_us=bound, layer=name, routing=routing, empty_experts=experts - len(used), tflops=tflops,
-                weight_gbps=weight_gbps, max_rel_error=error, timing={"iters": 30, "cuda_graph": True}))
+                weight_gbps=weight_gbps, max_rel_error=error, config=picked, config_us=config_us, timing={"iters": 30, "cuda_graph": True}))
     bench.print_table(records, extra=("tflops", "weight_gbps", "max_rel_error"))
     print(f"[group_gemm] wrote {bench.write_results(records, 'group_gemm', root=args.out, rank=0)}")
     return 0
