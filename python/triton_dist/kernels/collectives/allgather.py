@@ -439,9 +439,7 @@ class AllGatherContext(CollectiveContext):
             all_gather_ring_kernel[grid](x, target, self.gathered, self._ring_signals(), n, epoch_ptr,
                                          self.slot_numel // self.BLOCK, **self._push_meta(n % ALIGN_ELEMENTS == 0))
         else:
-            words = triton.cdiv(nbytes, 4)
-            grid = self.grid(triton.cdiv(words, LL_BLOCK))
-            all_gather_ll_kernel[grid](x, target, self.ll, n, words, epoch_ptr, **self._ll_meta())
+            self.launch_ll(all_gather_ll_kernel, x, target, n, epoch_ptr, self._ll_meta())
         if target is not out:
             out.copy_(target)
 

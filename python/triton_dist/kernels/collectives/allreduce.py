@@ -325,9 +325,7 @@ class AllReduceContext(CollectiveContext):
             all_reduce_ring_kernel[self.grid(shard_tiles)](x, target, inbox, self.stage, self._ring_signals(), n,
                                                            epoch_ptr, shard_tiles, self.half // self.BLOCK, **meta)
         else:
-            words = triton.cdiv(nbytes, 4)
-            grid = self.grid(triton.cdiv(words, LL_BLOCK))
-            ll_reduce_kernel[grid](x, target, self.ll, n, words, epoch_ptr, **self._ll_meta())
+            self.launch_ll(ll_reduce_kernel, x, target, n, epoch_ptr, self._ll_meta())
         if target is not out:
             out.copy_(target)
 

@@ -272,9 +272,7 @@ class ReduceScatterContext(CollectiveContext):
         target = out if out.data_ptr() % 16 == 0 else out.new_empty(out.shape)
         epoch_ptr = self.next_call()
         if method == "ll":
-            words = triton.cdiv(m * self.dtype.itemsize, 4)
-            ll_reduce_kernel[self.grid(triton.cdiv(words, LL_BLOCK))](x, target, self.ll, m, words, epoch_ptr,
-                                                                           **self._ll_meta())
+            self.launch_ll(ll_reduce_kernel, x, target, m, epoch_ptr, self._ll_meta())
             if target is not out:
                 out.copy_(target)
             return

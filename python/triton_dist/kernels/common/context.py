@@ -23,6 +23,7 @@ from ... import runtime as _runtime
 from ...signals import SignalPad
 from ...symmetric import symm_empty
 from . import call_counter as _call_counter
+from .ll_protocol import LL_BLOCK
 
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_NUMEL = 2**31 // 4  # element counts reach the kernels as 32-bit ints
@@ -106,6 +107,13 @@ class CollectiveContext:
             raise ValueError(f"triton_dist {op}: max_bytes must be a positive int, got {max_bytes!r}")
         itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 1
         return max(1, max_bytes // itemsize), _runtime.world_size() if _runtime.is_initialized() else 1
+
+    def launch_ll(self, kernel, x, out, n: int, epoch_ptr, meta: dict) -> None:
+        """An LL kernel (:mod:`~triton_dist.kernels.common.ll_protocol`) over the ``n`` elements of
+        ``x`` as 4-byte words, one program per ``LL_BLOCK`` words up to the co-resident limit:
+        ``kernel(x, out, self.ll, n, words, epoch_ptr, **meta)``."""
+        words = triton.cdiv(n * self.dtype.itemsize, 4)
+        kernel[self.grid(triton.cdiv(words, LL_BLOCK))](x, out, self.ll, n, words, epoch_ptr, **meta)
 
     def ran_on_one_rank(self, x, out) -> bool:
         """With one rank a reduction is its input: ``out = x`` (nothing to do when they alias).
