@@ -90,11 +90,28 @@ def compile_once_per_node(preloads: list) -> None:
         # rank that left would meet their next collective with a different one of its own.
         try:
             variants = [v for v in (variant_of(p) for p in preloads) if v is not None and not is_cached(v)]
-            compile_variants(variants)
+            _compile_saying_so(variants)
         except Exception as error:  # noqa: BLE001  the preload compiles what is missing (module notes)
             _warn_once(f"triton_dist: compiling a context's kernels in parallel failed ({type(error).__name__}: "
                        f"{error}); they compile one by one instead")
     _runtime.barrier()
+
+
+def _compile_saying_so(variants: list) -> None:
+    """compile_variants, announced on stderr when there is anything to compile: a first use can
+    take tens of seconds, which without a word looks like a hang."""
+    if not variants:
+        return
+    import sys
+    import time
+
+    modules = sorted({v.module.rsplit(".", 1)[-1] for v in variants})
+    print(f"triton_dist: compiling {len(variants)} kernel variants ({', '.join(modules)}) for their first use; "
+          f"Triton's cache keeps them for later runs", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    compile_variants(variants)
+    print(f"triton_dist: compiled {len(variants)} kernel variants in {time.perf_counter() - start:.1f} s",
+          file=sys.stderr, flush=True)
 
 
 _warned: set = set()

@@ -140,3 +140,23 @@ def test_the_compiling_rank_reaches_the_barrier_whatever_fails(monkeypatch, caps
     parallel_compile.compile_once_per_node([object()])
     assert barriers == [1]
     assert "compile one by one instead" in capsys.readouterr().err
+
+
+def test_a_compile_is_announced_and_a_cached_context_is_silent(monkeypatch, capsys):
+    """A first use that compiles says so on stderr (it can take tens of seconds); nothing to compile,
+    nothing printed."""
+    monkeypatch.setattr(parallel_compile._runtime, "local_rank", lambda: 0)
+    monkeypatch.setattr(parallel_compile._runtime, "barrier", lambda: None)
+    compiled = []
+    monkeypatch.setattr(parallel_compile, "compile_variants", compiled.append)
+    variant = parallel_compile.Variant("triton_dist.kernels.collectives.allgather_kernels", "k", {}, {}, {}, {}, None)
+    monkeypatch.setattr(parallel_compile, "variant_of", lambda preload: variant)
+    monkeypatch.setattr(parallel_compile, "is_cached", lambda v: False)
+    parallel_compile.compile_once_per_node([object(), object()])
+    err = capsys.readouterr().err
+    assert compiled == [[variant, variant]]
+    assert "compiling 2 kernel variants (allgather_kernels) for their first use" in err
+    assert "compiled 2 kernel variants in" in err
+    monkeypatch.setattr(parallel_compile, "is_cached", lambda v: True)
+    parallel_compile.compile_once_per_node([object()])
+    assert capsys.readouterr().err == "" and compiled == [[variant, variant]]
