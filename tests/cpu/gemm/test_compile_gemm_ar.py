@@ -73,8 +73,8 @@ def _assert_pushes_then_waits(compiled, world, *, pushes, waits):
 
 def test_meta():
     meta = gemm_module.kernel_meta("small", False, world=4, all_reduce=True)
-    assert meta["ALL_REDUCE"] and meta["WORLD"] == 4 and "SIGNAL_ROWS" not in meta
-    assert "ALL_REDUCE" not in gemm_module.kernel_meta("small", False)
+    assert meta["EPILOGUE"] == "all_reduce" and meta["WORLD"] == 4
+    assert "EPILOGUE" not in gemm_module.kernel_meta("small", False)  # the plain GEMM's launch is unchanged
 
 
 @pytest.mark.parametrize("world", [4, 8])

@@ -111,17 +111,20 @@ def test_fp16_and_world_4_compile():
 
 def test_meta_and_blocks():
     meta = gemm_module.kernel_meta("large", False, signal_rows=True, world=2, peer_epilogue=True)
-    assert meta["SIGNAL_ROWS"] and meta["WORLD"] == 2 and meta["PEER_EPILOGUE"] and not meta["WAIT_FOR_ROWS"]
-    assert "SIGNAL_ROWS" not in gemm_module.kernel_meta("large", False)  # the plain GEMM's launch is unchanged
+    assert meta["EPILOGUE"] == "rows_to_peer" and meta["WORLD"] == 2 and not meta["WAIT_FOR_ROWS"]
+    assert "EPILOGUE" not in gemm_module.kernel_meta("large", False)  # the plain GEMM's launch is unchanged
     bm, bn = grs._config_blocks()
     assert bm == 128 and bn == min(c["BN"] for c in gemm_module.CONFIGS.values())
     assert grs.VARIANTS == ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
     assert gemm_policy.GEMM_RS_VARIANT in grs.VARIANTS[1:]
-    assert not gemm_module.kernel_meta("large", False, signal_rows=True, world=2, peer_tma=True)["PEER_TMA"]
-    fused = gemm_module.kernel_meta("large", False, signal_rows=True, world=2, reduce_own=True)
-    assert fused["REDUCE_OWN"] and fused["PEER_EPILOGUE"] and not fused["PEER_COPY_ENGINE"]
-    ce = gemm_module.kernel_meta("large", False, signal_rows=True, world=2, reduce_own=True, peer_copy_engine=True)
-    assert ce["REDUCE_OWN"] and ce["PEER_COPY_ENGINE"] and not ce["PEER_EPILOGUE"] and not ce["PEER_TMA"]
+    def epilogue(**flags):
+        return gemm_module.kernel_meta("large", False, signal_rows=True, world=2, **flags)["EPILOGUE"]
+
+    assert epilogue() == "rows_here" and epilogue(peer_tma=True) == "rows_here"  # TMA stores only when fused
+    assert epilogue(reduce_own=True) == "reduce_own" and epilogue(reduce_own=True, peer_tma=True) == "reduce_own_tma"
+    assert epilogue(reduce_own=True, peer_copy_engine=True, peer_tma=True) == "reduce_own_ce"
+    assert epilogue(peer_copy_engine=True) == "rows_here"
+    assert set(gemm_module.EPILOGUES) >= {epilogue(), epilogue(peer_epilogue=True), epilogue(reduce_own=True)}
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -1,12 +1,12 @@
 """A persistent Hopper GEMM, ``C[M, N] = A[M, K] @ B[N, K]^T`` (B row-major ``[N, K]``, the weight
 layout of a tensor-parallel linear layer), bf16/fp16 in, fp32 accumulation, the input dtype out.
 
-One tile loop (:func:`gemm_kernel`) serves every GEMM of the library; constexprs pick the
-epilogue and the waits:
+One tile loop (:func:`gemm_kernel`) serves every GEMM of the library; one constexpr names the
+epilogue (``EPILOGUE``, one of :data:`EPILOGUES`) and one the wait (``WAIT_FOR_ROWS``):
 
 - the plain GEMM (launched as a ``triton.jit`` kernel by :func:`gemm`);
-- the GEMM+ReduceScatter producer (``SIGNAL_ROWS``, with ``PEER_EPILOGUE`` or ``REDUCE_OWN``, see
-  :mod:`triton_dist.kernels.gemm.gemm_rs`) and GEMM+AllReduce (``ALL_REDUCE``, see
+- the GEMM+ReduceScatter producer (the ``"rows_*"`` and ``"reduce_own*"`` epilogues, see
+  :mod:`triton_dist.kernels.gemm.gemm_rs`) and GEMM+AllReduce (``"all_reduce"``, see
   :mod:`triton_dist.kernels.gemm.gemm_ar`): tiles stored with ``tl.store`` into symmetric
   buffers, signalled, and (own tiles, all-reduce) summed after waiting for the peers';
 - the consumer of AllGather+GEMM (``WAIT_FOR_ROWS=True``, launched through ``triton_dist.jit``
@@ -102,6 +102,14 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> str:
     return "large" if n >= 2048 and tiles >= num_sms else "small"
 
 
+EPILOGUES = ("store", "rows_here", "rows_to_peer", "reduce_own", "reduce_own_tma", "reduce_own_ce", "all_reduce")
+"""What :func:`gemm_kernel`'s ``EPILOGUE`` can name: the plain (and AllGather+GEMM) TMA store; the
+GEMM+ReduceScatter producer storing each destination's rows here (``"pull"``) or into the
+destination (``"push"``), or summing its own tiles in the epilogue with the peers' tiles stored
+(``"fused"``), TMA-stored (``"fused_tma"``) or staged for the copy engine (``"fused_ce"``); and
+GEMM+AllReduce."""
+
+
 def kernel_meta(config: str, wait_for_rows: bool, *, signal_rows: bool = False, world: int = 1,
                 peer_epilogue: bool = False, reduce_own: bool = False, peer_tma: bool = False,
                 peer_copy_engine: bool = False, all_reduce: bool = False) -> dict:
@@ -115,12 +123,13 @@ def kernel_meta(config: str, wait_for_rows: bool, *, signal_rows: bool = False, 
     meta = dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], NUM_STAGES=c["NUM_STAGES"],
                 WAIT_FOR_ROWS=wait_for_rows, num_warps=c["num_warps"], num_stages=c["NUM_STAGES"])
     if signal_rows:
-        copy_engine = peer_copy_engine and reduce_own
-        meta.update(SIGNAL_ROWS=True, WORLD=world, PEER_EPILOGUE=(peer_epilogue or reduce_own) and not copy_engine,
-                    REDUCE_OWN=reduce_own, PEER_TMA=peer_tma and reduce_own and not copy_engine,
-                    PEER_COPY_ENGINE=copy_engine)
+        if reduce_own:
+            epilogue = "reduce_own_ce" if peer_copy_engine else "reduce_own_tma" if peer_tma else "reduce_own"
+        else:
+            epilogue = "rows_to_peer" if peer_epilogue else "rows_here"
+        meta.update(EPILOGUE=epilogue, WORLD=world)
     if all_reduce:
-        meta.update(ALL_REDUCE=True, WORLD=world)
+        meta.update(EPILOGUE="all_reduce", WORLD=world)
     return meta
 
 
@@ -245,13 +254,17 @@ def _add_rank_partial(total, acc, partials, slot, offs, mask, signals, signal_re
 @triton.jit(do_not_specialize=["M", "N", "K", "rank", "m_per_rank", "half_elems", "signal_region", "chunk_n"])
 def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_rank, BM: tl.constexpr,
                 BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
-                WAIT_FOR_ROWS: tl.constexpr, half_elems=0, SIGNAL_ROWS: tl.constexpr = False,
-                WORLD: tl.constexpr = 1, PEER_EPILOGUE: tl.constexpr = False, signal_region=0,
-                REDUCE_OWN: tl.constexpr = False, out=None, ALL_REDUCE: tl.constexpr = False,
-                PEER_TMA: tl.constexpr = False, PEER_COPY_ENGINE: tl.constexpr = False, chunk_n=1,
+                WAIT_FOR_ROWS: tl.constexpr, half_elems=0, EPILOGUE: tl.constexpr = "store",
+                WORLD: tl.constexpr = 1, signal_region=0, out=None, chunk_n=1,
                 chunk_flags=None, tickets=None, timeline=None, TIMELINE: tl.constexpr = False):
     """``C = A @ B^T`` over a persistent grid. ``a_desc``: ``[M, K]`` block ``[BM, BK]``;
     ``b_desc``: ``[N, K]`` block ``[BN, BK]``; ``c_desc``: ``[M, N]`` block ``[BM, BN]``.
+
+    ``EPILOGUE`` (one of :data:`EPILOGUES`) names what a tile's epilogue does; the notes below
+    speak of the properties each mode has: ``SIGNAL_ROWS`` (every GEMM+ReduceScatter mode),
+    ``PEER_EPILOGUE`` (``"rows_to_peer"``, ``"reduce_own"``, ``"reduce_own_tma"``), ``REDUCE_OWN``
+    (the three ``"reduce_own*"`` modes), ``PEER_TMA`` (``"reduce_own_tma"``), ``PEER_COPY_ENGINE``
+    (``"reduce_own_ce"``) and ``ALL_REDUCE`` (``"all_reduce"``). ``"store"``: a TMA store of ``C``.
 
     ``WAIT_FOR_ROWS`` (the AllGather+GEMM consumer): rows ``[r * m_per_rank, (r + 1) * m_per_rank)``
     of A are rank ``r``'s and may be read once ``signals[r] >= *calls`` (uint64 signals on this
@@ -323,6 +336,12 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
 
     ``TIMELINE``: stamps into ``timeline`` (:mod:`triton_dist.language.timeline`) for each tile: its
     start, the end of its wait (``WAIT_FOR_ROWS``), the end of its K loop and of its epilogue."""
+    REDUCE_OWN: tl.constexpr = EPILOGUE == "reduce_own" or EPILOGUE == "reduce_own_tma" or EPILOGUE == "reduce_own_ce"
+    SIGNAL_ROWS: tl.constexpr = EPILOGUE == "rows_here" or EPILOGUE == "rows_to_peer" or REDUCE_OWN
+    PEER_EPILOGUE: tl.constexpr = EPILOGUE == "rows_to_peer" or EPILOGUE == "reduce_own" or EPILOGUE == "reduce_own_tma"
+    PEER_TMA: tl.constexpr = EPILOGUE == "reduce_own_tma"
+    PEER_COPY_ENGINE: tl.constexpr = EPILOGUE == "reduce_own_ce"
+    ALL_REDUCE: tl.constexpr = EPILOGUE == "all_reduce"
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     num_m = tl.cdiv(M, BM)

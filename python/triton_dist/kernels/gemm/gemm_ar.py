@@ -107,7 +107,7 @@ SPLIT_K_CONFIGS = {
 
 
 gemm_ar_kernel = DistributedKernel(_gemm.gemm_kernel)
-""":func:`triton_dist.kernels.gemm.dense.gemm_kernel` launched with ``ALL_REDUCE=True`` and the
+""":func:`triton_dist.kernels.gemm.dense.gemm_kernel` launched with ``EPILOGUE="all_reduce"`` and the
 language's libraries linked in (``"output_tiles"``)."""
 
 

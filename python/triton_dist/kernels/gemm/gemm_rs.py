@@ -174,7 +174,7 @@ safe at any time)."""
 VARIANTS = ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
 
 gemm_rs_producer_kernel = DistributedKernel(_gemm.gemm_kernel)
-""":func:`triton_dist.kernels.gemm.dense.gemm_kernel` launched with ``SIGNAL_ROWS=True`` and the
+""":func:`triton_dist.kernels.gemm.dense.gemm_kernel` launched with a ReduceScatter ``EPILOGUE`` and the
 language's libraries linked in."""
 
 
