@@ -21,7 +21,7 @@ _SMEM_LIMIT = 232448
 
 def _compile(config, world, dtype="bf16"):
     c = gemm_module.config_params(config)
-    meta = gemm_module.kernel_meta(config, False, world=world, all_reduce=True)
+    meta = gemm_module.kernel_meta(config, False, epilogue="all_reduce", world=world)
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
     signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
                  "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>", "c_desc": "*fp32", "M": "i32", "N": "i32",
@@ -72,7 +72,7 @@ def _assert_pushes_then_waits(compiled, world, *, pushes, waits):
 
 
 def test_meta():
-    meta = gemm_module.kernel_meta("small", False, world=4, all_reduce=True)
+    meta = gemm_module.kernel_meta("small", False, epilogue="all_reduce", world=4)
     assert meta["EPILOGUE"] == "all_reduce" and meta["WORLD"] == 4
     assert "EPILOGUE" not in gemm_module.kernel_meta("small", False)  # the plain GEMM's launch is unchanged
 

@@ -21,8 +21,11 @@ _SMEM_LIMIT = 232448
 
 def _producer(config, peer, dtype="bf16", world=2, reduce_own=False, peer_tma=False, peer_copy_engine=False):
     c = gemm_module.CONFIGS[config]
-    meta = gemm_module.kernel_meta(config, False, signal_rows=True, world=world, peer_epilogue=peer,
-                                   reduce_own=reduce_own, peer_tma=peer_tma, peer_copy_engine=peer_copy_engine)
+    if reduce_own:
+        epilogue = "reduce_own_ce" if peer_copy_engine else "reduce_own_tma" if peer_tma else "reduce_own"
+    else:
+        epilogue = "rows_to_peer" if peer else "rows_here"
+    meta = gemm_module.kernel_meta(config, False, epilogue=epilogue, world=world)
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
     signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
                  "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>", "c_desc": f"*{dtype}", "M": "i32",
@@ -110,21 +113,17 @@ def test_fp16_and_world_4_compile():
 
 
 def test_meta_and_blocks():
-    meta = gemm_module.kernel_meta("large", False, signal_rows=True, world=2, peer_epilogue=True)
+    meta = gemm_module.kernel_meta("large", False, epilogue="rows_to_peer", world=2)
     assert meta["EPILOGUE"] == "rows_to_peer" and meta["WORLD"] == 2 and not meta["WAIT_FOR_ROWS"]
     assert "EPILOGUE" not in gemm_module.kernel_meta("large", False)  # the plain GEMM's launch is unchanged
     bm, bn = grs._config_blocks()
     assert bm == 128 and bn == min(c["BN"] for c in gemm_module.CONFIGS.values())
     assert grs.VARIANTS == ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
     assert gemm_policy.GEMM_RS_VARIANT in grs.VARIANTS[1:]
-    def epilogue(**flags):
-        return gemm_module.kernel_meta("large", False, signal_rows=True, world=2, **flags)["EPILOGUE"]
-
-    assert epilogue() == "rows_here" and epilogue(peer_tma=True) == "rows_here"  # TMA stores only when fused
-    assert epilogue(reduce_own=True) == "reduce_own" and epilogue(reduce_own=True, peer_tma=True) == "reduce_own_tma"
-    assert epilogue(reduce_own=True, peer_copy_engine=True, peer_tma=True) == "reduce_own_ce"
-    assert epilogue(peer_copy_engine=True) == "rows_here"
-    assert set(gemm_module.EPILOGUES) >= {epilogue(), epilogue(peer_epilogue=True), epilogue(reduce_own=True)}
+    assert set(grs.PRODUCER_EPILOGUES) == set(grs.VARIANTS[1:])  # every variant but auto has its epilogue
+    assert set(grs.PRODUCER_EPILOGUES.values()) < set(gemm_module.EPILOGUES)
+    with pytest.raises(ValueError, match="epilogue must be one of"):
+        gemm_module.kernel_meta("large", False, epilogue="reduce_own_nvlink")
 
 
 @pytest.mark.parametrize("world", [2, 4])

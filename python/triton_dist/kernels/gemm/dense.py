@@ -110,26 +110,18 @@ destination (``"push"``), or summing its own tiles in the epilogue with the peer
 GEMM+AllReduce."""
 
 
-def kernel_meta(config: str, wait_for_rows: bool, *, signal_rows: bool = False, world: int = 1,
-                peer_epilogue: bool = False, reduce_own: bool = False, peer_tma: bool = False,
-                peer_copy_engine: bool = False, all_reduce: bool = False) -> dict:
-    """Launch keyword arguments (constexprs and options) of :func:`gemm_kernel` for ``config``
-    (``signal_rows``: the GEMM+ReduceScatter producer for ``world`` ranks, ``peer_epilogue`` its
-    variant that stores into the destination's buffer, ``reduce_own`` the variant that also sums
-    this rank's own tiles in its epilogue, ``peer_tma`` with the peers' tiles sent by TMA stores,
-    ``peer_copy_engine`` with the peers' tiles staged here for a copy engine to send;
-    ``all_reduce``: GEMM+AllReduce for ``world`` ranks)."""
+def kernel_meta(config: str, wait_for_rows: bool, *, epilogue: str = "store", world: int = 1) -> dict:
+    """Launch keyword arguments (constexprs and options) of :func:`gemm_kernel` for ``config``, with
+    the ``epilogue`` of :data:`EPILOGUES` (for ``world`` ranks) and ``wait_for_rows`` (the
+    AllGather+GEMM consumer's wait). The plain store passes no ``EPILOGUE``, so the plain GEMM's
+    launch keeps its key."""
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"triton_dist gemm: epilogue must be one of {EPILOGUES}, got {epilogue!r}")
     c = config_params(config)
     meta = dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], NUM_STAGES=c["NUM_STAGES"],
                 WAIT_FOR_ROWS=wait_for_rows, num_warps=c["num_warps"], num_stages=c["NUM_STAGES"])
-    if signal_rows:
-        if reduce_own:
-            epilogue = "reduce_own_ce" if peer_copy_engine else "reduce_own_tma" if peer_tma else "reduce_own"
-        else:
-            epilogue = "rows_to_peer" if peer_epilogue else "rows_here"
+    if epilogue != "store":
         meta.update(EPILOGUE=epilogue, WORLD=world)
-    if all_reduce:
-        meta.update(EPILOGUE="all_reduce", WORLD=world)
     return meta
 
 

@@ -220,7 +220,7 @@ class GemmAllReduceContext(OverlappedGemmContext):
         return triton.cdiv(m, c["BM"]) * triton.cdiv(self.n, c["BN"])
 
     def _meta(self, config: str) -> dict:
-        return _gemm.kernel_meta(config, False, world=self.world, all_reduce=True)
+        return _gemm.kernel_meta(config, False, epilogue="all_reduce", world=self.world)
 
     @staticmethod
     def split_k_block(m: int) -> int:

@@ -172,6 +172,9 @@ the driver copies a schedule's operations when they are enqueued or captured, so
 safe at any time)."""
 
 VARIANTS = ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
+PRODUCER_EPILOGUES = {"fused": "reduce_own", "fused_tma": "reduce_own_tma", "fused_ce": "reduce_own_ce",
+                      "push": "rows_to_peer", "pull": "rows_here"}
+"""The GEMM's ``EPILOGUE`` (:data:`triton_dist.kernels.gemm.dense.EPILOGUES`) for each variant."""
 
 gemm_rs_producer_kernel = DistributedKernel(_gemm.gemm_kernel)
 """:func:`triton_dist.kernels.gemm.dense.gemm_kernel` launched with a ReduceScatter ``EPILOGUE`` and the
@@ -330,22 +333,20 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         a = p[:self.max_m * self.n].view(self.max_m, self.n)  # only dtype and blocks matter
         for config in _gemm.CONFIGS:
             a_desc, b_desc = _gemm.operand_descriptors(a, a, config)
-            for peer in (False, True):
-                meta = _gemm.kernel_meta(config, False, signal_rows=True, world=self.world, peer_epilogue=peer)
+            for peer, epilogue in ((False, "rows_here"), (True, "rows_to_peer")):
+                meta = _gemm.kernel_meta(config, False, epilogue=epilogue, world=self.world)
                 gemm_rs_producer_kernel.preload(a_desc, b_desc, p, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
                                                 half_elems=2, signal_region=2, out=p, grid=(1, ), **meta)
                 gemm_rs_reduce_kernel.preload(p, p, self.pad.signals, self.calls, 2, self.n, 2, 2, grid=(1, ),
                                               **self._reduce_meta(config, peer))
-            for peer_tma in (False, True):
-                meta = _gemm.kernel_meta(config, False, signal_rows=True, world=self.world, reduce_own=True,
-                                         peer_tma=peer_tma)
+            for epilogue in ("reduce_own", "reduce_own_tma"):
+                meta = _gemm.kernel_meta(config, False, epilogue=epilogue, world=self.world)
                 compiled = gemm_rs_producer_kernel.preload(a_desc, b_desc, p, 2, 2, 2, self.pad.signals, self.calls,
                                                            2, 2, half_elems=2, signal_region=2, out=p, grid=(1, ),
                                                            **meta)
                 if compiled is not None:  # None while preload_in_parallel records
                     self._scratch.reserve(compiled, self.num_sms)
-            meta = _gemm.kernel_meta(config, False, signal_rows=True, world=self.world, reduce_own=True,
-                                     peer_copy_engine=True)
+            meta = _gemm.kernel_meta(config, False, epilogue="reduce_own_ce", world=self.world)
             gemm_rs_producer_kernel.preload(a_desc, b_desc, self.ce_rows, 2, 2, 2, self.ce_pad.signals, self.calls,
                                             2, 2, half_elems=2, signal_region=2, out=p, chunk_n=2,
                                             chunk_flags=self.chunk_flags, tickets=self.tickets, grid=(1, ), **meta)
@@ -371,7 +372,6 @@ class GemmReduceScatterContext(OverlappedGemmContext):
             self._run_fused_ce(a, b, out)
             return
         fused = variant in ("fused", "fused_tma")
-        peer_tma = variant == "fused_tma"
         peer = variant == "push"
         m = big_m // self.world
         max_programs = self.num_sms if fused else self.max_programs
@@ -393,8 +393,8 @@ class GemmReduceScatterContext(OverlappedGemmContext):
             gemm_rs_producer_kernel[grid](a_desc, b_desc, self.partials, big_m, n, k, self.pad.signals, self.calls,
                                           self.rank, m, half_elems=self.half,  # after the constexprs: by name
                                           signal_region=self.tiles_per_rank, out=target,
-                                          **_gemm.kernel_meta(config, False, signal_rows=True, world=self.world,
-                                                              peer_epilogue=peer, reduce_own=fused, peer_tma=peer_tma),
+                                          **_gemm.kernel_meta(config, False, epilogue=PRODUCER_EPILOGUES[variant],
+                                                              world=self.world),
                                           **_timeline.kernel_args())
         if fused:
             if target is not out:
@@ -462,8 +462,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         gemm_rs_producer_kernel[(max(1, min(tiles, self.ce_programs)), )](
             a_desc, b_desc, self.ce_rows, big_m, n, k, self.ce_pad.signals, self.calls, me, m, half_elems=self.half,
             signal_region=region, out=target, chunk_n=chunk_n, chunk_flags=self.chunk_flags, tickets=self.tickets,
-            **_gemm.kernel_meta(config, False, signal_rows=True, world=world, reduce_own=True,
-                                peer_copy_engine=True), **_timeline.kernel_args())
+            **_gemm.kernel_meta(config, False, epilogue="reduce_own_ce", world=world), **_timeline.kernel_args())
         if not copies_first:
             schedule.enqueue(side)
         # The GEMM consumed every ready flag of this call: zero them before any peer may set the
