@@ -237,14 +237,10 @@ class AllGatherContext(CollectiveContext):
                  ce_chunk_bytes: int = CE_CHUNK_BYTES):
         import torch
 
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
-            raise ValueError(f"triton_dist AllGatherContext: max_bytes must be a positive int, got {max_bytes!r}")
+        max_numel, world = self.numel_and_world("AllGatherContext", max_bytes, dtype)
         if isinstance(ce_chunk_bytes, bool) or not isinstance(ce_chunk_bytes, int) or ce_chunk_bytes <= 0:
             raise ValueError(f"triton_dist AllGatherContext: ce_chunk_bytes must be a positive int, got "
                              f"{ce_chunk_bytes!r}")
-        itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 1
-        max_numel = max(1, max_bytes // itemsize)
-        world = _runtime.world_size() if _runtime.is_initialized() else 1
         slot = triton.cdiv(max_numel, self.BLOCK) * self.BLOCK
         super().__init__("AllGatherContext", dtype, max_numel, {"gathered": world * slot},
                          SIGNALS_PER_PROGRAM * world, max_programs)

@@ -52,13 +52,14 @@ from . import policy as _policy
 from .allreduce import ll_reduce_kernel
 from ..common.context import CollectiveContext
 from ..common.ll_protocol import LL_BLOCK
-from ..common.tiles import copy_program_tiles, load_tile, store_tile
+from ..common.tiles import copy_program_tiles, each_tile, load_tile, store_tile
 
 
 @triton.jit
-def _reduce_push_tile(out, own, stage, slot, local, m, token, WORLD: tl.constexpr, MASKED: tl.constexpr):
+def _reduce_push_tile(args, local, m, WORLD: tl.constexpr, MASKED: tl.constexpr):
     """One tile of the reduction in rank order: this rank's term from ``own`` (its shard of x),
     rank ``r``'s from staging slot ``r`` (``stage`` + ``r * slot``)."""
+    out, own, stage, slot, token = args
     me = dl.rank()
     acc = tl.zeros(local.shape, tl.float32)
     for r in tl.static_range(WORLD):
@@ -82,7 +83,6 @@ def reduce_scatter_push_kernel(x, out, stage, signals, shard_vecs, shard_tiles, 
     epoch = tl.load(epoch_ptr)
     me = dl.rank()
     pid = tl.program_id(0)
-    lanes = tl.arange(0, BLOCK)
     half = (epoch % 2).to(tl.int64) * half_tiles * BLOCK
     m = shard_vecs.to(tl.int64) * VEC  # VEC: the divisibility fact that lets x's shards vectorise
     slot = shard_tiles.to(tl.int64) * BLOCK
@@ -101,12 +101,8 @@ def reduce_scatter_push_kernel(x, out, stage, signals, shard_vecs, shard_tiles, 
         token = token + dl.wait(signals + ((me + r) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
     own = x + me * m
     mine = stage + half
-    for t in range(pid, shard_tiles, tl.num_programs(0)):
-        local = t.to(tl.int64) * BLOCK + lanes
-        if (t.to(tl.int64) + 1) * BLOCK <= m:
-            _reduce_push_tile(out, own, mine, slot, local, m, token, WORLD, False)
-        else:
-            _reduce_push_tile(out, own, mine, slot, local, m, token, WORLD, True)
+    each_tile(_reduce_push_tile, (out, own, mine, slot, token), pid, shard_tiles, tl.num_programs(0), m, WORLD,
+              BLOCK)
 
 
 @triton.jit

@@ -60,10 +60,10 @@ def copy_program_tiles(dst, src, n, tiles, BLOCK: tl.constexpr):
     """``dst[i] = src[i]`` for ``i < n`` over this program's share of ``tiles`` ``BLOCK``-element
     tiles (tiles ``pid, pid + grid, ...``; whole tiles unmasked, only the one straddling ``n``
     masked)."""
-    lanes = tl.arange(0, BLOCK)
-    for t in range(tl.program_id(0), tiles, tl.num_programs(0)):
-        offs = t.to(tl.int64) * BLOCK + lanes
-        if (t.to(tl.int64) + 1) * BLOCK <= n:
-            copy_tile(dst + offs, src + offs, offs, n, False)
-        else:
-            copy_tile(dst + offs, src + offs, offs, n, True)
+    each_tile(_copy_offsets, (dst, src), tl.program_id(0), tiles, tl.num_programs(0), n, 1, BLOCK)
+
+
+@triton.jit
+def _copy_offsets(args, offs, n, WORLD: tl.constexpr, MASKED: tl.constexpr):
+    dst, src = args
+    copy_tile(dst + offs, src + offs, offs, n, MASKED)
