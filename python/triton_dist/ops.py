@@ -163,10 +163,7 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     if x.numel() == 0:
         return out
     if method == "auto":
-        from .kernels.collectives import policy as _policy
-        from .runtime import world_size
-
-        method = _policy.all_reduce_method(x.numel() * x.element_size(), world_size(), context.ll_max_bytes)
+        method = context.method_for(x.numel() * x.element_size())
     context.run(x.view(-1), out.view(-1), method)
     return out
 

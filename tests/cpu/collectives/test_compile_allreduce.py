@@ -220,3 +220,10 @@ def test_rank_barrier_notifies_then_waits():
     last_release = max(i for i, line in enumerate(lines) if re.search(_RELEASE, line))
     first_spin = min(i for i, line in enumerate(lines) if _SPIN in line)
     assert last_release < first_spin
+
+
+def test_the_context_asks_the_policy_with_its_world_and_ll_range():
+    fake = type("Ctx", (), {"world": 2, "ll_max_bytes": allreduce.AllReduceContext.LL_MAX_BYTES})()
+    for nbytes in (8 << 10, 64 << 10, 16 << 20, 512 << 20):
+        want = policy.all_reduce_method(nbytes, 2, fake.ll_max_bytes)
+        assert allreduce.AllReduceContext.method_for(fake, nbytes) == want

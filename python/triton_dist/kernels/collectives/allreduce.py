@@ -146,6 +146,7 @@ from ...signals import SignalPad, stream_wait_value64, stream_write_value64
 from ...symmetric import peer_tensor, symm_empty
 from .allreduce_kernels import (all_reduce_ce_reduce_kernel, all_reduce_one_shot_kernel, all_reduce_ring_kernel,
                                 all_reduce_two_shot_kernel, ll_reduce_kernel)
+from . import policy as _policy
 from ..common.context import CollectiveContext
 from ..common.ll_protocol import LL_BLOCK
 from ..common.rank_barrier import rank_barrier_kernel
@@ -155,7 +156,7 @@ class AllReduceContext(CollectiveContext):
     """Symmetric staging, gather and LL buffers and signals for AllReduce (sum) of up to
     ``max_bytes`` bytes of ``dtype`` (float32, bfloat16 or float16), reused across calls.
 
-    Methods (:attr:`METHODS`; ``"auto"`` is resolved by :func:`triton_dist.ops.all_reduce`):
+    Methods (:attr:`METHODS`; :func:`triton_dist.ops.all_reduce` resolves ``"auto"`` with :meth:`method_for`):
     ``"one_shot"``, ``"two_shot"``, ``"ll"`` (low-latency protocol, flags inside the data, up to
     :attr:`ll_max_bytes` = ``min(max_bytes, LL_MAX_BYTES)`` per rank), ``"ce_two_shot"``
     (copy engines, in chunks) and ``"ring"`` (for machines without a full mesh; never chosen by
@@ -221,6 +222,11 @@ class AllReduceContext(CollectiveContext):
         """``"ring"``'s fp32 partials (symmetric, one region of ``world - 1`` shards), allocated by
         the first ``"ring"`` call: the other methods need no fp32 buffer."""
         self.ready()
+
+    def method_for(self, nbytes: int) -> str:
+        """The method ``"auto"`` picks for ``nbytes`` bytes per rank
+        (:func:`triton_dist.kernels.collectives.policy.all_reduce_method`)."""
+        return _policy.all_reduce_method(nbytes, self.world, self.ll_max_bytes)
 
     def _meta(self) -> dict:
         return self.meta()
