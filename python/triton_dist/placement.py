@@ -5,8 +5,12 @@ proving correctness at a world size larger than the GPUs at hand: it needs CUDA 
 under MPS do kernels of different processes run at the same time, and our kernels wait for each
 other across ranks (without MPS the GPU time-slices between processes, and a kernel spinning on a
 peer's signal holds the GPU while the peer's kernel waits for its turn: a deadlock). It also needs
-each rank's share of the SMs capped at ``100 / ranks_per_gpu`` percent, so that the grids of every
-rank on the GPU are resident at once (:mod:`triton_dist.residency`).
+each rank to have SMs of its own, so that the grids of every rank on the GPU are resident at once
+(:mod:`triton_dist.residency`): a static SM partition (``CUDA_MPS_SM_PARTITION``, the daemon
+started with ``-S``: SMs no other client may use) or, where the driver has none, a share capped at
+``100 / ranks_per_gpu`` percent (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``: a cap, which keeps the
+count of a rank's SMs but not which ones, so another client's spinning grid may still hold the
+SM a rank's next kernel needs).
 
 These are pure functions of what :func:`triton_dist.init` reads or gathers, so the rules are tested
 without a GPU.
@@ -18,9 +22,9 @@ DEFAULT_BACKEND = "cpu:gloo,cuda:nccl"
 SHARED_GPU_BACKEND = "gloo"
 """NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), so host exchange is gloo only."""
 
-_HOW_TO_SHARE = ("start the MPS control daemon (nvidia-cuda-mps-control -d) with "
-                 "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100/K for every rank, and set TRITON_DIST_RANKS_PER_GPU=K; "
-                 "scripts/gpu-test --ranks-per-gpu K does all of this")
+_HOW_TO_SHARE = ("start the MPS control daemon (nvidia-cuda-mps-control -d -S) and give every rank a static SM "
+                 "partition of its own (CUDA_MPS_SM_PARTITION), or (without -S) CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="
+                 "100/K, and set TRITON_DIST_RANKS_PER_GPU=K; scripts/gpu-test --ranks-per-gpu K does all of this")
 
 
 def _prefix(rank: int | None) -> str:
@@ -52,9 +56,10 @@ def device_of(local_rank: int, ranks_per_gpu: int, device_count: int, rank: int 
 
 
 def check_gpu_sharing(ranks_per_gpu: int, mps_state: str, thread_percentage: str | None,
-                      rank: int | None = None) -> None:
+                      rank: int | None = None, sm_partition: str | None = None) -> None:
     """Raise unless ``ranks_per_gpu`` ranks can share this rank's GPU: MPS on (``mps_state`` as
-    ``_C.mps_state`` says it: "on", "off" or "unknown") and this rank's
+    ``_C.mps_state`` says it: "on", "off" or "unknown") and this rank either on a static SM
+    partition (``sm_partition``: its ``CUDA_MPS_SM_PARTITION``) or with
     ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` at most its share."""
     if ranks_per_gpu == 1:
         return
@@ -64,11 +69,14 @@ def check_gpu_sharing(ranks_per_gpu: int, mps_state: str, thread_percentage: str
             "on this GPU. Without it, kernels of different processes take turns on the GPU, so a kernel that "
             "waits for a signal from another rank's kernel on the same GPU holds it for ever (a deadlock). To "
             f"share GPUs, {_HOW_TO_SHARE}; otherwise run one rank per GPU")
+    if sm_partition is not None and sm_partition.strip():
+        return  # SMs of its own (MPS refuses a client whose partition does not exist)
     if thread_percentage is None or thread_percentage.strip() == "":
         raise RuntimeError(
             f"{_prefix(rank)}: TRITON_DIST_RANKS_PER_GPU={ranks_per_gpu} needs "
-            f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE <= {100 / ranks_per_gpu:g} for every rank: ranks whose kernels "
-            "wait on each other must all be resident at once, so each may take only its share of the SMs")
+            f"a static SM partition (CUDA_MPS_SM_PARTITION) or CUDA_MPS_ACTIVE_THREAD_PERCENTAGE <= "
+            f"{100 / ranks_per_gpu:g} for every rank: ranks whose kernels wait on each other must all be resident at "
+            "once, so each may take only its share of the SMs")
     try:
         percent = float(thread_percentage)
     except ValueError:

@@ -150,7 +150,8 @@ def _join(process_group, cfg, device: int | None) -> tuple[int, str]:
     mps_state = _core().mps_state(device, rank)
     if cfg.ranks_per_gpu > 1:
         _placement.check_gpu_sharing(cfg.ranks_per_gpu, mps_state,
-                                     os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), rank)
+                                     os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), rank,
+                                     sm_partition=os.environ.get("CUDA_MPS_SM_PARTITION"))
     gpu = (socket.gethostname(), str(torch.cuda.get_device_properties(device).uuid))
     _placement.check_placement([tuple(g.decode().split("\0")) for g in allgather("\0".join(gpu).encode())],
                                cfg.ranks_per_gpu, rank)

@@ -48,6 +48,18 @@ def test_sm_share_must_leave_room_for_every_rank(percent, match):
         placement.check_gpu_sharing(4, "on", percent, rank=1)
 
 
+@pytest.mark.parametrize("percent", [None, "", "100"])
+def test_a_static_sm_partition_needs_no_share(percent):
+    placement.check_gpu_sharing(8, "on", percent, rank=0, sm_partition="GPU-a/0x1")
+
+
+def test_a_partition_does_not_stand_in_for_mps():
+    with pytest.raises(RuntimeError, match="needs CUDA MPS"):
+        placement.check_gpu_sharing(2, "off", None, rank=0, sm_partition="GPU-a/0x1")
+    with pytest.raises(RuntimeError, match="CUDA_MPS_SM_PARTITION"):
+        placement.check_gpu_sharing(2, "on", None, rank=0, sm_partition=" ")
+
+
 def test_placement_allows_up_to_k_ranks_per_gpu():
     gpus = [("h", "GPU-a")] * 4 + [("h", "GPU-b")] * 4
     placement.check_placement(gpus, 4, rank=0)

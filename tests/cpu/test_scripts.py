@@ -13,17 +13,28 @@ _ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 _STUB = textwrap.dedent("""\
     #!/usr/bin/env bash
-    # Records each call; -d leaves a daemon (a sleep) and its pid file, as the real one does; quit ends it.
+    # Records each call; -d leaves a daemon (a sleep) and its pid file, as the real one does; quit
+    # ends it. -S (static SM partitions) only with STUB_STATIC set, as on a driver that has them;
+    # lspart shows STUB_CHUNKS free chunks (16 by default).
     pid_file=$CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid
     if [ "${1:-}" = "-d" ]; then
-      echo "start $CUDA_MPS_PIPE_DIRECTORY" >>"$STUB_LOG"
+      if [ "${2:-}" = "-S" ]; then
+        [ -n "${STUB_STATIC:-}" ] || { echo "nvidia-cuda-mps-control: unknown option -S" >&2; exit 1; }
+        echo "start-static $CUDA_MPS_PIPE_DIRECTORY" >>"$STUB_LOG"
+      else
+        echo "start $CUDA_MPS_PIPE_DIRECTORY" >>"$STUB_LOG"
+      fi
       setsid sleep 300 </dev/null >/dev/null 2>&1 &
       echo $! >"$pid_file"
       exit 0
     fi
     read -r command
     echo "$command $CUDA_MPS_PIPE_DIRECTORY" >>"$STUB_LOG"
-    [ "$command" = quit ] && kill "$(cat "$pid_file")"
+    case "$command" in
+      quit) kill "$(cat "$pid_file")" ;;
+      lspart) echo "GPU-stub free chunks ${STUB_CHUNKS:-16}, used chunks 0, free SM 128, used SM 0" ;;
+      "sm_partition add "*) echo "Partition GPU-stub/p$(grep -c '^sm_partition add' "$STUB_LOG") created" ;;
+    esac
     exit 0
 """)
 
@@ -35,6 +46,9 @@ def stub(tmp_path):
     control = bin_dir / "nvidia-cuda-mps-control"
     control.write_text(_STUB)
     control.chmod(0o755)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/usr/bin/env bash\necho GPU-stub\n")
+    smi.chmod(0o755)
     log = tmp_path / "calls.log"
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", STUB_LOG=str(log))
     return env, log
@@ -65,6 +79,57 @@ def test_each_rank_gets_its_share(stub, k, share):
     env, _ = stub
     run = _bash(f"tdist_start_mps {k}; echo share=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", env)
     assert f"share={share}" in run.stdout, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("k", [2, 4, 8])
+def test_static_sm_partitions_give_each_rank_its_own(stub, k):
+    env, log = stub
+    env = dict(env, STUB_STATIC="1")
+    run = _bash(f"set -e; tdist_start_mps {k}; echo parts=$TDIST_MPS_SM_PARTITIONS "
+                "share=${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE:-none} entry=$(tdist_rank_entry)", env)
+    assert "each on a static SM partition of its own" in run.stdout, run.stdout + run.stderr
+    parts = run.stdout.split("parts=")[1].split(" share=")[0].split()
+    assert parts == [f"GPU-stub/p{i}" for i in range(1, k + 1)], run.stdout
+    assert "share=none entry=--no-python scripts/mps-rank" in run.stdout
+    assert f"{16 // k} chunks per rank" in run.stdout
+    calls = log.read_text()
+    assert calls.count(f"sm_partition add GPU-stub {16 // k}") == k and "quit" in calls
+
+
+@pytest.mark.parametrize("static,chunks", [("", "16"), ("1", "2")])
+def test_without_static_partitions_ranks_share_by_percentage(stub, static, chunks):
+    """A daemon without -S, or too few chunks for the ranks: the 100/K cap, saying why."""
+    env, log = stub
+    env = dict(env, STUB_STATIC=static, STUB_CHUNKS=chunks)
+    run = _bash("set -e; tdist_start_mps 4; echo share=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE "
+                "parts=${TDIST_MPS_SM_PARTITIONS:-none} entry=$(tdist_rank_entry)", env)
+    assert "share=25 parts=none entry=" in run.stdout, run.stdout + run.stderr
+    assert "static SM partitions unavailable" in run.stdout
+    assert ("unknown option -S" if not static else "2 free chunks for 4 ranks") in run.stdout
+    calls = [c.split()[0] for c in log.read_text().strip().split("\n")]
+    assert calls == (["start", "quit"] if not static else ["start-static", "lspart", "quit", "start", "quit"]), calls
+
+
+def test_percent_share_is_asked_for_by_name(stub):
+    env, log = stub
+    run = _bash("set -e; tdist_start_mps 2 percent; echo share=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+                dict(env, STUB_STATIC="1"))
+    assert "share=50" in run.stdout and "start-static" not in log.read_text(), run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("local_rank,expected", [("0", "GPU-a/1"), ("2", "GPU-a/3")])
+def test_mps_rank_binds_its_partition(local_rank, expected):
+    env = dict(os.environ, TDIST_MPS_SM_PARTITIONS="GPU-a/1 GPU-a/2 GPU-a/3", LOCAL_RANK=local_rank)
+    run = subprocess.run(["scripts/mps-rank", "-c", "import os; print(os.environ['CUDA_MPS_SM_PARTITION'])"],
+                         cwd=_ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == expected, run.stdout + run.stderr
+
+
+def test_mps_rank_without_a_partition_for_it_says_so():
+    env = dict(os.environ, TDIST_MPS_SM_PARTITIONS="GPU-a/1 GPU-a/2", LOCAL_RANK="2")
+    run = subprocess.run(["scripts/mps-rank", "-c", "pass"], cwd=_ROOT, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 1 and "local rank 2 has no SM partition (2 were made" in run.stderr
 
 
 def test_a_stale_daemon_of_ours_is_quit_first(stub):

@@ -21,8 +21,10 @@ def test_the_sm_count_is_the_device_attribute_and_follows_the_share():
     counts = [None] * dist.get_world_size()
     dist.all_gather_object(counts, sms)
     if tdist.rank() == 0:
-        share = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
-        print(f"\nSMs per rank at {tdist.ranks_per_gpu()} rank(s) per GPU, MPS share {share} %: {counts}")
+        partition = os.environ.get("CUDA_MPS_SM_PARTITION")
+        share = (f"static SM partition {partition}" if partition else
+                 f"MPS share {os.environ.get('CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', '100')} %")
+        print(f"\nSMs per rank at {tdist.ranks_per_gpu()} rank(s) per GPU, {share}: {counts}")
     if tdist.ranks_per_gpu() > 1:
         # The share caps what each client sees: a rank that saw the whole GPU would size its grids
         # for SMs the other ranks on the GPU hold.
