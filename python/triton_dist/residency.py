@@ -33,6 +33,14 @@ synchronised. Copies are not the only work that needs the room: ``ag_gemm`` ``"s
 GEMM on 7 SMs next to a push kernel of 7 (no copy), hung after 436 calls; grids that wait on a
 kernel of their own process (``reserved``) leave the same headroom. The MPS share is a cap, not a reservation of SMs, so the headroom a copy needs
 next to a spinning grid is a measured number, not a derived one.
+
+A cap also leaves which SMs a rank gets to the other ranks' grids: at world 4 (2026-12-03, 32 SMs a
+rank, 6 left free) ``ag_gemm`` ``"ce_push"`` hung in the first call of a new context and after 53
+back-to-back calls with one rank's side-stream signal kernel never started while its GEMM spun,
+and ``gemm_rs`` ``"fused_ce"`` hung likewise. With MPS static SM partitions (the daemon started
+with ``-S``, each rank on a partition of its own, ``CUDA_MPS_SM_PARTITION``; what
+``scripts/gpu-test --ranks-per-gpu`` sets up where the driver has them) a rank's free SMs are its
+own, and the headroom holds by construction.
 """
 
 from __future__ import annotations
