@@ -23,8 +23,8 @@ tdist_build() {
 # SM partition of 1/K of the GPU's chunks (the daemon started with -S; scripts/mps-rank binds each
 # rank to its partition) where the driver offers them, else a cap of 100/K percent of the SMs
 # (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE). A cap is not a reservation: other clients' spinning grids
-# may hold the SMs a rank's next kernel needs, which hung overlapped GEMMs now and then at worlds 4
-# and 8 (residency.py's notes); partitions cannot. share="percent" asks for the cap (several
+# may hold the SMs a rank's next kernel needs (our reading of overlapped-GEMM hangs at world 4,
+# residency.py's notes); partitions cannot. share="percent" asks for the cap (several
 # worlds at once, gpu-test --concurrent: their local ranks would meet in one list of partitions).
 tdist_start_mps() {  # K [share: partition (default) | percent]
   local k=$1 share=${2:-partition} why
@@ -107,12 +107,13 @@ tdist_stop_mps() {
   # for them before it quits, so end them first.
   local job
   for job in $(pgrep -P $$ 2>/dev/null | grep -vx "$BASHPID" || true); do tdist_kill_tree "$job"; done
-  if tdist_quit_mps_daemon; then
-    tail -3 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null || true
+  local quit=0
+  tdist_quit_mps_daemon || quit=1
+  tail -3 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null || true
+  if [ "$quit" -eq 0 ]; then
     echo "== MPS control daemon quit"
     rm -rf "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" || true
   else
-    tail -3 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null || true
     # Its pipe directory stays, so that the next tdist_start_mps (tdist_quit_stale_mps) finds it.
     echo "warning: the MPS control daemon did not quit in 10 s; left $CUDA_MPS_PIPE_DIRECTORY for the next run to quit it"
     rm -rf "$CUDA_MPS_LOG_DIRECTORY" || true
