@@ -1,7 +1,7 @@
 """Grouped GEMM + ReduceScatter compiles for sm_90: the GEMM's epilogue adds its weighted rows with
 relaxed fp32 atomics at system scope (16-byte vectors) into peers' buffers (through symm_at, never a wait: the GEMM must
 not block), and one release per peer after an acq_rel ticket at system scope; the finish kernel
-acquire-waits once for every rank before it reads the sums. wgmma, no spills."""
+acquire-waits once for every rank before it reads the sums, and zeroes them only after a CTA barrier. wgmma, no spills."""
 
 import re
 
@@ -55,9 +55,13 @@ def test_finish_waits_once_then_reads(world):
     ptx = compiled.asm["ptx"]
     lines = ptx.splitlines()
     spin = min(i for i, line in enumerate(lines) if _SPIN in line)
-    first_load = min(i for i, line in enumerate(lines) if re.search(r"ld\.global(\.[a-z0-9]+)*\.(v4\.)?b32", line)
-                     and "acquire" not in line and "param" not in line)
-    assert spin < first_load
+    loads = [i for i, line in enumerate(lines) if re.search(r"ld\.global(\.[a-z0-9]+)*\.(v4\.)?b32", line)
+             and "acquire" not in line and "param" not in line]
+    assert spin < min(loads)
+    # The zeros go out in another layout than the loads (other threads): a CTA barrier between
+    # the last read of the sums and the first zero, or a thread may zero a sum before it is read.
+    zeros = min(i for i, line in enumerate(lines) if re.search(r"st\.global(\.[a-z0-9]+)*\.(v4\.)?b32", line))
+    assert any("bar.sync" in line for line in lines[max(loads):zeros]), "no barrier between the reads and the zeros"
 
 
 def test_the_large_tile_spills_here():

@@ -69,6 +69,11 @@ def group_gemm_rs_finish_kernel(partial, out, done, calls, numel, half_elems, WO
         offs = start + tl.arange(0, BLOCK)
         mask = offs < numel
         tl.store(out + offs, tl.load(src + offs, mask=mask).to(out.dtype.element_ty), mask=mask)
+        # The zeros depend on no loaded value, so Triton lays them out over the threads unlike the
+        # loads (4 elements a thread against 8): without the barrier another thread's zeros could
+        # land before an element is read (seen on H200: whole 512-element runs of the output read
+        # as 0 once a finish block took a few microseconds).
+        dl.barrier()
         tl.store(src + offs, tl.zeros((BLOCK, ), tl.float32), mask=mask)
 
 
