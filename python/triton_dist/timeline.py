@@ -13,8 +13,9 @@ Instrumented kernels (the dense GEMM of ``ag_gemm``, ``gemm_rs`` and ``gemm_ar``
 recording's buffer while one is active and compile a variant with stamps
 (:mod:`triton_dist.language.timeline`); outside a recording they run the code they always ran.
 A recording costs a compile per variant on first use and a few global stores per tile. The
-clocks are each GPU's ``%globaltimer``; :func:`gather` aligns them with one stamp per rank taken
-right after a barrier (good to the barrier's skew, microseconds). Each program's track is one
+clocks are each GPU's ``%globaltimer``; :func:`gather` aligns them with stamps taken right after
+barriers (:func:`clock_offsets`: good to the barrier's skew, microseconds; exact for ranks that
+share a GPU, which read one clock). Each program's track is one
 lane per program and rank: ``tile`` spans, inside them ``wait`` (for the rows or signals the
 tile needs), ``compute`` (the K loop) and ``epilogue``.
 """
@@ -115,19 +116,47 @@ def _clock_kernel(out):
     tl.store(out, _stamps.globaltimer().to(tl.int64))
 
 
+CLOCK_ROUNDS = 5
+"""Barrier-and-stamp rounds of :func:`_clock_offset`: the median of their offsets leaves out a
+round whose barrier one rank left late (a descheduled process)."""
+
+
+def clock_offsets(stamps: list[list[int]], gpus: list[str]) -> list[int]:
+    """Every rank's clock minus rank 0's, from ``stamps[r]``: rank ``r``'s ``%globaltimer`` right
+    after each barrier round, and ``gpus[r]``: the GPU it runs on. Per rank the median over the
+    rounds of its stamp minus rank 0's; ranks that share a GPU read one clock, so they all take
+    the offset of the first rank on it (exactly 0 on rank 0's GPU, whatever the barrier's skew)."""
+    offsets = []
+    for r, mine in enumerate(stamps):
+        diffs = sorted(a - b for a, b in zip(mine, stamps[0]))
+        offsets.append(diffs[len(diffs) // 2])
+    first_on = {}
+    for r, gpu in enumerate(gpus):
+        first_on.setdefault(gpu, r)
+    return [0 if gpus[r] == gpus[0] else offsets[first_on[gpus[r]]] for r in range(len(stamps))]
+
+
 def _clock_offset() -> int:
-    """This GPU's clock minus rank 0's, from one stamp per rank right after a barrier (collective)."""
+    """This GPU's clock minus rank 0's (collective): :data:`CLOCK_ROUNDS` stamps, each right after
+    a barrier, combined by :func:`clock_offsets`. The stamp kernel runs once first, so that no
+    round waits for its compile or load (which once skewed a world-8 trace by 1.7 s)."""
     import torch
+    import torch.distributed as dist
 
     from . import host_collectives, runtime
 
-    stamp = torch.zeros(1, dtype=torch.int64, device="cuda")
+    # Rows of 16 bytes: every round's pointer has the alignment of the warm-up's, so one variant.
+    stamp = torch.zeros((CLOCK_ROUNDS, 2), dtype=torch.int64, device="cuda")
+    _clock_kernel[(1, )](stamp[0])
+    for i in range(CLOCK_ROUNDS):
+        torch.cuda.synchronize()
+        runtime.barrier()
+        _clock_kernel[(1, )](stamp[i])
     torch.cuda.synchronize()
-    runtime.barrier()
-    _clock_kernel[(1, )](stamp)
-    torch.cuda.synchronize()
-    every = host_collectives.all_gather(stamp)
-    return int(stamp.item()) - int(every[0].item())
+    every = [row[:, 0].tolist() for row in host_collectives.all_gather_list(stamp)]
+    gpus = [None] * runtime.world_size()
+    dist.all_gather_object(gpus, str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid))
+    return clock_offsets(every, gpus)[runtime.rank()]
 
 
 def gather(timeline: Timeline) -> dict[int, list[dict]]:

@@ -98,3 +98,14 @@ def test_the_trace_renders_as_a_png(tmp_path):
     path = timeline.write_chrome_trace(per_rank, str(tmp_path / "trace.json"))
     png = plot_timeline.main([path])
     assert png == 0 and (tmp_path / "trace.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_clock_offsets_take_the_median_round_and_share_a_gpus_clock():
+    # Rank 1 (another GPU) runs 1000 ns ahead; in round 2 it left the barrier 50 us late.
+    # Ranks 2 and 3 share GPU "b" with rank 1 (rank 3's stamps skewed by its own barrier exits),
+    # rank 4 shares rank 0's GPU.
+    rank0 = [100, 200, 300, 400, 500]
+    stamps = [rank0] + [[t + ahead for t in rank0] for ahead in (1000, 1000, 1200, 7)]
+    stamps[1][2] += 50_000
+    assert timeline.clock_offsets(stamps, ["a", "b", "b", "b", "a"]) == [0, 1000, 1000, 1000, 0]
+    assert timeline.clock_offsets(stamps, ["a", "b", "c", "d", "e"]) == [0, 1000, 1000, 1200, 7]
