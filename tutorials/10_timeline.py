@@ -6,7 +6,8 @@ trace a browser opens (chrome://tracing or https://ui.perfetto.dev) and as a PNG
 Each rank's persistent GEMM programs are rows of the trace; every output tile is a span split into
 its wait (AllGather+GEMM: for the rows of the rank that holds them; GEMM+ReduceScatter "fused": the
 epilogue of this rank's own tiles waits for the peers' partials), its K loop and its epilogue. The
-summary printed last is the share of tile time spent waiting, per rank.
+summary printed is the share of tile time spent waiting, per rank; last, what recording costs a call
+(meaningless where ranks share a GPU).
 """
 
 import argparse
@@ -47,6 +48,29 @@ def record(name, call, out_dir):
             print("wrote", path, "and", plot_timeline.plot(json.load(f), path[:-5] + ".png"), flush=True)
 
 
+def cost_of_recording(name, call, rounds=20):
+    """Median time of ``call`` plain and while recording (CUDA events around each call, after the
+    recorded variants are warm): the stamps' cost. On ranks that share a GPU it says nothing."""
+    def median_us():
+        times = []
+        for _ in range(rounds):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            tdist.barrier()
+            start.record()
+            call()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        return sorted(times)[rounds // 2]
+
+    plain = median_us()
+    with tdist.timeline.recording(tdist.timeline.Timeline()):
+        recorded = median_us()
+    if tdist.rank() == 0:
+        print(f"{name}: {plain:.0f} us plain, {recorded:.0f} us recording ({100 * (recorded / plain - 1):+.1f} %)",
+              flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     # $OUT: the GPU machine's folder that comes back (scripts/gpu-test runs every tutorial).
@@ -64,6 +88,7 @@ def main():
     torch.cuda.synchronize()
     record("ag_gemm", lambda: ops.ag_gemm(a, b, context=ctx), args.out)
     record("gemm_rs_fused", lambda: ops.gemm_rs(torch.cat([a] * world), b, variant="fused"), args.out)
+    cost_of_recording("ag_gemm", lambda: ops.ag_gemm(a, b, context=ctx))
     tdist.barrier()
     print(f"rank {me}: timelines recorded")
     tdist.finalize()
