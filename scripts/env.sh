@@ -48,7 +48,8 @@ tdist_start_mps() {  # K [share: partition (default) | percent]
       cat "$notes"
       return 0
     else
-      why=$(tr '\n' ' ' <"$notes")
+      # The daemon forks before it checks its options: its log says why it is gone.
+      why="$(tr '\n' ' ' <"$notes")control.log: $(tail -n 2 "$CUDA_MPS_LOG_DIRECTORY/control.log" 2>/dev/null | tr '\n' ' ')"
       tdist_quit_mps_daemon
     fi
     echo "== MPS static SM partitions unavailable ($why); sharing by percentage instead"
