@@ -1,13 +1,13 @@
-"""Expert-parallel dispatch and combine (µs): ours (triton_dist.kernels.moe, low-latency protocol)
+"""Expert-parallel dispatch and combine (µs): ours (triton_dist.kernels.moe, both modes)
 against what frameworks do with ``torch.distributed.all_to_all_single`` and its counts exchange,
 and against the bound.
 
     torchrun --nproc-per-node=2 bench/ep_alltoall.py [--quick]
 
 Shapes: hidden 7168, top-8 of 256 experts, bf16 (DeepSeek-V3-class MoE layers), 128 tokens per rank
-(decode). Prefill sizes (4,096 tokens) need the high-throughput protocol, not built yet: the
-low-latency one's fixed receive layout (``[local experts, world * max_tokens, hidden]``) would take
-15 GB per rank there. Routing: uniform random top-8 per token, seeded per rank.
+(decode, the low-latency mode) and 4,096 (prefill, ``mode="high_throughput"``: the low-latency
+mode's fixed receive layout, ``[local experts, world * max_tokens, hidden]``, would take 15 GB per
+rank there). Routing: uniform random top-8 per token, seeded per rank.
 
 - ``dispatch``: ours, one call (layout and dispatch kernels); the baseline sorts the (token,
   expert) assignments by destination rank, exchanges the counts with ``all_to_all_single``, reads
@@ -18,6 +18,8 @@ low-latency one's fixed receive layout (``[local experts, world * max_tokens, hi
   into token order (``index_add_``).
 - ``dispatch_fp8``: ours with ``fp8_dispatch=True`` (rows quantised to e4m3 by the sender, one
   scale per 128 values) against the same bf16 baseline; its bound is half the bf16 one.
+- ``ep_dispatch_combine_ht``: the round trip at 4,096 tokens in high-throughput mode (its output
+  sized by the counts: one host synchronisation, as the baseline's), against the same baseline.
 
 Bound: the bytes this rank must send over the link (each token once per other destination rank:
 ``hidden * 2`` bytes times the distinct remote ranks of its experts; for the round trip twice) at
@@ -156,7 +158,38 @@ def main() -> int:
                                     relative_error=err, verified=verified,
                                     method="per call, median of each rank, max over ranks"))
         del fp8, fp8_sends
+    records.append(_high_throughput_round_trip(world, rank, device, gpu, iters))
     return bench.script.finish("ep_alltoall", records, args, extra=("iters", ))
+
+
+def _high_throughput_round_trip(world: int, rank: int, device, gpu: str, iters: int) -> dict:
+    """The prefill round trip (module notes), checked like the decode one."""
+    import torch
+
+    from triton_dist.kernels import EPContext
+
+    tokens = 4096
+    x, idx, weights = _routing(tokens, rank, device)
+    ctx = EPContext(tokens, HIDDEN, EXPERTS, TOPK, torch.bfloat16, mode="high_throughput")
+
+    def ours():
+        d = ctx.dispatch(x, idx, weights, check_routing=False)
+        return ctx.combine(d.x, d.handle)
+
+    want = (weights.sum(1, keepdim=True) * x.float()).to(x.dtype)
+    err = bench.script.relative_error(ours().float(), want.float())
+    verified = bench.script.all_ranks_ok(err < 2e-2)
+    _, base_round_trip = _baseline(x, idx, weights, world)
+    ours_us = bench.median_us(ours, iters=iters)
+    torch_us = bench.median_us(base_round_trip, iters=iters)
+    bound = bench.max_over_ranks(_bound_us(idx, world, rank, True))
+    log(f"ep_dispatch_combine_ht {tokens} tokens: ours {ours_us:.1f} us, all_to_all_single {torch_us:.1f} us, bound "
+        f"{bound:.1f} us; rel error {err:.1e}")
+    del ctx
+    return bench.record("ep_dispatch_combine_ht", shape=[tokens, HIDDEN, EXPERTS, TOPK], dtype="bfloat16",
+                        world_size=world, gpu=gpu, ours_us=ours_us, baselines={"torch_all_to_all_us": torch_us},
+                        bound_us=bound, iters=iters, relative_error=err, verified=verified,
+                        method="per call, median of each rank, max over ranks")
 
 
 if __name__ == "__main__":

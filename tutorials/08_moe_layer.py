@@ -10,6 +10,12 @@ local experts, reading ``d.counts`` on the GPU), and ``ops.ep_combine`` brings t
 the tokens' ranks, weighted by the router and summed, in the original order. No host
 synchronisation inside the layer: the layer could be captured in a CUDA graph.
 
+The layer runs twice: as a decode step (64 tokens per rank, the low-latency mode above) and as a
+prefill step (1024 tokens per rank, ``EPContext(mode="high_throughput")``): there the tokens
+arrive packed, ``d.x [rows, hidden]`` with expert ``j``'s rows ``[d.offsets[j - 1],
+d.offsets[j])``, sized by the rows received (one host synchronisation; ``max_recv_rows`` avoids
+it), and the grouped GEMMs take ``offsets`` instead of ``counts``.
+
 The check: every rank recomputes the whole layer for its own tokens with every expert's weights
 (rebuilt from seeds), in fp32.
 """
@@ -20,7 +26,8 @@ import triton_dist as tdist
 from triton_dist import ops
 from triton_dist.kernels import EPContext
 
-HIDDEN, FFN, EXPERTS_PER_RANK, TOPK, TOKENS = 1024, 2048, 4, 2, 64
+HIDDEN, FFN, EXPERTS_PER_RANK, TOPK = 1024, 2048, 4, 2
+TOKENS = {"low_latency": 64, "high_throughput": 1024}
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -41,26 +48,30 @@ def mlp(x, w1, w2):
     return (torch.nn.functional.silu(x @ w1.T) @ w2.T).to(x.dtype)
 
 
-def check(rounds: int = 3) -> bool:
+def check(mode: str, rounds: int = 3) -> bool:
     world, me = tdist.world_size(), tdist.rank()
     experts = EXPERTS_PER_RANK * world
-    ctx = EPContext(TOKENS, HIDDEN, experts, TOPK, torch.bfloat16)
+    tokens = TOKENS[mode]
+    ctx = EPContext(tokens, HIDDEN, experts, TOPK, torch.bfloat16, mode=mode)
     mine = [expert_weights(me * EXPERTS_PER_RANK + j) for j in range(EXPERTS_PER_RANK)]
     w1 = torch.stack([w for w, _ in mine])  # [local experts, FFN, HIDDEN]: group_gemm's [experts, N, K]
     w2 = torch.stack([w for _, w in mine])  # [local experts, HIDDEN, FFN]
     ok = True
     for step in range(rounds):
         g = _generator(10 * step + me)
-        x = torch.randn((TOKENS, HIDDEN), generator=g, device="cuda").bfloat16()
-        router = torch.randn((TOKENS, experts), generator=g, device="cuda")
+        x = torch.randn((tokens, HIDDEN), generator=g, device="cuda").bfloat16()
+        router = torch.randn((tokens, experts), generator=g, device="cuda")
         weights, idx = torch.softmax(router, -1).topk(TOPK, dim=-1)
         d = ops.ep_dispatch(x, idx.int(), weights, context=ctx)
-        # The counts come from the dispatch, valid by construction: no host check (a synchronisation).
-        h = torch.nn.functional.silu(ops.group_gemm(d.x, w1, counts=d.counts, check_rows=False))
-        y = ops.group_gemm(h, w2, counts=d.counts, check_rows=False)  # rows past a count: never read
+        # The rows per expert come from the dispatch, valid by construction: no host check (a
+        # synchronisation). Low-latency rows are [experts, capacity] with counts; high-throughput
+        # rows are packed with offsets.
+        rows = dict(offsets=d.offsets) if mode == "high_throughput" else dict(counts=d.counts)
+        h = torch.nn.functional.silu(ops.group_gemm(d.x, w1, check_rows=False, **rows))
+        y = ops.group_gemm(h, w2, check_rows=False, **rows)  # rows past a count: never read
         out = ops.ep_combine(y, d.handle)
         torch.cuda.synchronize()
-        want = torch.zeros((TOKENS, HIDDEN), device="cuda")
+        want = torch.zeros((tokens, HIDDEN), device="cuda")
         for k in range(TOPK):
             for e in idx[:, k].unique().tolist():
                 rows = idx[:, k] == e
@@ -68,7 +79,7 @@ def check(rounds: int = 3) -> bool:
         err = ((out.float() - want).abs().max() / want.abs().max()).item()
         ok = ok and err < 3e-2
         if me == 0:
-            print(f"step {step}: tokens per local expert {d.counts.tolist()}, max relative error {err:.1e}",
+            print(f"{mode} step {step}: tokens per local expert {d.counts.tolist()}, max relative error {err:.1e}",
                   flush=True)
     tdist.barrier()
     return ok
@@ -76,7 +87,7 @@ def check(rounds: int = 3) -> bool:
 
 def main():
     tdist.init()
-    ok = check()
+    ok = check("low_latency") & check("high_throughput")
     print(f"rank {tdist.rank()}: the expert-parallel MoE layer {'matches' if ok else 'DIFFERS FROM'} the reference")
     tdist.finalize()
     if not ok:

@@ -9,23 +9,26 @@ from .runtime import _require_initialized
 
 
 def ep_dispatch(x, topk_idx, topk_weights, *, context, send_only: bool = False, check_routing: bool | None = None,
-                out_x=None, out_weight=None):
+                out_x=None, out_weight=None, max_recv_rows: int | None = None):
     """Expert-parallel dispatch: every token of ``x`` (``[tokens, hidden]``) to the ranks of its
     ``topk`` experts (``topk_idx`` ``[tokens, topk]`` int32/int64, ``-1`` for none; ``topk_weights``
     float32), laid out expert-major there; returns an :class:`~triton_dist.kernels.EPDispatch`
     (``x``, ``weights``, ``counts``, ``handle``). ``context``: the
     :class:`~triton_dist.kernels.EPContext` that fixes the sizes and the expert split. Collective;
     see :meth:`EPContext.dispatch <triton_dist.kernels.EPContext.dispatch>` for ``send_only``,
-    ``check_routing`` and the optional outputs ``out_x`` and ``out_weight``."""
+    ``check_routing``, the optional outputs ``out_x`` and ``out_weight`` (low-latency mode) and
+    ``max_recv_rows`` (high-throughput mode: the packed output's rows, ``x [rows, hidden]`` with
+    per-expert ``offsets``)."""
     _require_initialized("ep_dispatch")
     _ep_context("ep_dispatch", context)
     return context.dispatch(x, topk_idx, topk_weights, send_only=send_only, check_routing=check_routing,
-                            out_x=out_x, out_weight=out_weight)
+                            out_x=out_x, out_weight=out_weight, max_recv_rows=max_recv_rows)
 
 
 def ep_combine(y, handle, *, out=None):
     """Expert-parallel combine: the experts' outputs ``y`` (``[local experts, world * max_tokens,
-    hidden]``, rows as the dispatch laid them out) back to the ranks that sent the tokens, each
+    hidden]``, or the packed ``[rows, hidden]`` of a high-throughput dispatch: rows as the dispatch
+    laid them out) back to the ranks that sent the tokens, each
     token's weighted sum of its experts' rows, in the original order (``[tokens, hidden]``).
     ``handle``: the dispatch's. Collective, in dispatch order."""
     _require_initialized("ep_combine")

@@ -25,11 +25,12 @@ def _shape(world, hidden=7168, experts=256, topk=8, tokens=128):
                 LP=1 << (local - 1).bit_length(), WORLD=world, MAX_PROGRAMS=32, BH=min(1024, 1 << (hidden - 1).bit_length()))
 
 
-def dispatch_ptx(world, send=True, recv=True, dt="bf16", fp8=False, **shape):
+def dispatch_ptx(world, send=True, recv=True, dt="bf16", fp8=False, packed=False, **shape):
     moved = "fp8e4nv" if fp8 else dt
     sig = dict(_INT, **_FP32, x=f"*{dt}", recv_x=f"*{moved}", out_x=f"*{moved}", signals="*u64", epoch_ptr="*i64",
-               handle_epoch="*i64", tokens="i32")
-    meta = dict(_shape(world, **shape), SEND=send, RECV=recv, FP8=fp8, QB=128, QG=8 if fp8 else 1)
+               handle_epoch="*i64", tokens="i32", capacity="i32")
+    meta = dict(_shape(world, **shape), SEND=send, RECV=recv, FP8=fp8, QB=128, QG=8 if fp8 else 1, PACKED=packed,
+                HALVES=1 if packed else 2)
     if fp8:
         sig.update(recv_scale="*fp32", out_scale="*fp32")
     else:
@@ -37,10 +38,10 @@ def dispatch_ptx(world, send=True, recv=True, dt="bf16", fp8=False, **shape):
     return compile_for_hopper(alltoall.ep_dispatch_kernel, sig, meta, num_warps=4).asm["ptx"]
 
 
-def combine_ptx(world, dt="bf16", **shape):
+def combine_ptx(world, dt="bf16", halves=2, **shape):
     sig = dict(y=f"*{dt}", row_of="*i32", weight_of="*fp32", recv_tokens="*i32", slots="*i32", comb_x=f"*{dt}",
                signals="*u64", out=f"*{dt}", handle_epoch="*i64", tokens="i32")
-    meta = {k: v for k, v in _shape(world, **shape).items() if k not in ("E", "L", "LP")}
+    meta = {k: v for k, v in _shape(world, **shape).items() if k not in ("E", "L", "LP")} | dict(HALVES=halves)
     return compile_for_hopper(alltoall.ep_combine_kernel, sig, meta, num_warps=4).asm["ptx"]
 
 
@@ -110,3 +111,28 @@ def test_fp8_dispatch_quantises_on_send(world):
 
 def test_bf16_dispatch_has_no_fp8():
     assert "e4m3" not in dispatch_ptx(2)
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+def test_high_throughput_phases(world):
+    """High-throughput: the send waits for ``freed`` of the previous call (one half) and notifies
+    ``dispatched`` per rank; the count kernel waits once for every rank's ``dispatched`` before it
+    reads the counts; the packed receive waits, copies with 16-byte vectors and frees per rank;
+    combine's protocol is the low-latency one."""
+    send = dispatch_ptx(world, True, False, packed=True)
+    recv = dispatch_ptx(world, False, True, packed=True)
+    for ptx in (send, recv):
+        _no_nvshmem_calls(ptx)
+        assert ptx.count(_SPIN) == 2 and len(re.findall(_RELEASE, ptx)) == world
+    assert re.search(_ST_V4, recv)
+    assert dispatch_ptx(world, True, False, packed=True, fp8=True).count(_SPIN) == 2
+    combine = combine_ptx(world, halves=1)
+    assert combine.count(_SPIN) == 2 and len(re.findall(_RELEASE, combine)) == world
+    local = 256 // world
+    signature = {"recv_counts": "*i32", "signals": "*u64", "handle_epoch": "*i64", "out_counts": "*i32"}
+    counts = compile_for_hopper(alltoall.ep_received_counts_kernel, signature,
+                                dict(L=local, LP=local, WORLD=world, MAX_PROGRAMS=32, HALVES=1), num_warps=1).asm["ptx"]
+    lines = counts.splitlines()
+    spin = min(i for i, line in enumerate(lines) if _SPIN in line)
+    reads = [i for i, line in enumerate(lines) if re.search(r"ld\.global(\.[a-z0-9]+)*\.(v[24]\.)?b32", line)]
+    assert reads and spin < min(reads)

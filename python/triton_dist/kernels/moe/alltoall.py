@@ -1,10 +1,21 @@
-"""Expert-parallel AllToAll, low-latency protocol: the kernels of dispatch (tokens to the ranks of
-their experts, laid out expert-major there) and combine (the experts' outputs back, weighted and
-summed, in the original token order). The context that owns their buffers is
+"""Expert-parallel AllToAll: the kernels of dispatch (tokens to the ranks of their experts, laid
+out expert-major there) and combine (the experts' outputs back, weighted and summed, in the
+original token order), in two modes of one protocol. The context that owns their buffers is
 :class:`~triton_dist.kernels.moe.EPContext`.
 
+- *low-latency* (decode): two halves of every symmetric buffer, so a dispatch may be sent while
+  the previous one waits for its receive; the output is ``[L, world * T, hidden]``, expert ``j``'s
+  rows at the start of block ``j`` (no host synchronisation, CUDA-graph capturable).
+- *high-throughput* (prefill, thousands of tokens): one half (``HALVES = 1``: each dispatch is
+  received, and combined, before the next is sent), and a packed output ``[rows, hidden]`` with
+  expert ``j``'s rows after those of experts ``< j`` (``PACKED``), sized by the received counts:
+  the send half, :func:`ep_received_counts_kernel` and one host synchronisation, then the
+  receive half; or, when the caller gives a maximum, no synchronisation and the rows past it
+  dropped.
+
 Experts are split evenly: rank ``d`` holds experts ``[d * L, (d + 1) * L)``. Every buffer below
-has two halves, picked by the epoch's parity (the context's call counter, bumped per dispatch).
+has ``HALVES`` halves, picked by the epoch (the context's call counter, bumped per dispatch)
+modulo ``HALVES``; "two calls ago" below reads "``HALVES`` calls ago".
 
 Dispatch, on rank ``me`` (after :mod:`~triton_dist.kernels.moe.layout` computed ``slots``,
 ``positions`` and ``counts``):
@@ -34,6 +45,10 @@ of its entries' rows of ``y`` (fp32, rounded once to the dtype), into row ``s`` 
 every run gives the same bits). A token routed nowhere gets zeros. Combines must come in the order
 of their dispatches (the context checks it): then a rank cannot start combine ``e + 2``, which
 reuses half ``e % 2`` of its peers' ``comb_x``, before every peer has read it in combine ``e``.
+With one half (high-throughput) the context also requires each dispatch to be combined before the
+next dispatch: a rank's combine ``e + 1`` then follows its receive of ``e + 1``, which waited for
+every peer's send of ``e + 1``, which each peer issued after its own combine ``e`` (stream order),
+so no peer still reads ``comb_x`` when it is written again.
 
 Every program of a grid must be resident at once (programs wait for their peers' programs), so
 grids are exactly ``MAX_PROGRAMS`` programs, the same on every rank.
@@ -76,15 +91,22 @@ def _copy_row(dst, src, H: tl.constexpr, BH: tl.constexpr):
         tl.store(dst + h, tl.load(src + h, mask=h < H), mask=h < H)
 
 
-@jit(do_not_specialize=["tokens"])
+@jit(do_not_specialize=["tokens", "capacity"])
 def ep_dispatch_kernel(x, topk_idx, topk_weights, slots, positions, layout_counts, recv_x, recv_route, recv_weight,
                        recv_counts, signals, out_x, out_weight, out_counts, row_of, weight_of, recv_tokens,
-                       epoch_ptr, handle_epoch, tokens, recv_scale, out_scale, H: tl.constexpr, T: tl.constexpr,
-                       K: tl.constexpr, KP: tl.constexpr, E: tl.constexpr, L: tl.constexpr, LP: tl.constexpr,
-                       WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BH: tl.constexpr, SEND: tl.constexpr,
-                       RECV: tl.constexpr, FP8: tl.constexpr = False, QB: tl.constexpr = 128,
-                       QG: tl.constexpr = 1):
+                       epoch_ptr, handle_epoch, tokens, recv_scale, out_scale, capacity, H: tl.constexpr,
+                       T: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, E: tl.constexpr, L: tl.constexpr,
+                       LP: tl.constexpr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BH: tl.constexpr,
+                       SEND: tl.constexpr, RECV: tl.constexpr, FP8: tl.constexpr = False, QB: tl.constexpr = 128,
+                       QG: tl.constexpr = 1, PACKED: tl.constexpr = False, HALVES: tl.constexpr = 2):
     """Dispatch's send and/or receive half (module notes), ``MAX_PROGRAMS`` programs.
+
+    ``HALVES``: 2 (low-latency: a dispatch may be sent while the previous one is not yet received)
+    or 1 (high-throughput: each dispatch is received before the next is sent, and the symmetric
+    buffers hold one call). ``PACKED`` (high-throughput): ``out_x`` is ``[capacity, H]``, expert
+    ``j``'s rows packed after those of experts ``< j`` (counted over every source), ``out_weight``
+    ``[capacity]``; an entry whose row would be ``>= capacity`` is dropped (``row_of`` -1).
+    Otherwise ``capacity`` is unused and ``out_x`` is ``[L, WORLD * T, H]``.
 
     ``FP8``: each row travels as float8 e4m3 with one fp32 scale per ``QB`` values (quantised by
     the sender, :func:`_quantize_row`, ``QG`` blocks at a time): ``recv_x`` and ``out_x`` are
@@ -104,7 +126,7 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, slots, positions, layout_count
     epoch = tl.load(epoch_ptr)
     me = dl.rank()
     pid = tl.program_id(0)
-    half = (epoch % 2).to(tl.int64)
+    half = (epoch % HALVES).to(tl.int64)
     k_off = tl.arange(0, KP)
     k_ok = k_off < K
     l_off = tl.arange(0, LP)
@@ -117,8 +139,8 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, slots, positions, layout_count
     if SEND:
         if pid == 0:
             tl.store(handle_epoch, epoch)
-        if epoch > 2:  # every destination has read this half two calls ago
-            dl.wait(freed, WORLD * MAX_PROGRAMS, "sys", "acquire", epoch - 2)
+        if epoch > HALVES:  # every destination has read this half HALVES calls ago
+            dl.wait(freed, WORLD * MAX_PROGRAMS, "sys", "acquire", epoch - HALVES)
         for t in range(pid, tokens, MAX_PROGRAMS):
             t64 = t.to(tl.int64)
             idx = tl.load(topk_idx + t64 * K + k_off, mask=k_ok, other=-1)
@@ -160,11 +182,13 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, slots, positions, layout_count
         arrived_weight = dl.consume_token(recv_weight + route_half, token)
         if FP8:
             arrived_scale = dl.consume_token(recv_scale + scale_half, token)
+        total = tl.zeros([LP], dtype=tl.int32)
+        for src in tl.static_range(WORLD):
+            total += tl.load(counts + src * (1 + LP) + 1 + l_off, mask=l_off < L, other=0)
+        expert_base = tl.cumsum(total, axis=0) - total  # PACKED: expert j's first row
         if pid == 0:
-            total = tl.zeros([LP], dtype=tl.int32)
-            for r in tl.static_range(WORLD):
-                tl.store(recv_tokens + r, tl.load(counts + r * (1 + LP)))
-                total += tl.load(counts + r * (1 + LP) + 1 + l_off, mask=l_off < L, other=0)
+            for src in tl.static_range(WORLD):
+                tl.store(recv_tokens + src, tl.load(counts + src * (1 + LP)))
             tl.store(out_counts + l_off, total, mask=l_off < L)
         for i in range(pid, WORLD * T, MAX_PROGRAMS):
             r = i // T
@@ -177,8 +201,12 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, slots, positions, layout_count
                     out_row = tl.load(route + 2 * (row_in * KP + k) + 1)
                     for lower in range(r):  # assignments to j from lower ranks come first
                         out_row += tl.load(counts + lower * (1 + LP) + 1 + j, mask=j >= 0, other=0)
-                    flat = tl.where(j >= 0, j.to(tl.int64) * WORLD * T + out_row, -1)
-                    if j >= 0:
+                    if PACKED:
+                        packed = tl.sum(tl.where(l_off == j, expert_base, 0), axis=0).to(tl.int64) + out_row
+                        flat = tl.where((j >= 0) & (packed < capacity), packed, -1)
+                    else:
+                        flat = tl.where(j >= 0, j.to(tl.int64) * WORLD * T + out_row, -1)
+                    if flat >= 0:
                         _copy_row(out_x + flat * H, arrived_x + row_in * H, H, BH)
                         if FP8:
                             _copy_row(out_scale + flat * (H // QB), arrived_scale + row_in * (H // QB), H // QB,
@@ -193,15 +221,16 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, slots, positions, layout_count
 @jit(do_not_specialize=["tokens"])
 def ep_combine_kernel(y, row_of, weight_of, recv_tokens, slots, comb_x, signals, out, handle_epoch, tokens,
                       H: tl.constexpr, T: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, WORLD: tl.constexpr,
-                      MAX_PROGRAMS: tl.constexpr, BH: tl.constexpr):
-    """Combine (module notes), ``MAX_PROGRAMS`` programs. ``y``: ``[L, WORLD * T, H]``; ``row_of``,
-    ``weight_of``, ``recv_tokens``, ``slots``, ``handle_epoch``: the dispatch's handle; ``comb_x``:
-    symmetric, two halves of ``[WORLD, T, H]``; ``signals``: the pad's ``combined`` region
-    (``WORLD * MAX_PROGRAMS``); ``out``: ``[tokens, H]``."""
+                      MAX_PROGRAMS: tl.constexpr, BH: tl.constexpr, HALVES: tl.constexpr = 2):
+    """Combine (module notes), ``MAX_PROGRAMS`` programs. ``y``: the dispatch's ``out_x`` layout
+    (``[L, WORLD * T, H]``, or packed ``[rows, H]``: ``row_of`` holds rows of ``y`` seen as ``[-1,
+    H]`` either way); ``row_of``, ``weight_of``, ``recv_tokens``, ``slots``, ``handle_epoch``: the
+    dispatch's handle; ``comb_x``: symmetric, ``HALVES`` halves of ``[WORLD, T, H]``; ``signals``:
+    the pad's ``combined`` region (``WORLD * MAX_PROGRAMS``); ``out``: ``[tokens, H]``."""
     epoch = tl.load(handle_epoch)
     me = dl.rank()
     pid = tl.program_id(0)
-    half = (epoch % 2).to(tl.int64)
+    half = (epoch % HALVES).to(tl.int64)
     comb_half = half * WORLD * T * H
     for i in range(pid, WORLD * T, MAX_PROGRAMS):
         r = i // T
@@ -232,3 +261,19 @@ def ep_combine_kernel(y, row_of, weight_of, recv_tokens, slots, comb_x, signals,
                 if slot >= 0:
                     acc += tl.load(arrived + (d * T + slot.to(tl.int64)) * H + h, mask=h < H, other=0.0).to(tl.float32)
             tl.store(out + t64 * H + h, acc.to(out.dtype.element_ty), mask=h < H)
+
+
+@jit
+def ep_received_counts_kernel(recv_counts, signals, handle_epoch, out_counts, L: tl.constexpr, LP: tl.constexpr,
+                              WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, HALVES: tl.constexpr):
+    """High-throughput dispatch, between its send and its receive (one program): wait for every
+    rank's ``dispatched`` of this call, then ``out_counts[j]`` = the entries of local expert ``j``
+    from every source, so that the host can size the packed output."""
+    epoch = tl.load(handle_epoch)
+    l_off = tl.arange(0, LP)
+    token = dl.wait(signals, WORLD * MAX_PROGRAMS, "sys", "acquire", epoch)
+    counts = dl.consume_token(recv_counts + (epoch % HALVES).to(tl.int64) * WORLD * (1 + LP), token)
+    total = tl.zeros([LP], dtype=tl.int32)
+    for r in tl.static_range(WORLD):
+        total += tl.load(counts + r * (1 + LP) + 1 + l_off, mask=l_off < L, other=0)
+    tl.store(out_counts + l_off, total, mask=l_off < L)

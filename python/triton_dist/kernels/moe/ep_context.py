@@ -19,7 +19,7 @@ from ... import runtime as _runtime
 from ...eager_launch import EagerLaunches
 from ...symmetric import symm_empty
 from ..common.context import DTYPES, CollectiveContext
-from .alltoall import ep_combine_kernel, ep_dispatch_kernel
+from .alltoall import ep_combine_kernel, ep_dispatch_kernel, ep_received_counts_kernel
 from .layout import ep_layout_kernel
 
 PROGRAMS = 32
@@ -28,9 +28,18 @@ tokens ``pid, pid + 32, ...``; with up to a few hundred tokens per rank, more pr
 mostly add signals to wait for. Not measured yet."""
 
 MAX_TOKENS = 1024
-"""The largest ``max_tokens`` (per rank) a context takes: the protocol is for decode-sized batches,
-and its fixed layouts grow with ``world * max_tokens * hidden`` (the dispatch output with ``local
-experts`` times that: 470 MB per rank at 128 tokens, hidden 7168, 256 experts on 8 ranks)."""
+"""The largest ``max_tokens`` (per rank) a low-latency context takes: the protocol is for
+decode-sized batches, and its fixed layouts grow with ``world * max_tokens * hidden`` (the dispatch
+output with ``local experts`` times that: 470 MB per rank at 128 tokens, hidden 7168, 256 experts
+on 8 ranks)."""
+
+MAX_TOKENS_HIGH_THROUGHPUT = 16384
+"""The largest ``max_tokens`` of a high-throughput context, whose output is packed (sized by the
+received rows) but whose symmetric receive and combine buffers are ``world * max_tokens * hidden``
+each (940 MB per rank for both at 4096 tokens, hidden 7168, bf16, 8 ranks)."""
+
+MODES = ("low_latency", "high_throughput")
+"""The protocol's two modes (:mod:`~triton_dist.kernels.moe.alltoall`)."""
 
 FP8_BLOCK = 128
 """Values per scale of FP8 dispatch (DeepSeek-V3's and DeepEP's block size)."""
@@ -55,6 +64,7 @@ class EPHandle:
     row_of: object  # int32 [world, max_tokens, KP]
     weight_of: object  # fp32 [world, max_tokens, KP]
     recv_tokens: object  # int32 [world]
+    rows: int | None = None  # high-throughput: the packed rows of the dispatch's x (and combine's y)
     received: bool = False
     combined: bool = False
     _receive_args: tuple = field(default=(), repr=False)
@@ -69,13 +79,19 @@ class EPDispatch:
     ``counts[j]`` are not written. ``handle``: for :meth:`EPContext.combine`. With FP8 dispatch
     (``EPContext(fp8_dispatch=True)``), ``x`` is float8 e4m3 and ``scales`` fp32 ``[local experts,
     world * max_tokens, hidden / 128]``: row ``i``'s values ``x[j, i, b * 128:(b + 1) * 128] *
-    scales[j, i, b]``; None otherwise."""
+    scales[j, i, b]``; None otherwise.
+
+    High-throughput mode: ``x`` is packed, ``[rows, hidden]``, expert ``j``'s rows ``[offsets[j -
+    1], offsets[j])`` (``offsets``: int32 ``[local experts]`` cumulative ends, the convention of
+    :func:`triton_dist.ops.group_gemm`), ``weights`` ``[rows]``, ``scales`` ``[rows, hidden /
+    128]``. ``offsets`` is None in low-latency mode."""
 
     x: object
     weights: object
     counts: object
     handle: EPHandle
     scales: object = None
+    offsets: object = None
 
 
 class EPContext(CollectiveContext):
@@ -87,17 +103,24 @@ class EPContext(CollectiveContext):
     allocations); creating it compiles and loads its kernels. Every dispatch and combine is
     collective too (every rank, same order; token counts may differ). Memory on the symmetric heap:
     ``4 * world * max_tokens * hidden`` elements of ``dtype`` (receive and combine buffers, two
-    halves each) plus ``2 * world * max_tokens * KP * 12`` bytes of routing (``KP``: ``topk`` rounded
-    up to a power of two).
+    halves each; half of it in high-throughput mode) plus ``2 * world * max_tokens * KP * 12``
+    bytes of routing (``KP``: ``topk`` rounded up to a power of two; halved likewise).
 
     ``fp8_dispatch``: rows travel and arrive as float8 e4m3 with one fp32 scale per
     :data:`FP8_BLOCK` values (``hidden`` a multiple of it), quantised by the sender: half the
     dispatch's bytes for bf16 input (the receive buffer is float8 and a scale buffer is added);
     :class:`EPDispatch` then carries ``scales``. Combine stays in ``dtype``.
+
+    ``mode``: ``"low_latency"`` (default: up to :data:`MAX_TOKENS` tokens, fixed-size output, two
+    dispatches may be in flight, no host synchronisation) or ``"high_throughput"`` (up to
+    :data:`MAX_TOKENS_HIGH_THROUGHPUT` tokens, packed output sized by the rows received, one host
+    synchronisation per dispatch unless :meth:`dispatch` gets ``max_recv_rows``; each dispatch
+    must be combined before the next; the symmetric buffers hold one call, half the low-latency
+    ones).
     """
 
     def __init__(self, max_tokens: int, hidden: int, num_experts: int, topk: int, dtype, *,
-                 max_programs: int | None = None, fp8_dispatch: bool = False):
+                 max_programs: int | None = None, fp8_dispatch: bool = False, mode: str = "low_latency"):
         op = "EPContext"
         _runtime._require_initialized(op)
         import torch
@@ -112,9 +135,14 @@ class EPContext(CollectiveContext):
                              f"multiple of {world}")
         if topk > num_experts:
             raise ValueError(f"triton_dist {op}: topk {topk} is more than the {num_experts} experts")
-        if max_tokens > MAX_TOKENS:
-            raise ValueError(f"triton_dist {op}: max_tokens {max_tokens} is above the low-latency protocol's "
-                             f"{MAX_TOKENS}; split the batch")
+        if mode not in MODES:
+            raise ValueError(f"triton_dist {op}: mode must be one of {MODES}, got {mode!r}")
+        self.high_throughput = mode == "high_throughput"
+        limit = MAX_TOKENS_HIGH_THROUGHPUT if self.high_throughput else MAX_TOKENS
+        if max_tokens > limit:
+            hint = "split the batch" if self.high_throughput else "use mode='high_throughput' or split the batch"
+            raise ValueError(f"triton_dist {op}: max_tokens {max_tokens} is above the {mode} protocol's {limit}; "
+                             f"{hint}")
         if not isinstance(dtype, torch.dtype) or str(dtype).replace("torch.", "") not in DTYPES:
             raise TypeError(f"triton_dist {op}: dtype must be one of torch.float32, torch.bfloat16, torch.float16, "
                             f"got {dtype!r}")
@@ -133,12 +161,16 @@ class EPContext(CollectiveContext):
         programs = min(PROGRAMS, max_programs) if max_programs is not None else PROGRAMS
         # Three regions of world * MAX_PROGRAMS signals: dispatched, freed, combined.
         super().__init__(op, dtype, rows * hidden, {}, 3 * world, max_programs=programs)
-        self.recv_x = symm_empty((2 * rows * hidden, ), self.x_dtype)
-        self.recv_scale = symm_empty((2 * rows * (hidden // FP8_BLOCK), ), torch.float32) if self.fp8 else None
-        self.comb_x = symm_empty((2 * rows * hidden, ), dtype)
-        self.recv_route = symm_empty((2 * rows * self.kp * 2, ), torch.int32)
-        self.recv_weight = symm_empty((2 * rows * self.kp, ), torch.float32)
-        self.recv_counts = symm_empty((2 * world * (1 + self.lp), ), torch.int32)
+        self.mode = mode
+        self.halves = 1 if self.high_throughput else 2
+        """Calls the symmetric buffers hold (``HALVES`` of :mod:`~triton_dist.kernels.moe.alltoall`)."""
+        h = self.halves
+        self.recv_x = symm_empty((h * rows * hidden, ), self.x_dtype)
+        self.recv_scale = symm_empty((h * rows * (hidden // FP8_BLOCK), ), torch.float32) if self.fp8 else None
+        self.comb_x = symm_empty((h * rows * hidden, ), dtype)
+        self.recv_route = symm_empty((h * rows * self.kp * 2, ), torch.int32)
+        self.recv_weight = symm_empty((h * rows * self.kp, ), torch.float32)
+        self.recv_counts = symm_empty((h * world * (1 + self.lp), ), torch.int32)
         self._dispatches = 0
         self._next_receive = 0
         self._next_combine = 0
@@ -150,11 +182,15 @@ class EPContext(CollectiveContext):
         return dict(H=self.hidden, T=self.max_tokens, K=self.topk, KP=self.kp, E=self.num_experts,
                     L=self.local_experts, LP=self.lp, WORLD=self.world, MAX_PROGRAMS=self.max_programs,
                     BH=self._bh(), SEND=send, RECV=recv, FP8=self.fp8, QB=FP8_BLOCK, QG=self._quant_group(),
-                    num_warps=4)
+                    PACKED=self.high_throughput, HALVES=self.halves, num_warps=4)
 
     def _combine_meta(self) -> dict:
         return dict(H=self.hidden, T=self.max_tokens, K=self.topk, KP=self.kp, WORLD=self.world,
-                    MAX_PROGRAMS=self.max_programs, BH=self._bh(), num_warps=4)
+                    MAX_PROGRAMS=self.max_programs, BH=self._bh(), HALVES=self.halves, num_warps=4)
+
+    def _counts_meta(self) -> dict:
+        return dict(L=self.local_experts, LP=self.lp, WORLD=self.world, MAX_PROGRAMS=self.max_programs,
+                    HALVES=self.halves, num_warps=1)
 
     def _layout_meta(self) -> dict:
         return dict(K=self.topk, KP=self.kp, E=self.num_experts, L=self.local_experts, WORLD=self.world,
@@ -172,20 +208,25 @@ class EPContext(CollectiveContext):
     def _signals(self, region: int):
         return self.pad.signals[region * self.world * self.max_programs:]
 
-    def _buffers(self, tokens: int, out_x=None, out_weight=None):
-        """A dispatch's local tensors: layout, handle and outputs (``out_x``/``out_weight`` when given)."""
+    def _buffers(self, tokens: int, out_x=None, out_weight=None, packed_rows: int | None = None):
+        """A dispatch's local tensors: layout, handle and outputs (``out_x``/``out_weight`` when given;
+        ``packed_rows``: high-throughput, the packed output's rows)."""
         import torch
 
         dev, w, t, kp, i32 = self.calls.device, self.world, self.max_tokens, self.kp, torch.int32
         rows = max(tokens, 1)
+        if packed_rows is not None:
+            packed = self._packed_outputs(packed_rows)
+            out_x, out_weight = packed["out_x"], packed["out_weight"]
         return dict(
             slots=torch.empty((rows, w), dtype=i32, device=dev),
             positions=torch.empty((rows, self.topk), dtype=i32, device=dev),
             layout_counts=torch.empty((self.num_experts + w, ), dtype=i32, device=dev),
             out_x=out_x if out_x is not None else
             torch.empty((self.local_experts, w * t, self.hidden), dtype=self.x_dtype, device=dev),
-            out_scale=torch.empty((self.local_experts, w * t, self.hidden // FP8_BLOCK), dtype=torch.float32,
-                                  device=dev) if self.fp8 else None,
+            out_scale=packed["out_scale"] if packed_rows is not None else
+            torch.empty((self.local_experts, w * t, self.hidden // FP8_BLOCK), dtype=torch.float32, device=dev)
+            if self.fp8 else None,
             out_weight=out_weight if out_weight is not None else
             torch.empty((self.local_experts, w * t), dtype=torch.float32, device=dev),
             out_counts=torch.empty((self.local_experts, ), dtype=i32, device=dev),
@@ -194,32 +235,49 @@ class EPContext(CollectiveContext):
             recv_tokens=torch.empty((w, ), dtype=i32, device=dev),
             epoch=torch.zeros((1, ), dtype=torch.int64, device=dev))
 
+    def _packed_outputs(self, rows: int) -> dict:
+        """A high-throughput dispatch's outputs of ``rows`` packed rows (views of at least one row,
+        so that an empty output still has an address to pass)."""
+        import torch
+
+        dev, n = self.calls.device, max(rows, 1)
+        scale = torch.empty((n, self.hidden // FP8_BLOCK), dtype=torch.float32, device=dev)[:rows] if self.fp8 else None
+        return dict(out_x=torch.empty((n, self.hidden), dtype=self.x_dtype, device=dev)[:rows],
+                    out_weight=torch.empty((n, ), dtype=torch.float32, device=dev)[:rows], out_scale=scale)
+
     def _dispatch_args(self, x, idx, weights, b, epoch_ptr, tokens) -> tuple:
+        capacity = b["out_x"].shape[0] if self.high_throughput else 0
         return (x, idx, weights, b["slots"], b["positions"], b["layout_counts"], self.recv_x, self.recv_route,
                 self.recv_weight, self.recv_counts, self.pad.signals, b["out_x"], b["out_weight"], b["out_counts"],
                 b["row_of"], b["weight_of"], b["recv_tokens"], epoch_ptr, b["epoch"], tokens, self.recv_scale,
-                b["out_scale"])
+                b["out_scale"], capacity)
 
     def preload(self) -> None:
         """Compile and load the layout, the three dispatch variants (both halves, send, receive)
         and combine for this context's shapes, before any rank can spin in them."""
         import torch
 
-        b = self._buffers(2)
+        b = self._buffers(2, packed_rows=2 if self.high_throughput else None)
         x = torch.empty((2, self.hidden), dtype=self.dtype, device=self.calls.device)
         idx = torch.empty((2, self.topk), dtype=torch.int32, device=x.device)
         weights = torch.empty((2, self.topk), dtype=torch.float32, device=x.device)
         _LAYOUT.preload((1, ), (idx, b["slots"], b["positions"], b["layout_counts"], 2), self._layout_meta())
-        for send, recv in ((True, True), (True, False), (False, True)):
+        # High-throughput dispatches are always split (send, count, receive).
+        phases = ((True, False), (False, True)) if self.high_throughput else \
+            ((True, True), (True, False), (False, True))
+        for send, recv in phases:
             ep_dispatch_kernel.preload(*self._dispatch_args(x, idx, weights, b, self.calls, 2), grid=(1, ),
                                        **self._meta(send, recv))
+        if self.high_throughput:
+            ep_received_counts_kernel.preload(self.recv_counts, self.pad.signals, b["epoch"], b["out_counts"],
+                                              grid=(1, ), **self._counts_meta())
         ep_combine_kernel.preload(b["out_x"], b["row_of"], b["weight_of"], b["recv_tokens"], b["slots"], self.comb_x,
                                   self._signals(2), x, b["epoch"], 2, grid=(1, ), **self._combine_meta())
 
     # -- dispatch and combine --------------------------------------------------------------------
 
     def dispatch(self, x, topk_idx, topk_weights, *, send_only: bool = False, check_routing: bool | None = None,
-                 out_x=None, out_weight=None) -> EPDispatch:
+                 out_x=None, out_weight=None, max_recv_rows: int | None = None) -> EPDispatch:
         """Send every token of ``x`` (``[tokens, hidden]``, ``tokens <= max_tokens``) to the ranks of
         its experts and lay them out expert-major there (module notes of
         :mod:`~triton_dist.kernels.moe.alltoall`). ``topk_idx``: ``[tokens, topk]`` int32 or int64
@@ -231,11 +289,22 @@ class EPContext(CollectiveContext):
         ``[-1, num_experts)`` (one synchronisation); default: when not capturing a CUDA graph. Out of
         range ids are dropped on the GPU either way (never written out of bounds). ``out_x``,
         ``out_weight``: tensors to receive into (the shapes of :class:`EPDispatch`'s), instead of new
-        ones."""
+        ones (low-latency mode).
+
+        High-throughput mode: no ``send_only``, ``out_x`` or ``out_weight``; the previous dispatch
+        must have been combined. ``max_recv_rows``: the packed output's rows; without it the
+        output has exactly the rows received, which costs one host synchronisation (so it cannot
+        be captured in a CUDA graph). Entries past ``max_recv_rows`` are dropped (combine counts
+        them as zeros); ``counts`` still says how many each expert was sent."""
         import torch
 
         op = "ep_dispatch"
         tokens = self._check_dispatch(op, x, topk_idx, topk_weights)
+        if self.high_throughput:
+            self._check_high_throughput_dispatch(op, send_only, out_x, out_weight, max_recv_rows)
+        elif max_recv_rows is not None:
+            raise ValueError(f"triton_dist {op}: max_recv_rows is for mode='high_throughput'; a low-latency output is "
+                             f"[local experts, world * max_tokens, hidden]")
         if self._dispatches - self._next_receive >= 2:
             raise ValueError(f"triton_dist {op}: two dispatches are already waiting for receive(); receive dispatch "
                              f"{self._next_receive} first (its buffers are the ones this dispatch would use)")
@@ -260,10 +329,13 @@ class EPContext(CollectiveContext):
                                       given.device != self.calls.device or given.data_ptr() % 16):
                 raise ValueError(f"triton_dist {op}: {name} must be a contiguous, 16-byte aligned {list(shape)} {dtype} "
                                  f"tensor on {self.calls.device}, got {_describe(given)}")
-        b = self._buffers(tokens, out_x, out_weight)
+        packed_rows = (max_recv_rows or 0) if self.high_throughput else None  # 0: sized after the counts
+        b = self._buffers(tokens, out_x, out_weight, packed_rows)
         epoch_ptr = self.next_call()
         _LAYOUT.run((self.num_experts + self.world, ), (topk_idx, b["slots"], b["positions"], b["layout_counts"],
                                                         tokens), self._layout_meta())
+        if self.high_throughput:
+            return self._send_count_receive(x, topk_idx, topk_weights, b, epoch_ptr, tokens, max_recv_rows)
         args = self._dispatch_args(x, topk_idx, topk_weights, b, epoch_ptr, tokens)
         ep_dispatch_kernel[(self.max_programs, )](*args, **self._meta(True, not send_only))
         # The receive half reads the epoch its send half wrote: the counter itself may have moved on
@@ -275,6 +347,44 @@ class EPContext(CollectiveContext):
         if not send_only:
             self._next_receive += 1
         return EPDispatch(b["out_x"], b["out_weight"], b["out_counts"], handle, b["out_scale"])
+
+    def _check_high_throughput_dispatch(self, op: str, send_only, out_x, out_weight, max_recv_rows) -> None:
+        import torch
+
+        if send_only or out_x is not None or out_weight is not None:
+            raise ValueError(f"triton_dist {op}: send_only, out_x and out_weight are for mode='low_latency'; a "
+                             f"high-throughput dispatch is received at once into a packed output")
+        if self._next_combine != self._dispatches:
+            raise ValueError(f"triton_dist {op}: combine dispatch {self._next_combine} first: in high-throughput mode "
+                             f"the buffers hold one call, so each dispatch is combined before the next")
+        if max_recv_rows is None:
+            if torch.cuda.is_current_stream_capturing():
+                raise ValueError(f"triton_dist {op}: sizing the packed output reads the received counts on the host, "
+                                 f"which a CUDA graph capture cannot; pass max_recv_rows")
+        elif isinstance(max_recv_rows, bool) or not isinstance(max_recv_rows, int) or max_recv_rows < 0:
+            raise ValueError(f"triton_dist {op}: max_recv_rows must be a non-negative int, got {max_recv_rows!r}")
+
+    def _send_count_receive(self, x, topk_idx, topk_weights, b, epoch_ptr, tokens: int, max_recv_rows):
+        """The high-throughput dispatch after the layout: send, size the packed output (the
+        received counts, one host synchronisation, unless ``max_recv_rows``), receive."""
+        import torch
+
+        grid = (self.max_programs, )
+        ep_dispatch_kernel[grid](*self._dispatch_args(x, topk_idx, topk_weights, b, epoch_ptr, tokens),
+                                 **self._meta(True, False))
+        if max_recv_rows is None:
+            ep_received_counts_kernel[(1, )](self.recv_counts, self.pad.signals, b["epoch"], b["out_counts"],
+                                             **self._counts_meta())
+            max_recv_rows = int(b["out_counts"].sum())
+            b.update(self._packed_outputs(max_recv_rows))
+        ep_dispatch_kernel[grid](*self._dispatch_args(x, topk_idx, topk_weights, b, b["epoch"], tokens),
+                                 **self._meta(False, True))
+        handle = EPHandle(self, self._dispatches, tokens, b["epoch"], b["slots"], b["row_of"], b["weight_of"],
+                          b["recv_tokens"], rows=max_recv_rows, received=True)
+        self._dispatches += 1
+        self._next_receive += 1
+        offsets = torch.cumsum(b["out_counts"], 0, dtype=torch.int32)
+        return EPDispatch(b["out_x"], b["out_weight"], b["out_counts"], handle, b["out_scale"], offsets)
 
     def receive(self, handle: EPHandle) -> None:
         """The receive half of a ``send_only`` dispatch (collective, in dispatch order)."""
@@ -305,7 +415,8 @@ class EPContext(CollectiveContext):
         if handle.seq != self._next_combine:
             raise ValueError(f"triton_dist {op}: combine dispatches in their order: dispatch {self._next_combine} is "
                              f"next, this handle is dispatch {handle.seq}")
-        shape = (self.local_experts, self.world * self.max_tokens, self.hidden)
+        shape = (handle.rows, self.hidden) if self.high_throughput else \
+            (self.local_experts, self.world * self.max_tokens, self.hidden)
         if not isinstance(y, torch.Tensor) or tuple(y.shape) != shape or y.dtype != self.dtype or \
                 not y.is_contiguous() or y.device != self.calls.device:
             raise ValueError(f"triton_dist {op}: y must be a contiguous {list(shape)} {self.dtype} tensor on "
@@ -315,7 +426,8 @@ class EPContext(CollectiveContext):
         elif tuple(out.shape) != (handle.tokens, self.hidden) or out.dtype != self.dtype or not out.is_contiguous():
             raise ValueError(f"triton_dist {op}: out must be a contiguous [{handle.tokens}, {self.hidden}] "
                              f"{self.dtype} tensor, got {_describe(out)}")
-        y = _aligned(y)
+        # An empty y (no rows received) has no address; the kernel reads none of its rows.
+        y = _aligned(y) if y.numel() else torch.empty((1, self.hidden), dtype=self.dtype, device=y.device)
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
         ep_combine_kernel[(self.max_programs, )](y, handle.row_of, handle.weight_of, handle.recv_tokens, handle.slots,
                                                  self.comb_x, self._signals(2), target, handle.epoch,
