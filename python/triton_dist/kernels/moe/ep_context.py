@@ -253,8 +253,9 @@ class EPContext(CollectiveContext):
                 b["out_scale"], capacity)
 
     def preload(self) -> None:
-        """Compile and load the layout, the three dispatch variants (both halves, send, receive)
-        and combine for this context's shapes, before any rank can spin in them."""
+        """Compile and load the layout, the dispatch variants of the mode (low-latency: both halves,
+        send, receive; high-throughput: send, the count kernel, receive) and combine for this
+        context's shapes, before any rank can spin in them."""
         import torch
 
         b = self._buffers(2, packed_rows=2 if self.high_throughput else None)
