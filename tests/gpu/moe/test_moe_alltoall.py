@@ -106,11 +106,15 @@ def check_call(ctx, seed, kind, send_only=False):
             bad.append(f"expert {j}: {counts[j]} rows, expected {n}")
         elif not (torch.equal(d.x[j, :n], want_x[j]) and torch.equal(d.weights[j, :n], want_w[j])):
             bad.append(f"expert {j}: rows or weights differ")
-    out = ops.ep_combine(experts_forward(d, ctx), d.handle)
+    return bad + combine_errors(ops.ep_combine(experts_forward(d, ctx), d.handle), seed, ctx, kind)
+
+
+def combine_errors(out, seed, ctx, kind):
+    """What is wrong with combine's ``out`` for ``seed``'s routing (bf16 rounding allowed)."""
     want = expected_combine(seed, ctx, kind)
-    if not torch.allclose(out.float(), want.float(), rtol=2e-2, atol=2e-2):
-        bad.append(f"combine: max error {(out.float() - want.float()).abs().max().item():.3g}")
-    return bad
+    if torch.allclose(out.float(), want.float(), rtol=2e-2, atol=2e-2):
+        return []
+    return [f"combine: max error {(out.float() - want.float()).abs().max().item():.3g}"]
 
 
 SHAPES = [  # (max_tokens, hidden, experts per rank, topk)
@@ -126,12 +130,17 @@ def ctx(request):
     return EPContext(max_tokens, hidden, local * tdist.world_size(), topk, DTYPE)
 
 
-@pytest.mark.parametrize("kind", ["uniform", "skewed", "one_rank", "with_none"])
-def test_dispatch_and_combine_match_torch(ctx, kind):
+def skip_impossible_routing(ctx, kind):
+    """Skip routings ``ctx``'s shape cannot have."""
     if kind == "one_rank" and ctx.topk > ctx.local_experts:
         pytest.skip("every token's experts on one rank needs topk <= experts per rank")
     if kind == "skewed" and ctx.topk > ctx.num_experts // 2:
         pytest.skip("skewed routing keeps half the experts idle")
+
+
+@pytest.mark.parametrize("kind", ["uniform", "skewed", "one_rank", "with_none"])
+def test_dispatch_and_combine_match_torch(ctx, kind):
+    skip_impossible_routing(ctx, kind)
     bad = check_call(ctx, seed=11, kind=kind)
     all_ranks_agree(not bad, f"rank {tdist.rank()}: {bad[:4]}")
 
