@@ -66,3 +66,20 @@ def test_every_context_sizes_its_waiting_grids_from_the_sms():
     # One rank compiles nothing ahead: nothing can spin, so its kernels compile on first call.
     loaded = bool(compiled) or tdist.world_size() == 1
     all_ranks_agree(loaded and not misfits, f"{len(compiled)} compiled kernels; misfits (regs, shared): {misfits}")
+
+
+def test_side_streams_run_at_the_highest_priority():
+    """The streams of the work that spinning grids wait for (producers, signal kernels) start their
+    blocks before a consumer's that became ready at the same time (kernels/common/streams.py)."""
+    _, highest = torch.cuda.Stream.priority_range()
+    ag = AllGatherGemmContext(256, 512, torch.bfloat16)
+    rs = GemmReduceScatterContext(256 * tdist.world_size(), 512, torch.bfloat16)
+    gather = AllGatherContext(1 << 16, torch.bfloat16)
+    reduce = AllReduceContext(1 << 16, torch.bfloat16)
+    streams = {"ag_gemm": ag._side, "gemm_rs": rs._side, "all_gather": gather._side,
+               "all_gather send": gather._send, "all_gather notify": gather._notify, "all_reduce push": reduce._push,
+               "all_reduce pull": reduce._pull}
+    low = {name: s.priority for name, s in streams.items() if s.priority != highest}
+    torch.cuda.synchronize()
+    tdist.barrier()
+    all_ranks_agree(not low, f"side streams below the highest priority {highest}: {low}")

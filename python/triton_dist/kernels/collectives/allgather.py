@@ -155,6 +155,7 @@ from ..common.context import CollectiveContext
 from ..common.ll_protocol import LL_BLOCK
 from ..common.ring import all_gather_ring_kernel
 from ..common.signal_layout import SignalLayout
+from ..common.streams import side_stream
 
 LL_MAX_BYTES = 64 * 1024
 """The largest input (bytes per rank) the ``"ll"`` method takes."""
@@ -257,7 +258,7 @@ class AllGatherContext(CollectiveContext):
         """The device-side count of ``ce_push`` and ``ce_chunked`` calls (their ``k``; the two share
         the ``ce`` buffer and its acks)."""
         self._ce_peers = [peer_tensor(self.ce, r) if r != self.rank else self.ce for r in range(self.world)]
-        self._side = torch.cuda.Stream(device=self.calls.device)
+        self._side = side_stream(self.calls.device)
         self.ce_chunk_bytes = ce_chunk_bytes
         """``"ce_chunked"``'s smallest chunk in bytes (:data:`CE_CHUNK_BYTES` unless given; the
         same on every rank)."""
@@ -269,9 +270,9 @@ class AllGatherContext(CollectiveContext):
         """The device-side count of zero-copy calls (``ce_zero_copy`` and ``sm_zero_copy``)."""
         self.pull_calls = torch.zeros(1, dtype=torch.int64, device=self.calls.device)
         """The device-side count of ``ce_pull`` calls (its ``k``)."""
-        self._send = torch.cuda.Stream(device=self.calls.device)
+        self._send = side_stream(self.calls.device)
         """``ce_chunked``: the copies into peers' ``ce`` buffers."""
-        self._notify = torch.cuda.Stream(device=self.calls.device)
+        self._notify = side_stream(self.calls.device)
         """``ce_chunked``: the per-chunk signal kernels, each after its chunk's copies (an event)."""
         self._chunk_events = [torch.cuda.Event() for _ in range(CE_MAX_CHUNKS)]
         self.ready()

@@ -150,6 +150,7 @@ from . import policy as _policy
 from ..common.context import CollectiveContext
 from ..common.ll_protocol import LL_BLOCK
 from ..common.rank_barrier import rank_barrier_kernel
+from ..common.streams import side_stream
 
 
 class AllReduceContext(CollectiveContext):
@@ -215,8 +216,8 @@ class AllReduceContext(CollectiveContext):
         self._peer_stage = {r: peer_tensor(self.stage, r) for r in peers}
         self._peer_gather = {r: peer_tensor(self.gather, r) for r in peers}
         self._peer_ce_pad = {r: peer_tensor(self.ce_pad.signals, r) for r in peers}
-        self._push = torch.cuda.Stream(device=self.calls.device)
-        self._pull = torch.cuda.Stream(device=self.calls.device)
+        self._push = side_stream(self.calls.device)
+        self._pull = side_stream(self.calls.device)
         self._started = torch.cuda.Event()
         self.ring_inbox = None
         """``"ring"``'s fp32 partials (symmetric, one region of ``world - 1`` shards), allocated by

@@ -108,6 +108,7 @@ from ...symmetric import peer_tensor, symm_empty
 from . import dense as _gemm
 from .context import OverlappedGemmContext
 from ..common import call_counter as _call_counter
+from ..common.streams import side_stream
 from ... import timeline as _timeline
 from ..common.tickets import last_to_finish
 from ..common.tiles import copy_program_tiles
@@ -265,7 +266,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
         """``"sm_push"``: per peer, the push programs that finished their share (zero between calls)."""
         exposed = self.shard if pull else self.gathered
         self._peers = [peer_tensor(exposed, r) if r != self.rank else exposed for r in range(self.world)]
-        self._side = torch.cuda.Stream(device=self.device)
+        self._side = side_stream(self.device)
         if pull:  # ordinary memory written on the side stream: its release must wait for that stream too
             self.gathered.record_stream(self._side)
         self.ready()

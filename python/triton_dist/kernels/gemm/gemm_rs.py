@@ -145,6 +145,7 @@ from . import tile as _gemm_tile
 from ..common import call_counter as _call_counter
 from ... import timeline as _timeline
 from ..common.scratch import GlobalScratch
+from ..common.streams import side_stream
 
 REDUCE_SMS = 8
 """SMs the producer GEMM leaves free for the consumer (its programs): the GEMM loses
@@ -314,7 +315,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         for i in range(1, self.world):
             d = (self.rank + i) % self.world
             self._acks.write(self._peer_ce_pad[d], self._ack + self.rank, 1)
-        self._side = torch.cuda.Stream(device=self.device)
+        self._side = side_stream(self.device)
         self._bumped = torch.cuda.Event()  # re-recorded each call: a wait takes the latest record
         self._scratch = GlobalScratch(self.device)  # the fused_tma variant's device-built descriptors
         self.ready()

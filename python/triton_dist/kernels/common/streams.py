@@ -1,0 +1,19 @@
+"""The contexts' side streams: where the work that a spinning grid waits for runs (copy-engine
+producers, signal kernels, acknowledgements).
+
+They run at the device's highest stream priority. A consumer that spins (a persistent GEMM waiting
+for rows, a reduction waiting for chunks) and the small kernels it waits for often become ready at
+the same moment, after the same copy; the block scheduler then starts the high-priority kernel's
+blocks first, so those kernels never queue behind the consumer's grid for the SMs it leaves free
+(on one H200 under MPS, a rank's phase-0 signal kernel of ``ag_gemm`` once never started while its
+GEMM spun, and the call hung). Priority does not preempt blocks already running: the residency
+rule (:mod:`triton_dist.residency`) still leaves the SMs.
+"""
+
+
+def side_stream(device):
+    """A new stream on ``device`` at the highest priority the device offers."""
+    import torch
+
+    _, highest = torch.cuda.Stream.priority_range()  # (lowest, highest); lower numbers run first
+    return torch.cuda.Stream(device=device, priority=highest)
