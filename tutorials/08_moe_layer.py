@@ -66,9 +66,9 @@ def check(mode: str, rounds: int = 3) -> bool:
         # The rows per expert come from the dispatch, valid by construction: no host check (a
         # synchronisation). Low-latency rows are [experts, capacity] with counts; high-throughput
         # rows are packed with offsets.
-        rows = dict(offsets=d.offsets) if mode == "high_throughput" else dict(counts=d.counts)
-        h = torch.nn.functional.silu(ops.group_gemm(d.x, w1, check_rows=False, **rows))
-        y = ops.group_gemm(h, w2, check_rows=False, **rows)  # rows past a count: never read
+        layout = dict(offsets=d.offsets) if mode == "high_throughput" else dict(counts=d.counts)
+        h = torch.nn.functional.silu(ops.group_gemm(d.x, w1, check_rows=False, **layout))
+        y = ops.group_gemm(h, w2, check_rows=False, **layout)  # rows past a count: never read
         out = ops.ep_combine(y, d.handle)
         torch.cuda.synchronize()
         want = torch.zeros((tokens, HIDDEN), device="cuda")

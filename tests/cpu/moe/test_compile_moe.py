@@ -125,7 +125,8 @@ def test_high_throughput_phases(world):
         _no_nvshmem_calls(ptx)
         assert ptx.count(_SPIN) == 2 and len(re.findall(_RELEASE, ptx)) == world
     assert re.search(_ST_V4, recv)
-    assert dispatch_ptx(world, True, False, packed=True, fp8=True).count(_SPIN) == 2
+    for send, receive in ((True, False), (False, True)):
+        assert dispatch_ptx(world, send, receive, packed=True, fp8=True).count(_SPIN) == 2
     combine = combine_ptx(world, halves=1)
     assert combine.count(_SPIN) == 2 and len(re.findall(_RELEASE, combine)) == world
     local = 256 // world

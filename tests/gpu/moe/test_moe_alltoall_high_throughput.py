@@ -44,9 +44,10 @@ def check_packed(ctx, d, seed, kind, rows=None):
     if counts != want_counts:
         return [f"counts {counts}, expected {want_counts}"]
     ends = torch.cumsum(torch.tensor(want_counts), 0).tolist()
+    capacity = ends[-1] if rows is None else rows
+    ends = [min(e, capacity) for e in ends]  # offsets stay within the output's rows
     if d.offsets.tolist() != ends:
         bad.append(f"offsets {d.offsets.tolist()}, expected {ends}")
-    capacity = ends[-1] if rows is None else rows
     if d.x.shape[0] != capacity or d.weights.shape[0] != capacity:
         bad.append(f"{d.x.shape[0]} rows, expected {capacity}")
     start = 0
@@ -74,10 +75,30 @@ SHAPES = [  # (max_tokens, hidden, experts per rank, topk)
 ]
 
 
+def poisoned(ctx):
+    """``ctx`` with every packed output NaN before the receive writes it: a row the receive
+    misses cannot pass for one that an earlier call left there."""
+    allocate = ctx._packed_outputs
+
+    def poisoned_outputs(rows):
+        outputs = allocate(rows)
+        for t in outputs.values():
+            if t is not None:
+                t.fill_(float("nan"))
+        return outputs
+
+    ctx._packed_outputs = poisoned_outputs
+    return ctx
+
+
+def high_throughput_context(max_tokens, hidden, experts, topk):
+    return poisoned(EPContext(max_tokens, hidden, experts, topk, DTYPE, mode="high_throughput"))
+
+
 @pytest.fixture(scope="module", params=SHAPES, ids=lambda s: f"T{s[0]}-H{s[1]}-L{s[2]}-k{s[3]}")
 def ctx(request):
     max_tokens, hidden, local, topk = request.param
-    return EPContext(max_tokens, hidden, local * tdist.world_size(), topk, DTYPE, mode="high_throughput")
+    return high_throughput_context(max_tokens, hidden, local * tdist.world_size(), topk)
 
 
 @pytest.mark.parametrize("kind", ["uniform", "skewed", "one_rank", "with_none"])
@@ -102,7 +123,7 @@ def test_max_recv_rows_sizes_the_output_without_a_synchronisation(ctx):
 
 def test_back_to_back_calls_with_changing_routing():
     """300 calls, each checked: one half of every buffer, reused call after call."""
-    ctx = EPContext(96, 128, 4 * tdist.world_size(), 2, DTYPE, mode="high_throughput")
+    ctx = high_throughput_context(96, 128, 4 * tdist.world_size(), 2)
     kinds = ["uniform", "skewed", "with_none", "one_rank"]
     failed = []
     for i in range(300):
@@ -114,7 +135,7 @@ def test_back_to_back_calls_with_changing_routing():
 
 def test_cuda_graph_replay_with_max_recv_rows():
     me = tdist.rank()
-    ctx = EPContext(64, 512, 2 * tdist.world_size(), 2, DTYPE, mode="high_throughput")
+    ctx = high_throughput_context(64, 512, 2 * tdist.world_size(), 2)
     tokens = tokens_of(me, ctx.max_tokens)
     rows = tdist.world_size() * ctx.max_tokens * ctx.topk  # every entry fits
     x, idx, w = (t.clone() for t in routing(50, me, tokens, ctx.hidden, ctx.num_experts, ctx.topk, "uniform"))
@@ -145,10 +166,12 @@ def test_bad_input_is_refused():
     world, me = tdist.world_size(), tdist.rank()
     raises_everywhere(lambda: EPContext(16, 128, 2 * world, 2, DTYPE, mode="fast"), ValueError, "mode must be")
     raises_everywhere(lambda: EPContext(2048, 128, 2 * world, 2, DTYPE), ValueError, "high_throughput")
-    ctx = EPContext(16, 128, 2 * world, 2, DTYPE, mode="high_throughput")
+    ctx = high_throughput_context(16, 128, 2 * world, 2)
     x, idx, w = routing(70, me, tokens_of(me, 16), 128, ctx.num_experts, 2, "uniform")
     raises_everywhere(lambda: ops.ep_dispatch(x, idx, w, context=ctx, send_only=True), ValueError, "low_latency")
     raises_everywhere(lambda: ops.ep_dispatch(x, idx, w, context=ctx, max_recv_rows=-1), ValueError, "max_recv_rows")
+    raises_everywhere(lambda: ops.ep_dispatch(x, idx, w, context=ctx, max_recv_rows=ctx.max_recv_rows + 1), ValueError,
+                      "the most entries")
     d = ops.ep_dispatch(x, idx, w, context=ctx)
     raises_everywhere(lambda: ops.ep_dispatch(x, idx, w, context=ctx), ValueError, "combine dispatch")
     raises_everywhere(lambda: ops.ep_combine(d.x[:, :64].contiguous(), d.handle), ValueError, "y must be")

@@ -46,7 +46,7 @@ every run gives the same bits). A token routed nowhere gets zeros. Combines must
 of their dispatches (the context checks it): then a rank cannot start combine ``e + 2``, which
 reuses half ``e % 2`` of its peers' ``comb_x``, before every peer has read it in combine ``e``.
 With one half (high-throughput) the context also requires each dispatch to be combined before the
-next dispatch: a rank's combine ``e + 1`` then follows its receive of ``e + 1``, which waited for
+next dispatch, on the same stream (a CUDA graph must hold dispatch and combine together): a rank's combine ``e + 1`` then follows its receive of ``e + 1``, which waited for
 every peer's send of ``e + 1``, which each peer issued after its own combine ``e`` (stream order),
 so no peer still reads ``comb_x`` when it is written again.
 
@@ -110,12 +110,12 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, slots, positions, layout_count
 
     ``FP8``: each row travels as float8 e4m3 with one fp32 scale per ``QB`` values (quantised by
     the sender, :func:`_quantize_row`, ``QG`` blocks at a time): ``recv_x`` and ``out_x`` are
-    float8, ``recv_scale`` (symmetric, two halves of ``[WORLD, T, H / QB]``) and ``out_scale``
+    float8, ``recv_scale`` (symmetric, ``HALVES`` halves of ``[WORLD, T, H / QB]``) and ``out_scale``
     (``[L, WORLD * T, H / QB]``) fp32; otherwise both are None.
 
     Local inputs: ``x`` ``[tokens, H]``; ``topk_idx`` int32 and ``topk_weights`` fp32 ``[tokens, K]``;
     the layout's ``slots`` ``[tokens, WORLD]``, ``positions`` ``[tokens, K]``, ``layout_counts``
-    ``[E + WORLD]``. Symmetric, two halves each: ``recv_x`` ``[WORLD, T, H]``, ``recv_route`` int32
+    ``[E + WORLD]``. Symmetric, ``HALVES`` halves each: ``recv_x`` ``[WORLD, T, H]``, ``recv_route`` int32
     ``[WORLD, T, KP, 2]`` (local expert, position), ``recv_weight`` fp32 ``[WORLD, T, KP]``,
     ``recv_counts`` int32 ``[WORLD, 1 + LP]``; ``signals``: the pad, regions ``dispatched`` then
     ``freed`` (``WORLD * MAX_PROGRAMS`` each). Local outputs: ``out_x`` ``[L, WORLD * T, H]``,

@@ -1,12 +1,15 @@
 """``EPContext``: the buffers, signals and kernels of expert-parallel dispatch and combine
-(low-latency protocol, :mod:`~triton_dist.kernels.moe.alltoall`), created once and reused.
+(:mod:`~triton_dist.kernels.moe.alltoall`, low-latency and high-throughput modes), created once
+and reused.
 
     ctx = EPContext(max_tokens=128, hidden=7168, num_experts=256, topk=8, dtype=torch.bfloat16)
     d = ctx.dispatch(x, topk_idx, topk_weights)   # d.x: [local experts, world * 128, 7168]
     y = experts(d.x, d.counts)                     # rows [0, d.counts[j]) of expert j are real
     out = ctx.combine(y, d.handle)                 # [tokens, 7168], the original order
 
-No host synchronisation (but the optional routing check), capturable in a CUDA graph.
+Low-latency: no host synchronisation (but the optional routing check), capturable in a CUDA graph.
+High-throughput (``mode="high_throughput"``): a packed ``d.x [rows, 7168]`` with ``d.offsets``,
+one host synchronisation per dispatch unless ``max_recv_rows`` is given.
 """
 
 from __future__ import annotations
@@ -83,8 +86,9 @@ class EPDispatch:
 
     High-throughput mode: ``x`` is packed, ``[rows, hidden]``, expert ``j``'s rows ``[offsets[j -
     1], offsets[j])`` (``offsets``: int32 ``[local experts]`` cumulative ends, the convention of
-    :func:`triton_dist.ops.group_gemm`), ``weights`` ``[rows]``, ``scales`` ``[rows, hidden /
-    128]``. ``offsets`` is None in low-latency mode."""
+    :func:`triton_dist.ops.group_gemm`, capped at ``rows`` where ``max_recv_rows`` dropped some, so
+    that ``counts`` may then exceed the rows an expert got), ``weights`` ``[rows]``, ``scales``
+    ``[rows, hidden / 128]``. ``offsets`` is None in low-latency mode."""
 
     x: object
     weights: object
@@ -159,12 +163,16 @@ class EPContext(CollectiveContext):
         self.lp = triton.next_power_of_2(self.local_experts)
         rows = world * max_tokens
         programs = min(PROGRAMS, max_programs) if max_programs is not None else PROGRAMS
-        # Three regions of world * MAX_PROGRAMS signals: dispatched, freed, combined.
-        super().__init__(op, dtype, rows * hidden, {}, 3 * world, max_programs=programs)
+        # Three regions of world * MAX_PROGRAMS signals: dispatched, freed, combined. The largest
+        # input is one rank's tokens (the kernels' offsets into the buffers are 64-bit).
+        super().__init__(op, dtype, max_tokens * hidden, {}, 3 * world, max_programs=programs)
         self.mode = mode
-        self.halves = 1 if self.high_throughput else 2
+        self.num_halves = 1 if self.high_throughput else 2
         """Calls the symmetric buffers hold (``HALVES`` of :mod:`~triton_dist.kernels.moe.alltoall`)."""
-        h = self.halves
+        self.max_recv_rows = world * max_tokens * min(topk, self.local_experts)
+        """The most entries a rank can receive in one dispatch (every source's tokens, each with as
+        many of its experts here as it can have)."""
+        h = self.num_halves
         self.recv_x = symm_empty((h * rows * hidden, ), self.x_dtype)
         self.recv_scale = symm_empty((h * rows * (hidden // FP8_BLOCK), ), torch.float32) if self.fp8 else None
         self.comb_x = symm_empty((h * rows * hidden, ), dtype)
@@ -182,15 +190,15 @@ class EPContext(CollectiveContext):
         return dict(H=self.hidden, T=self.max_tokens, K=self.topk, KP=self.kp, E=self.num_experts,
                     L=self.local_experts, LP=self.lp, WORLD=self.world, MAX_PROGRAMS=self.max_programs,
                     BH=self._bh(), SEND=send, RECV=recv, FP8=self.fp8, QB=FP8_BLOCK, QG=self._quant_group(),
-                    PACKED=self.high_throughput, HALVES=self.halves, num_warps=4)
+                    PACKED=self.high_throughput, HALVES=self.num_halves, num_warps=4)
 
     def _combine_meta(self) -> dict:
         return dict(H=self.hidden, T=self.max_tokens, K=self.topk, KP=self.kp, WORLD=self.world,
-                    MAX_PROGRAMS=self.max_programs, BH=self._bh(), HALVES=self.halves, num_warps=4)
+                    MAX_PROGRAMS=self.max_programs, BH=self._bh(), HALVES=self.num_halves, num_warps=4)
 
     def _counts_meta(self) -> dict:
         return dict(L=self.local_experts, LP=self.lp, WORLD=self.world, MAX_PROGRAMS=self.max_programs,
-                    HALVES=self.halves, num_warps=1)
+                    HALVES=self.num_halves, num_warps=1)
 
     def _layout_meta(self) -> dict:
         return dict(K=self.topk, KP=self.kp, E=self.num_experts, L=self.local_experts, WORLD=self.world,
@@ -362,8 +370,11 @@ class EPContext(CollectiveContext):
             if torch.cuda.is_current_stream_capturing():
                 raise ValueError(f"triton_dist {op}: sizing the packed output reads the received counts on the host, "
                                  f"which a CUDA graph capture cannot; pass max_recv_rows")
-        elif isinstance(max_recv_rows, bool) or not isinstance(max_recv_rows, int) or max_recv_rows < 0:
-            raise ValueError(f"triton_dist {op}: max_recv_rows must be a non-negative int, got {max_recv_rows!r}")
+        elif isinstance(max_recv_rows, bool) or not isinstance(max_recv_rows, int) or \
+                not 0 <= max_recv_rows <= self.max_recv_rows:
+            raise ValueError(f"triton_dist {op}: max_recv_rows must be an int in [0, {self.max_recv_rows}] (the most "
+                             f"entries a rank can receive: world * max_tokens * min(topk, local experts)), got "
+                             f"{max_recv_rows!r}")
 
     def _send_count_receive(self, x, topk_idx, topk_weights, b, epoch_ptr, tokens: int, max_recv_rows):
         """The high-throughput dispatch after the layout: send, size the packed output (the
@@ -373,18 +384,34 @@ class EPContext(CollectiveContext):
         grid = (self.max_programs, )
         ep_dispatch_kernel[grid](*self._dispatch_args(x, topk_idx, topk_weights, b, epoch_ptr, tokens),
                                  **self._meta(True, False))
+        failure = None
         if max_recv_rows is None:
             ep_received_counts_kernel[(1, )](self.recv_counts, self.pad.signals, b["epoch"], b["out_counts"],
                                              **self._counts_meta())
             max_recv_rows = int(b["out_counts"].sum())
-            b.update(self._packed_outputs(max_recv_rows))
+            try:
+                b.update(self._packed_outputs(max_recv_rows))
+            except RuntimeError as e:  # out of memory: receive into the empty output all the same
+                failure = e
+        # The receive runs whatever happened since the send: its freed signals let every peer's
+        # next send go on (a dispatch sent and never received would hang them).
         ep_dispatch_kernel[grid](*self._dispatch_args(x, topk_idx, topk_weights, b, b["epoch"], tokens),
                                  **self._meta(False, True))
         handle = EPHandle(self, self._dispatches, tokens, b["epoch"], b["slots"], b["row_of"], b["weight_of"],
-                          b["recv_tokens"], rows=max_recv_rows, received=True)
+                          b["recv_tokens"], rows=0 if failure is not None else max_recv_rows, received=True)
         self._dispatches += 1
         self._next_receive += 1
-        offsets = torch.cumsum(b["out_counts"], 0, dtype=torch.int32)
+        if failure is not None:
+            # Peers' combines wait for this rank's: combine nothing (every row dropped) so that
+            # they end, then say so.
+            self.combine(b["out_x"][:0].to(self.dtype), handle)
+            raise RuntimeError(f"triton_dist ep_dispatch: rank {self.rank} could not allocate the {max_recv_rows} "
+                               f"rows it received ({failure}); it dropped them and combined nothing, so every "
+                               f"rank's output of this dispatch lacks its experts. Treat the dispatch as failed "
+                               f"everywhere; pass max_recv_rows or free memory") from failure
+        # Offsets within the output even when rows were dropped (group_gemm's convention); the
+        # counts still say what each expert was sent.
+        offsets = torch.cumsum(b["out_counts"], 0, dtype=torch.int32).clamp_(max=max_recv_rows)
         return EPDispatch(b["out_x"], b["out_weight"], b["out_counts"], handle, b["out_scale"], offsets)
 
     def receive(self, handle: EPHandle) -> None:
