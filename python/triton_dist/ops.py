@@ -22,11 +22,14 @@ the same order, with the same shapes, dtypes and methods. Contexts (symmetric bu
 loaded kernels) are cached per (op, dtype, size) and created on first use, which is itself
 collective (symmetric allocation, kernel load, barrier). Calls run on the current stream and may
 be captured in a CUDA graph once their context exists (make one uncaptured call first, or pass
-``context=``).
+``context=``). Under ``torch.compile`` the dense ops (all_reduce, all_gather, reduce_scatter,
+ag_gemm, gemm_rs, gemm_ar) become their ``torch.ops.triton_dist.*`` custom ops
+(:mod:`triton_dist.torch_library`), without ``out=`` or ``context=``.
 """
 
 from __future__ import annotations
 
+from . import torch_library as _torch_library
 from .runtime import _require_initialized
 
 MIN_CONTEXT_BYTES = 1 << 20
@@ -153,6 +156,9 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     ``context``: an :class:`~triton_dist.kernels.AllReduceContext` of ``x``'s dtype to use instead
     of a cached one.
     """
+    if _torch_library.compiling():
+        _torch_library.eager_only("all_reduce", out=out, context=context)
+        return _torch_library.op("all_reduce")(x, method)
     _require_initialized("all_reduce")
     _check_input("all_reduce", x)
     from .kernels import AllReduceContext
@@ -177,6 +183,9 @@ def all_gather(x, *, out=None, method: str = "auto", context=None):
     (collective: every rank passes a symmetric ``out`` at the same offset of the same allocation)
     the ``"ce_zero_copy"``/``"sm_zero_copy"`` methods write peers' data straight into it.
     """
+    if _torch_library.compiling():
+        _torch_library.eager_only("all_gather", out=out, context=context)
+        return _torch_library.op("all_gather")(x, method)
     _require_initialized("all_gather")
     _check_input("all_gather", x)
     from .kernels import AllGatherContext
@@ -201,6 +210,9 @@ def reduce_scatter(x, *, out=None, method: str = "auto", context=None):
 
     ``method``: see :class:`~triton_dist.kernels.ReduceScatterContext` (``"auto"`` picks by size).
     """
+    if _torch_library.compiling():
+        _torch_library.eager_only("reduce_scatter", out=out, context=context)
+        return _torch_library.op("reduce_scatter")(x, method)
     _require_initialized("reduce_scatter")
     _check_input("reduce_scatter", x)
     from .kernels import ReduceScatterContext
@@ -292,6 +304,9 @@ def ag_gemm(a_shard, b, *, out=None, context=None):
     :class:`~triton_dist.kernels.AllGatherGemmContext` to use instead of a cached one (needed to
     capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes.
     """
+    if _torch_library.compiling():
+        _torch_library.eager_only("ag_gemm", out=out, context=context)
+        return _torch_library.op("ag_gemm")(a_shard, b)
     _require_initialized("ag_gemm")
     m, k, n = _matmul_operands("ag_gemm", "a_shard", a_shard, b, "allgather(a_shard) @ b.T")
     from .runtime import world_size
@@ -366,6 +381,9 @@ def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
     to capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes,
     same variant.
     """
+    if _torch_library.compiling():
+        _torch_library.eager_only("gemm_rs", out=out, context=context)
+        return _torch_library.op("gemm_rs")(a, b, variant)
     _require_initialized("gemm_rs")
     from .kernels.gemm.gemm_rs import VARIANTS
     from .runtime import world_size
@@ -405,6 +423,9 @@ def gemm_ar(a, b, *, out=None, variant: str = "auto", context=None):
     :class:`~triton_dist.kernels.GemmAllReduceContext` to use instead of a cached one (needed to
     capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes.
     """
+    if _torch_library.compiling():
+        _torch_library.eager_only("gemm_ar", out=out, context=context)
+        return _torch_library.op("gemm_ar")(a, b, variant)
     _require_initialized("gemm_ar")
     from .kernels.gemm import gemm_ar as _gemm_ar
 

@@ -113,6 +113,9 @@ def init(process_group=None, *, heap_size: int | str | None = None,
         raise
     _state.update(process_group=process_group, device=device, created_group=created_group,
                   config=cfg, mps_active=mps_state == "on")
+    from . import torch_library
+
+    torch_library.register()  # torch.ops.triton_dist.*, for torch.compile
 
 
 def _join(process_group, cfg, device: int | None) -> tuple[int, str]:
