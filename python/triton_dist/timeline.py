@@ -139,7 +139,7 @@ def clock_offsets(stamps: list[list[int]], gpus: list[str]) -> list[int]:
 def _clock_offset() -> int:
     """This GPU's clock minus rank 0's (collective): :data:`CLOCK_ROUNDS` stamps, each right after
     a barrier, combined by :func:`clock_offsets`. The stamp kernel runs once first, so that no
-    round waits for its compile or load (which once skewed a world-8 trace by 1.7 s)."""
+    round waits for its compile or load."""
     import torch
     import torch.distributed as dist
 

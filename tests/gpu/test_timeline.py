@@ -50,8 +50,8 @@ def test_ag_gemm_timeline(tmp_path):
     ok &= _tiles_ok(spans[dist.get_rank()], tiles if world > 1 else 0)  # one rank: the plain GEMM, unstamped
     if world > 1:
         ok &= any(s["name"] == "wait" for s in spans[dist.get_rank()])
-        # One clock: the call's spans of every rank fit in 50 ms (the call takes far less; clocks
-        # aligned after a compile once put the ranks 1.7 s apart).
+        # One clock: the call's spans of every rank fit in 50 ms (the call takes far less; a
+        # world-8 trace of a call that compiled its stamped variants once had ranks 1.7 s apart).
         every = [s for rank_spans in spans.values() for s in rank_spans]
         ok &= max(s["end"] for s in every) - min(s["start"] for s in every) < 50e6
     path = tdist.timeline.write_chrome_trace(spans, str(tmp_path / "ag_gemm.json"), "ag_gemm")
