@@ -46,9 +46,10 @@ every run gives the same bits). A token routed nowhere gets zeros. Combines must
 of their dispatches (the context checks it): then a rank cannot start combine ``e + 2``, which
 reuses half ``e % 2`` of its peers' ``comb_x``, before every peer has read it in combine ``e``.
 With one half (high-throughput) the context also requires each dispatch to be combined before the
-next dispatch, on the same stream (a CUDA graph must hold dispatch and combine together): a rank's combine ``e + 1`` then follows its receive of ``e + 1``, which waited for
-every peer's send of ``e + 1``, which each peer issued after its own combine ``e`` (stream order),
-so no peer still reads ``comb_x`` when it is written again.
+next dispatch, on the same stream (a CUDA graph must hold dispatch and combine together): a rank's
+combine ``e + 1`` then follows its receive of ``e + 1``, which waited for every peer's send of
+``e + 1``, which each peer issued after its own combine ``e`` (stream order), so no peer still
+reads ``comb_x`` when it is written again.
 
 Every program of a grid must be resident at once (programs wait for their peers' programs), so
 grids are exactly ``MAX_PROGRAMS`` programs, the same on every rank.
@@ -89,6 +90,17 @@ def _copy_row(dst, src, H: tl.constexpr, BH: tl.constexpr):
     for h0 in tl.static_range(0, H, BH):
         h = h0 + tl.arange(0, BH)
         tl.store(dst + h, tl.load(src + h, mask=h < H), mask=h < H)
+
+
+@triton.jit
+def _entries_per_expert(counts, L: tl.constexpr, LP: tl.constexpr, WORLD: tl.constexpr):
+    """``[LP]``: the entries every source sent to each local expert (``recv_counts``' per-expert
+    part, summed over the sources; 0 past ``L``)."""
+    l_off = tl.arange(0, LP)
+    total = tl.zeros([LP], dtype=tl.int32)
+    for src in tl.static_range(WORLD):
+        total += tl.load(counts + src * (1 + LP) + 1 + l_off, mask=l_off < L, other=0)
+    return total
 
 
 @jit(do_not_specialize=["tokens", "capacity"])
@@ -182,14 +194,13 @@ def ep_dispatch_kernel(x, topk_idx, topk_weights, slots, positions, layout_count
         arrived_weight = dl.consume_token(recv_weight + route_half, token)
         if FP8:
             arrived_scale = dl.consume_token(recv_scale + scale_half, token)
-        total = tl.zeros([LP], dtype=tl.int32)
-        for src in tl.static_range(WORLD):
-            total += tl.load(counts + src * (1 + LP) + 1 + l_off, mask=l_off < L, other=0)
-        expert_base = tl.cumsum(total, axis=0) - total  # PACKED: expert j's first row
+        if PACKED:  # expert j's first row: the entries of experts < j from every source
+            total = _entries_per_expert(counts, L, LP, WORLD)
+            expert_base = tl.cumsum(total, axis=0) - total
         if pid == 0:
             for src in tl.static_range(WORLD):
                 tl.store(recv_tokens + src, tl.load(counts + src * (1 + LP)))
-            tl.store(out_counts + l_off, total, mask=l_off < L)
+            tl.store(out_counts + l_off, _entries_per_expert(counts, L, LP, WORLD), mask=l_off < L)
         for i in range(pid, WORLD * T, MAX_PROGRAMS):
             r = i // T
             s = i % T
@@ -273,7 +284,4 @@ def ep_received_counts_kernel(recv_counts, signals, handle_epoch, out_counts, L:
     l_off = tl.arange(0, LP)
     token = dl.wait(signals, WORLD * MAX_PROGRAMS, "sys", "acquire", epoch)
     counts = dl.consume_token(recv_counts + (epoch % HALVES).to(tl.int64) * WORLD * (1 + LP), token)
-    total = tl.zeros([LP], dtype=tl.int32)
-    for r in tl.static_range(WORLD):
-        total += tl.load(counts + r * (1 + LP) + 1 + l_off, mask=l_off < L, other=0)
-    tl.store(out_counts + l_off, total, mask=l_off < L)
+    tl.store(out_counts + l_off, _entries_per_expert(counts, L, LP, WORLD), mask=l_off < L)
