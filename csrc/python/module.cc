@@ -5,10 +5,13 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <tuple>
+#include <utility>
 
 #include "tdist/bootstrap.h"
 #include "tdist/cuda_driver.h"
@@ -283,10 +286,13 @@ NB_MODULE(_C, m) {
   nb::class_<tdist::SignalPad>(m, "SignalPad")
       .def(
           "__init__",
-          [](tdist::SignalPad* self, std::size_t num_signals) {
-            new (self) tdist::SignalPad(tdist::Runtime::get().heap(), num_signals);
+          [](tdist::SignalPad* self, std::size_t num_signals, std::string owner,
+             const std::vector<std::tuple<std::string, std::size_t, std::size_t>>& regions) {
+            std::vector<tdist::SignalRegion> named;
+            for (const auto& [name, first, count] : regions) named.push_back({name, first, count});
+            new (self) tdist::SignalPad(tdist::Runtime::get().heap(), num_signals, std::move(owner), std::move(named));
           },
-          "num_signals"_a)
+          "num_signals"_a, "owner"_a = "", "regions"_a = std::vector<std::tuple<std::string, std::size_t, std::size_t>>{})
       .def("bytes_tensor",
            [](tdist::SignalPad& self) {
              return byte_tensor(self.local(), self.size() * 8, self.block());

@@ -12,6 +12,7 @@
 
 #include "tdist/cuda_driver.h"
 #include "tdist/error.h"
+#include "tdist/signal_names.h"
 
 namespace tdist {
 namespace {
@@ -70,7 +71,7 @@ bool WaitTimeoutReport::print_if_published() {
   if (printed_) return true;
   // The GPU publishes with a release store after a system fence; acquire pairs with it.
   if (std::atomic_ref<std::uint32_t>(host_->published).load(std::memory_order_acquire) == 0) return false;
-  std::fprintf(stderr, "%s\n", describe(*host_).c_str());
+  std::fprintf(stderr, "%s\n", describe(*host_, SignalNames::get().name_of(host_->signal_address)).c_str());
   std::fflush(stderr);
   printed_ = true;
   return true;
@@ -91,16 +92,17 @@ bool WaitTimeoutReport::install(CUmodule module, int rank) const {
   return true;
 }
 
-std::string WaitTimeoutReport::describe(const WaitTimeoutRecord& r) {
+std::string WaitTimeoutReport::describe(const WaitTimeoutRecord& r, const std::string& signal_name) {
   if (r.published == 0) return "";
   char text[320];
   std::snprintf(text, sizeof(text),
                 "triton_dist: rank %d: wait timed out after %" PRIu64 " ns on signal %d at 0x%" PRIx64
-                ": expected %s %" PRIu64 ", observed %" PRIu64
-                " (the kernel traps; its peer never signalled, or signalled another epoch)",
+                ": expected %s %" PRIu64 ", observed %" PRIu64,
                 r.rank, r.waited_ns, r.signal_index, r.signal_address,
                 r.comparison == kWaitEqual ? "==" : ">=", r.expected, r.observed);
-  return text;
+  std::string message = text;
+  if (!signal_name.empty()) message += " (" + signal_name + ")";
+  return message + "; the kernel traps: its peer never signalled, or signalled another epoch";
 }
 
 void WaitTimeoutReport::watch() {

@@ -15,13 +15,18 @@ class SignalPad:
     ``"fused_ce"`` in :mod:`triton_dist.kernels.gemm.gemm_rs`.)
     """
 
-    def __init__(self, num_signals: int):
+    def __init__(self, num_signals: int, owner: str = "", regions=()):
+        """``owner`` (e.g. the context's class) and ``regions`` (``(name, first, count)`` runs of
+        the signals, or a :class:`~triton_dist.kernels.common.signal_layout.SignalLayout`) name the
+        signals in the report of a wait that times out on one of them: "signal 5 of
+        AllGatherGemmContext's pad: ack[1]"."""
         _require_initialized("SignalPad")
         import torch
 
         if not isinstance(num_signals, int) or num_signals <= 0:
             raise ValueError(f"triton_dist SignalPad: num_signals must be a positive int, got {num_signals!r}")
-        self._pad = _core().SignalPad(num_signals)
+        regions = regions.regions() if hasattr(regions, "regions") else list(regions)
+        self._pad = _core().SignalPad(num_signals, owner, regions)
         self.signals = self._pad.bytes_tensor().view(torch.uint64)
         """The local flags, a uint64 CUDA tensor of ``num_signals`` elements."""
         self.signals.zero_()

@@ -107,7 +107,8 @@ def wait_timeout() -> None:
     import time
 
     tdist.init(heap_size="256M")
-    pad = tdist.SignalPad(4)
+    # Named, so that the report says whose signal it was (test_language checks the name).
+    pad = tdist.SignalPad(4, owner="wait-timeout check", regions=[("seven", 2, 1)])
     pad.signals.fill_(5)
     torch.cuda.synchronize()
     start = time.monotonic()

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "tdist/signal_names.h"
 #include "tdist/symmetric_heap.h"
 
 namespace tdist {
@@ -15,8 +16,13 @@ namespace tdist {
 class SignalPad {
  public:
   // Collective: allocates `num_signals` uint64 slots on every rank. The caller zeroes them on
-  // the device before first use (the heap hands out uninitialised memory).
-  SignalPad(SymmetricHeap& heap, std::size_t num_signals);
+  // the device before first use (the heap hands out uninitialised memory). `owner` (and its
+  // `regions`) name the pad's signals in wait-timeout reports while the pad lives (SignalNames).
+  SignalPad(SymmetricHeap& heap, std::size_t num_signals, std::string owner = "",
+            std::vector<SignalRegion> regions = {});
+  ~SignalPad();
+  SignalPad(const SignalPad&) = delete;
+  SignalPad& operator=(const SignalPad&) = delete;
 
   // This rank's signals.
   std::uint64_t* local() const { return static_cast<std::uint64_t*>(block_->local()); }

@@ -51,8 +51,9 @@ class WaitTimeoutReport {
   // Writes the record's address into `module`'s kWaitReportSymbol; false if it has none.
   bool install(CUmodule module, int rank) const;
 
-  // The message for a published record, or "" (also used by tests).
-  static std::string describe(const WaitTimeoutRecord& record);
+  // The message for a published record, or "" (also used by tests). `signal_name`: what the
+  // signal is (SignalNames::name_of its address), "" if nobody named it.
+  static std::string describe(const WaitTimeoutRecord& record, const std::string& signal_name = "");
 
   WaitTimeoutReport(const WaitTimeoutReport&) = delete;
   WaitTimeoutReport& operator=(const WaitTimeoutReport&) = delete;

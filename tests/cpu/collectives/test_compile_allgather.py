@@ -185,6 +185,7 @@ def test_signal_layout_rejects_repeated_regions():
         SignalLayout(("ready", 2), ("ready", 2))
     layout = SignalLayout(("a", 3), ("b", 0), ("c", 5))
     assert (layout["a"], layout["b"], layout["c"], layout.size) == (0, 3, 3, 8)
+    assert layout.regions() == [("a", 0, 3), ("b", 3, 0), ("c", 3, 5)]  # what SignalPad names
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

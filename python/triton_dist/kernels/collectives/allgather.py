@@ -264,7 +264,7 @@ class AllGatherContext(CollectiveContext):
         same on every rank)."""
         self.layout, self.ext_layout = _layouts(self.world, self.max_programs)
         """Where each method's signals sit in ``pad`` and ``pad_ext``."""
-        self.pad_ext = SignalPad(self.ext_layout.size)
+        self.pad_ext = SignalPad(self.ext_layout.size, owner="AllGatherContext", regions=self.ext_layout)
         """Signals of ``ce_chunked``, ``ce_zero_copy``, ``sm_zero_copy`` and ``ce_pull``."""
         self.zc_calls = torch.zeros(1, dtype=torch.int64, device=self.calls.device)
         """The device-side count of zero-copy calls (``ce_zero_copy`` and ``sm_zero_copy``)."""

@@ -209,7 +209,7 @@ class AllReduceContext(CollectiveContext):
         peer can write it."""
         self.ll.zero_()
         # "ce_two_shot" (module notes): scattered/reduced flags, then the barrier's slot.
-        self.ce_pad = SignalPad(2 * self.world * self.CE_MAX_CHUNKS + self.world)
+        self.ce_pad = SignalPad(2 * self.world * self.CE_MAX_CHUNKS + self.world, owner="AllReduceContext ce_two_shot")
         self._ce_barrier = 2 * self.world * self.CE_MAX_CHUNKS
         self.ce_tickets = torch.zeros(self.CE_MAX_CHUNKS, dtype=torch.int32, device=self.calls.device)
         peers = [r for r in range(self.world) if r != self.rank]

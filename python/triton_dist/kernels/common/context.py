@@ -92,7 +92,7 @@ class CollectiveContext:
             half = triton.cdiv(max(elements, 1), self.BLOCK) * self.BLOCK
             self.halves[name] = half
             setattr(self, name, symm_empty((2 * half, ), dtype))
-        self.pad = SignalPad(max(1, signals_per_program * self.max_programs))
+        self.pad = SignalPad(max(1, signals_per_program * self.max_programs), owner=op)
         self.calls = torch.zeros(1, dtype=torch.int64, device=device)
         """The device-side call counter (the epoch of the latest call)."""
 

@@ -21,5 +21,11 @@ class SignalLayout:
     def __getitem__(self, name: str) -> int:
         return self._offsets[name]
 
+    def regions(self) -> list[tuple[str, int, int]]:
+        """``(name, first signal, count)`` of every region, in order (what
+        :class:`~triton_dist.signals.SignalPad` takes to name them in timeout reports)."""
+        ends = list(self._offsets.values())[1:] + [self.size]
+        return [(name, first, end - first) for (name, first), end in zip(self._offsets.items(), ends)]
+
     def __repr__(self) -> str:
         return f"SignalLayout({self._offsets}, size={self.size})"

@@ -261,7 +261,9 @@ class AllGatherGemmContext(OverlappedGemmContext):
         m * k)``; symmetric for ``"ce_push"`` (peers write it), ordinary for ``"ce_pull"``."""
         self.shard = symm_empty((max_m_per_rank * k, ), dtype) if pull else None
         """``"ce_pull"``: this rank's shard, published for the peers to copy."""
-        self.pad = SignalPad(3 * self.world)
+        w = self.world
+        self.pad = SignalPad(3 * w, owner="AllGatherGemmContext",
+                             regions=[("ready", 0, w), ("ack or pulled", w, w), ("published", 2 * w, w)])
         self.tickets = torch.zeros(self.world, dtype=torch.int32, device=self.device)
         """``"sm_push"``: per peer, the push programs that finished their share (zero between calls)."""
         exposed = self.shard if pull else self.gathered

@@ -207,7 +207,7 @@ class GemmAllReduceContext(OverlappedGemmContext):
         self.tiles_max = max(max(self._tiles(m) for m in largest), SPLIT_K_MAX * triton.cdiv(n, SPLIT_K_BN))
         """The most tiles of a call (signals per source rank)."""
         self.partials = symm_empty((2 * self.half, ), torch.float32)
-        self.pad = SignalPad(self.world * self.tiles_max)
+        self.pad = SignalPad(self.world * self.tiles_max, owner="GemmAllReduceContext")
         self.ready()
 
     def _config(self, m: int) -> str:

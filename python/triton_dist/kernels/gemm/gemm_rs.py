@@ -298,11 +298,12 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         """The most tiles of one rank's rows (signals per source rank)."""
         self.half = max_m * n
         self.partials = symm_empty((2 * self.half, ), dtype)
-        self.pad = SignalPad(self.world * self.tiles_per_rank)
+        self.pad = SignalPad(self.world * self.tiles_per_rank, owner="GemmReduceScatterContext")
         # "fused_ce" (module notes, "Copy-engine protocol"): its own rows and flags, so that calls
         # of different variants never share a buffer.
         self.ce_rows = symm_empty((2 * self.half, ), dtype)
-        self.ce_pad = SignalPad(self.world * self.tiles_per_rank + self.world)
+        self.ce_pad = SignalPad(self.world * self.tiles_per_rank + self.world,
+                                owner="GemmReduceScatterContext fused_ce")
         self._ack = self.world * self.tiles_per_rank  # ce_pad index of ack[0]
         self.ce_pad.signals.view(torch.int64)[self._ack:].fill_(1)  # nothing sent yet, nothing to read
         self.chunk_flags = torch.zeros(self.world * self.tiles_per_rank, dtype=torch.int64, device=self.device)

@@ -99,7 +99,7 @@ class GroupGemmReduceScatterContext(OverlappedGemmContext):
         self.half_elems = max_m_per_rank * n
         self.partial = symm_zeros((2 * self.half_elems, ), torch.float32)
         """Two halves of ``[max_m, n]`` fp32 sums that the ranks' GEMMs add into (module notes)."""
-        self.done = SignalPad(self.world)
+        self.done = SignalPad(self.world, owner="GroupGemmReduceScatterContext", regions=[("done", 0, self.world)])
         self.tickets = torch.zeros(1, dtype=torch.int32, device=self.device)
         self.ready()  # every rank's partial and signals are zero before any rank adds into them
 
