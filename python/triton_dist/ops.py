@@ -76,8 +76,9 @@ def _cached_context(op: str, dtype, nbytes: int):
 
 def clear_contexts() -> None:
     """Forget the cached contexts (their symmetric memory is freed once nothing else holds it).
-    Call on every rank, before :func:`triton_dist.finalize` if init will run again."""
+    Collective in effect: call it on every rank (:func:`triton_dist.finalize` does)."""
     _CONTEXTS.clear()
+    _FITTING.clear()  # its entries are contexts of _CONTEXTS: a stale one would outlive a finalize
     _FITTING.clear()
 
 

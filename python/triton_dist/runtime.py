@@ -184,8 +184,12 @@ def finalize() -> None:
     import torch
 
     from . import distributed_jit as _jit
+    from . import ops
 
     torch.cuda.synchronize()
+    # The ops' cached contexts hold memory of the heap torn down here: a later init() must not
+    # find them (they would point into the old heap).
+    ops.clear_contexts()
     _jit.remove_module_hook()
     _core().finalize()
     created_group = _state["created_group"]

@@ -3,6 +3,7 @@
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py exit-without-finalize
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py finalize
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py world-size-mismatch
+    torchrun --nproc-per-node=N tests/gpu/lifecycle.py init-finalize-cycles (100 rounds in one process)
     RANK=0 WORLD_SIZE=1 ... python tests/gpu/lifecycle.py wait-timeout   (one rank; test_language runs it)
     torchrun --nproc-per-node=2 tests/gpu/lifecycle.py mps-shared-fault   (two ranks sharing a GPU under MPS)
     torchrun --nproc-per-node=1 tests/gpu/lifecycle.py shared-without-mps (no MPS daemon)
@@ -86,6 +87,43 @@ def world_size_mismatch() -> None:
         os.environ["WORLD_SIZE"] = real
     assert not tdist.is_initialized()
     dist.barrier()
+    dist.destroy_process_group()
+
+
+def init_finalize_cycles(cycles: int = 100) -> None:
+    """``cycles`` rounds of init, a checked all_reduce and all_gather, finalize, in one process with
+    a process group the caller owns (finalize's docstring): GPU memory and open file descriptors
+    must not grow from the first round to the last (each measured after finalize, every rank in
+    step)."""
+    import torch.distributed as dist
+
+    from triton_dist import ops, placement
+
+    dist.init_process_group(backend=placement.host_backend(tdist.get_config().ranks_per_gpu))
+    world, me = dist.get_world_size(), dist.get_rank()
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    first = None
+    for cycle in range(cycles):
+        tdist.init(heap_size="256M")
+        x = torch.full((4096, ), float(me + 1), device="cuda")
+        total, gathered = ops.all_reduce(x), ops.all_gather(x)
+        torch.cuda.synchronize()
+        assert bool((total == world * (world + 1) / 2).all()), f"cycle {cycle}: all_reduce is wrong"
+        assert bool((gathered.view(world, -1) == torch.arange(1, world + 1, device="cuda")[:, None]).all()), \
+            f"cycle {cycle}: all_gather is wrong"
+        del x, total, gathered
+        tdist.finalize()
+        torch.cuda.synchronize()
+        dist.barrier()
+        now = (torch.cuda.mem_get_info()[0], fds())
+        first = first or now
+    lost_mib = (first[0] - now[0]) / 2**20
+    print(f"{cycles} init/finalize cycles: free GPU memory {lost_mib:+.0f} MiB lower, open files "
+          f"{now[1] - first[1]:+d} (after the first cycle and after the last)", flush=True)
+    assert lost_mib <= 64 and now[1] - first[1] <= 4, "init/finalize cycles leak GPU memory or file descriptors"
     dist.destroy_process_group()
 
 
@@ -202,6 +240,7 @@ def mps_shared_fault() -> None:
 if __name__ == "__main__":
     mode = sys.argv[1]
     {"exit-without-finalize": exit_without_finalize, "finalize": finalize_then_uninitialized,
+     "init-finalize-cycles": init_finalize_cycles,
      "world-size-mismatch": world_size_mismatch, "wait-timeout": wait_timeout,
      "mps-shared-fault": mps_shared_fault, "shared-without-mps": shared_without_mps,
      "same-gpu-copy": same_gpu_copy}[mode]()
