@@ -115,7 +115,13 @@ def init(process_group=None, *, heap_size: int | str | None = None,
                   config=cfg, mps_active=mps_state == "on")
     from . import torch_library
 
-    torch_library.register()  # torch.ops.triton_dist.*, for torch.compile
+    try:
+        torch_library.register()  # torch.ops.triton_dist.*, for torch.compile
+    except Exception as error:  # noqa: BLE001  an optional feature must not fail init
+        import warnings
+
+        warnings.warn(f"triton_dist: the ops are not registered with torch.library ({type(error).__name__}: "
+                      f"{error}); torch.compile will trace into them instead", stacklevel=2)
 
 
 def _join(process_group, cfg, device: int | None) -> tuple[int, str]:
