@@ -87,6 +87,11 @@ class Config:
     queue their copy stream's work before the kernel that waits for it, which costs the kernel's
     start that host time; by default they launch the kernel first and queue the copies while it runs."""
 
+    check_collective_calls: bool = False
+    """Before every collective op, compare the call's shapes, dtypes and method across ranks through
+    the host group and raise on every rank if they differ (:mod:`triton_dist.call_agreement`): a
+    debugging aid, a host collective per call (TRITON_DIST_CHECK_COLLECTIVE_CALLS=1)."""
+
     compile_workers: int = 0
     """Processes that compile a context's kernels at once when it is created (on the node's first
     rank; the others wait and then load them from Triton's cache): 0 picks one per CPU core up to 32
@@ -116,6 +121,7 @@ class Config:
             serialised_launches=(_env_int("TRITON_DIST_SERIALISED_LAUNCHES", 0) != 0
                                  or os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0")),
             compile_workers=compile_workers,
+            check_collective_calls=_env_int("TRITON_DIST_CHECK_COLLECTIVE_CALLS", 0) != 0,
         )
 
 

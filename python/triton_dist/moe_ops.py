@@ -5,6 +5,7 @@ check their arguments and call the contexts of :mod:`triton_dist.kernels.moe`.""
 
 from __future__ import annotations
 
+from . import call_agreement as _call_agreement
 from .runtime import _require_initialized
 
 
@@ -20,6 +21,9 @@ def ep_dispatch(x, topk_idx, topk_weights, *, context, send_only: bool = False, 
     ``max_recv_rows`` (high-throughput mode: the packed output's rows, ``x [rows, hidden]`` with
     per-expert ``offsets``)."""
     _require_initialized("ep_dispatch")
+    # Token counts may differ between ranks; the rows' width, the dtype and the mode may not.
+    _call_agreement.check("ep_dispatch", row=(tuple(getattr(x, "shape", ())[1:]), str(getattr(x, "dtype", None))),
+                          send_only=send_only, max_recv_rows=max_recv_rows is not None)
     _ep_context("ep_dispatch", context)
     return context.dispatch(x, topk_idx, topk_weights, send_only=send_only, check_routing=check_routing,
                             out_x=out_x, out_weight=out_weight, max_recv_rows=max_recv_rows)
@@ -63,6 +67,7 @@ def ag_group_gemm(x, topk_idx, w, *, context, out=None, check_routing: bool | No
     topk). ``check_routing``: check on the host that every id is in ``[-1, E)`` (one
     synchronisation); default: when not capturing a CUDA graph. Collective."""
     _require_initialized("ag_group_gemm")
+    _call_agreement.check("ag_group_gemm", x=x, topk_idx=topk_idx, w=w)
     import torch
 
     from .kernels.moe.ag_group_gemm import AllGatherGroupGemmContext
@@ -96,6 +101,7 @@ def group_gemm_rs(act, w, layout, topk_weights, *, context, out=None):
     ``context``: a :class:`~triton_dist.kernels.moe.group_gemm_rs.GroupGemmReduceScatterContext`.
     Collective."""
     _require_initialized("group_gemm_rs")
+    _call_agreement.check("group_gemm_rs", act=act, w=w, topk_weights=topk_weights)
     import torch
 
     from .kernels.moe.ag_group_gemm import AGGroupGemmOutput

@@ -29,6 +29,7 @@ ag_gemm, gemm_rs, gemm_ar) become their ``torch.ops.triton_dist.*`` custom ops
 
 from __future__ import annotations
 
+from . import call_agreement as _call_agreement
 from . import torch_library as _torch_library
 from .runtime import _require_initialized
 
@@ -161,6 +162,7 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
         _torch_library.eager_only("all_reduce", out=out, context=context)
         return _torch_library.op("all_reduce")(x, method)
     _require_initialized("all_reduce")
+    _call_agreement.check("all_reduce", x=x, method=method)
     _check_input("all_reduce", x)
     from .kernels import AllReduceContext
 
@@ -188,6 +190,7 @@ def all_gather(x, *, out=None, method: str = "auto", context=None):
         _torch_library.eager_only("all_gather", out=out, context=context)
         return _torch_library.op("all_gather")(x, method)
     _require_initialized("all_gather")
+    _call_agreement.check("all_gather", x=x, method=method)
     _check_input("all_gather", x)
     from .kernels import AllGatherContext
 
@@ -215,6 +218,7 @@ def reduce_scatter(x, *, out=None, method: str = "auto", context=None):
         _torch_library.eager_only("reduce_scatter", out=out, context=context)
         return _torch_library.op("reduce_scatter")(x, method)
     _require_initialized("reduce_scatter")
+    _call_agreement.check("reduce_scatter", x=x, method=method)
     _check_input("reduce_scatter", x)
     from .kernels import ReduceScatterContext
     from .runtime import world_size
@@ -309,6 +313,7 @@ def ag_gemm(a_shard, b, *, out=None, context=None):
         _torch_library.eager_only("ag_gemm", out=out, context=context)
         return _torch_library.op("ag_gemm")(a_shard, b)
     _require_initialized("ag_gemm")
+    _call_agreement.check("ag_gemm", a_shard=a_shard, b=b)
     m, k, n = _matmul_operands("ag_gemm", "a_shard", a_shard, b, "allgather(a_shard) @ b.T")
     from .runtime import world_size
 
@@ -386,6 +391,7 @@ def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
         _torch_library.eager_only("gemm_rs", out=out, context=context)
         return _torch_library.op("gemm_rs")(a, b, variant)
     _require_initialized("gemm_rs")
+    _call_agreement.check("gemm_rs", a=a, b=b, variant=variant)
     from .kernels.gemm.gemm_rs import VARIANTS
     from .runtime import world_size
 
@@ -428,6 +434,7 @@ def gemm_ar(a, b, *, out=None, variant: str = "auto", context=None):
         _torch_library.eager_only("gemm_ar", out=out, context=context)
         return _torch_library.op("gemm_ar")(a, b, variant)
     _require_initialized("gemm_ar")
+    _call_agreement.check("gemm_ar", a=a, b=b, variant=variant)
     from .kernels.gemm import gemm_ar as _gemm_ar
 
     _check_method("gemm_ar", variant, _gemm_ar.VARIANTS, "variant")
