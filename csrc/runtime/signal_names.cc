@@ -6,8 +6,10 @@
 namespace tdist {
 
 SignalNames& SignalNames::get() {
-  static SignalNames names;
-  return names;
+  // Never destroyed: the wait-timeout watcher's last look runs in an atexit handler, which may
+  // come after static destructors.
+  static SignalNames* names = new SignalNames();
+  return *names;
 }
 
 void SignalNames::add(std::uint64_t base, std::size_t count, std::size_t signal_bytes, std::string owner,
