@@ -1,6 +1,12 @@
-"""Fault checks (run under torchrun, one op per launch: a trap ends the CUDA context):
+"""Fault checks (one op per launch: a trap ends the CUDA context):
 
     TRITON_DIST_WAIT_TIMEOUT_NS=2000000000 torchrun --nproc-per-node=N tests/gpu/faults.py stops-calling OP
+    TRITON_DIST_WAIT_TIMEOUT_NS=2000000000 python3 tests/gpu/faults.py launch N killed-rank OP
+
+``killed-rank``: as ``stops-calling``, but the last rank kills itself with SIGKILL (an OOM kill, a
+crash) instead of sleeping. Not under torchrun, which SIGTERMs every other rank as soon as one
+dies: ``launch`` starts the N ranks itself and checks that each survivor printed its PASS (its
+error within the timeout) and that all of them ended.
 
 ``stops-calling``: every rank makes three calls of ``OP`` (all_reduce, all_gather, reduce_scatter,
 ag_gemm, gemm_rs, gemm_ar), then the last rank skips the fourth while the others make it. The others'
@@ -12,6 +18,7 @@ torchrun ends.
 
 import ctypes
 import os
+import signal
 import sys
 import time
 
@@ -47,7 +54,7 @@ def _leave(code: int) -> None:
     os._exit(code)
 
 
-def stops_calling(op: str) -> None:
+def stops_calling(op: str, killed: bool = False) -> None:
     tdist.init(heap_size="256M")
     if tdist.world_size() < 2:
         raise SystemExit("faults.py stops-calling: needs two ranks or more (one skips, the others wait)")
@@ -61,9 +68,13 @@ def stops_calling(op: str) -> None:
     tdist.barrier()
     me, last = tdist.rank(), tdist.world_size() - 1
     if me == last:
+        if killed:
+            print(f"PASS killed-rank {op}: rank {me} kills itself", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(timeout_s + 2 * SLACK_S)  # the others time out meanwhile
         print(f"PASS stops-calling {op}: rank {me} skipped the call", flush=True)
         _leave(0)
+    mode = "killed-rank" if killed else "stops-calling"
     start = time.monotonic()
     try:
         call()
@@ -72,14 +83,53 @@ def stops_calling(op: str) -> None:
         elapsed = time.monotonic() - start
         first = str(error).splitlines()[0]
         ok = elapsed <= timeout_s + SLACK_S
-        print(f"{'PASS' if ok else 'FAIL'} stops-calling {op}: rank {me} raised after {elapsed:.1f} s "
+        print(f"{'PASS' if ok else 'FAIL'} {mode} {op}: rank {me} raised after {elapsed:.1f} s "
               f"(wait timeout {timeout_s:.1f} s): {first}", flush=True)
         _leave(0 if ok else 1)
-    print(f"FAIL stops-calling {op}: rank {me}'s call returned though rank {last} never made it", flush=True)
+    print(f"FAIL {mode} {op}: rank {me}'s call returned though rank {last} never made it", flush=True)
     _leave(1)
 
 
+def launch(world: int, mode: str, op: str) -> int:
+    """Start ``world`` ranks of ``mode`` ``op`` (this file, torchrun's environment without torchrun)
+    and wait for them all; 0 if every rank that should print PASS did and none outlived its limit."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    timeout_s = float(os.environ.get("TRITON_DIST_WAIT_TIMEOUT_NS", "0")) / 1e9
+    limit = 90 + timeout_s + 3 * SLACK_S  # start-up and compiles, the timeout, the slack
+    ranks = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        partitions = os.environ.get("TDIST_MPS_SM_PARTITIONS", "").split()  # scripts/mps-rank's job
+        if partitions:
+            env["CUDA_MPS_SM_PARTITION"] = partitions[rank % len(partitions)]
+        ranks.append(subprocess.Popen([sys.executable, __file__, mode, op], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    start, outputs, failed = time.monotonic(), [], False
+    for rank, process in enumerate(ranks):
+        try:
+            out, _ = process.communicate(timeout=max(1.0, limit - (time.monotonic() - start)))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, _ = process.communicate()
+            out += f"\nrank {rank} still ran after {limit:.0f} s: killed\n"
+            failed = True
+        outputs.append(out)
+        print(out, end="", flush=True)
+    passed = sum(f"PASS {mode} {op}" in out for out in outputs)
+    if passed != world:
+        print(f"FAIL {mode} {op}: {passed} of {world} ranks passed", flush=True)
+    return 1 if failed or passed != world else 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] != "stops-calling":
+    if len(sys.argv) == 5 and sys.argv[1] == "launch":
+        sys.exit(launch(int(sys.argv[2]), sys.argv[3], sys.argv[4]))
+    if len(sys.argv) != 3 or sys.argv[1] not in ("stops-calling", "killed-rank"):
         raise SystemExit(__doc__)
-    stops_calling(sys.argv[2])
+    stops_calling(sys.argv[2], killed=sys.argv[1] == "killed-rank")
