@@ -85,7 +85,9 @@ wait) and for acks sent at the end of the previous call; no ``P`` operation need
 operations are fixed per shape, recorded once in a :class:`~triton_dist.StreamSchedule` and queued
 with one call while the GEMM runs; with serialised launches (``CUDA_LAUNCH_BLOCKING``,
 :attr:`triton_dist.config.Config.serialised_launches`) they are queued before the GEMM, whose
-launch would otherwise return only after it had waited forever for the peers' copies.
+launch would otherwise return only after it had waited forever for the peers' copies, and so
+they are where ranks share a GPU (streams of a process may share an MPS work queue, and a GEMM
+ahead of its own copies in one would wait for ever).
 
 TMA stores and the release: a TMA store (``cp.async.bulk.tensor``) is a write of the async
 proxy that completes asynchronously; Triton 3.6 only waits for it to have *read* its shared
@@ -454,10 +456,14 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         side = self._side
         side.wait_event(self._bumped)
         # The copy stream's operations only wait on the device, so they may be queued while the
-        # GEMM runs, hiding their host time; a serialised GEMM launch (CUDA_LAUNCH_BLOCKING, a
-        # sanitizer) would return only when the GEMM has finished, which needs every peer's copies:
-        # then they go first.
-        copies_first = _config.get().serialised_launches
+        # GEMM runs, hiding their host time. They go first where that could deadlock: a serialised
+        # GEMM launch (CUDA_LAUNCH_BLOCKING, a sanitizer) returns only when the GEMM has finished,
+        # which needs every peer's copies; and where ranks share a GPU, two streams of a process
+        # may share one MPS work queue, so a GEMM queued ahead of this rank's copies holds them
+        # back while it waits for the peers', whose GEMMs hold theirs: a ring (the back-to-back
+        # test hung so at world 4 on one H200; 95be54a saw the same queue sharing).
+        cfg = _config.get()
+        copies_first = cfg.serialised_launches or cfg.ranks_per_gpu > 1
         if copies_first:
             schedule.enqueue(side)
         tiles = world * triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"])
