@@ -30,6 +30,9 @@ everything ``S`` did before, including this rank's GEMM of call ``k - 1``, is fi
      ``gathered`` (``peer_tensor``, a copy-engine copy over NVLink); signal kernel, phase 1:
      ``ready[me] = k`` on ``r`` (release, system scope).
 
+Where ranks share a GPU (several per GPU under MPS), ``S`` also waits for the phase-0 kernel to
+finish before the GEMM (:meth:`AllGatherGemmContext.start_gather` says why).
+
 ``S``: the GEMM consumer: before the K loop of an output tile it acquire-waits (system scope)
 ``ready[r] >= k`` for the one or two ranks ``r`` whose shards hold the tile's rows, and loads A
 through ``dl.consume_token`` of the descriptor (ordered after the wait, with an async-proxy fence
@@ -100,6 +103,7 @@ from __future__ import annotations
 
 import triton.language as tl
 
+from ... import config as _config
 from ... import language as dl
 from ... import residency as _residency
 from ...distributed_jit import DistributedKernel, jit
@@ -269,6 +273,9 @@ class AllGatherGemmContext(OverlappedGemmContext):
         exposed = self.shard if pull else self.gathered
         self._peers = [peer_tensor(exposed, r) if r != self.rank else exposed for r in range(self.world)]
         self._side = side_stream(self.device)
+        self._first_signal = torch.cuda.Event()
+        """Recorded after the copy-engine producers' first signal kernel (phase 0 or 2), which the
+        caller's stream waits for where ranks share a GPU (:meth:`start_gather`)."""
         if pull:  # ordinary memory written on the side stream: its release must wait for that stream too
             self.gathered.record_stream(self._side)
         self.ready()
@@ -334,6 +341,13 @@ class AllGatherGemmContext(OverlappedGemmContext):
                                                             m * k, **self._push_meta())
             else:
                 self._push(x, m)
+        if self.producer != "sm_push" and _config.get().ranks_per_gpu > 1:
+            # The consumer's own rows wait for the first signal kernel (ready[me]), and every
+            # peer's rows for its acks. Where ranks share a GPU that one-program kernel once never
+            # started beside a spinning GEMM (world 4 on one H200), so there the GEMM starts only
+            # after it has run. That costs the overlap of this rank's own rows with the peers'
+            # previous call, in a mode that proves correctness and measures no speed.
+            stream.wait_event(self._first_signal)
         return stream
 
     def _push_meta(self) -> dict:
@@ -347,6 +361,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
         into every peer's ``gathered``, each followed by its ready signal (phase 1)."""
         world, me, k = self.world, self.rank, self.k
         self._signal(0)
+        self._first_signal.record(self._side)
         for i in range(1, world):
             # Rank r's GEMM walks its own rows, then rank r + 1's, r + 2's, ...: rank me's rows are
             # needed (me - r) % world blocks in, so ranks me - 1, me - 2, ... get them first.
@@ -361,6 +376,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
         copy it into ``gathered``, mark its rows ready here and tell the peer (phase 5)."""
         world, me, k = self.world, self.rank, self.k
         self._signal(2)
+        self._first_signal.record(self._side)
         self.shard[:m * k].copy_(x)
         self._signal(3)
         for i in range(1, world):
