@@ -79,7 +79,6 @@ def clear_contexts() -> None:
     """Forget the cached contexts (their symmetric memory is freed once nothing else holds it).
     Collective in effect: call it on every rank (:func:`triton_dist.finalize` does)."""
     _CONTEXTS.clear()
-    _FITTING.clear()  # its entries are contexts of _CONTEXTS: a stale one would outlive a finalize
     _FITTING.clear()
 
 
