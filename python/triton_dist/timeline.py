@@ -9,7 +9,8 @@ written as a Chrome / Perfetto trace (``chrome://tracing``, https://ui.perfetto.
         tdist.timeline.write_chrome_trace(spans, "ag_gemm.json")
         print(tdist.timeline.summary(spans))
 
-Instrumented kernels (the dense GEMM of ``ag_gemm``, ``gemm_rs`` and ``gemm_ar``) take the
+Instrumented kernels (the dense GEMM of ``ag_gemm``, ``gemm_rs`` and ``gemm_ar``, the grouped GEMM
+of ``group_gemm``, ``ag_group_gemm`` and ``group_gemm_rs``) take the
 recording's buffer while one is active and compile a variant with stamps
 (:mod:`triton_dist.language.timeline`); outside a recording they run the code they always ran.
 A recording costs a compile per variant on first use and a few global stores per tile. The

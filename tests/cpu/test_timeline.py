@@ -109,3 +109,25 @@ def test_clock_offsets_take_the_median_round_and_share_a_gpus_clock():
     stamps[1][2] += 50_000
     assert timeline.clock_offsets(stamps, ["a", "b", "b", "b", "a"]) == [0, 1000, 1000, 1000, 0]
     assert timeline.clock_offsets(stamps, ["a", "b", "c", "d", "e"]) == [0, 1000, 1000, 1200, 7]
+
+
+def _grouped(**extra):
+    from triton_dist.kernels.moe import group_gemm as grouped
+
+    c = gemm_module.config_params("small")
+    signature = {"a_desc": f"tensordesc<bf16[{c['BM']}, {c['BK']}]>",
+                 "w_desc": f"tensordesc<bf16[{c['BN']}, {c['BK']}]>", "c": "*bf16", "ends": "*i32", "num_experts": "i32", "total_rows": "i32", "capacity": "i32", "N": "i32",
+                 "K": "i32"}
+    if extra:
+        signature["timeline"] = "*i64"
+    meta = grouped.kernel_meta("small", **extra)
+    options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
+    return compile_for_hopper(grouped.group_gemm_kernel, signature, meta, **options).asm["ptx"]
+
+
+def test_the_grouped_gemm_stamps_only_while_recording():
+    """The MoE grouped GEMM (also ag_group_gemm's consumer and group_gemm_rs's producer): outside a
+    recording no clock read at all; inside, a tile's start, K loop end and epilogue end."""
+    plain, stamped = _grouped(), _grouped(TIMELINE=True)
+    assert "%globaltimer" not in plain
+    assert stamped.count("%globaltimer") == 3 and "st.global.b64" in stamped

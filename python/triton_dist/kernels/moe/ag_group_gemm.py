@@ -23,6 +23,7 @@ dense consumer does, only in another order, and the call ends with the same stre
 
 from __future__ import annotations
 
+from ... import timeline as _timeline
 from ...distributed_jit import DistributedKernel
 from ..gemm.ag_gemm import AllGatherGemmContext
 from .ep_context import _describe
@@ -109,7 +110,7 @@ class AllGatherGroupGemmContext(AllGatherGemmContext):
         config = pick_config(rows, experts, n, self.max_programs)
         ag_group_gemm_kernel[grid_for(rows, experts, n, config, self.max_programs)](
             None, weight_descriptor(w, config), out, offsets, experts, rows, 0, n, k,
-            **self._consumer_args(token_index, m), **kernel_meta(config))
+            **self._consumer_args(token_index, m), **kernel_meta(config), **_timeline.kernel_args())
         stream.wait_stream(self._side)
         return result
 

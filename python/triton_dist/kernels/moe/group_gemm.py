@@ -32,6 +32,8 @@ import triton
 import triton.language as tl
 
 from ... import language as dl
+from ... import timeline as _timeline
+from ...language import timeline as _stamps
 from ..gemm import dense as _gemm
 from ..gemm.tile import tile_coords, tile_product
 from ..common.tickets import last_to_finish
@@ -74,7 +76,8 @@ def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity
                       BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
                       PADDED: tl.constexpr, GATHERED: tl.constexpr = False, gathered=None, token_index=None,
                       signals=None, calls=None, m_per_rank=1, SCATTER_ADD: tl.constexpr = False, topk_slot=None,
-                      weights=None, TOPK: tl.constexpr = 1, half_elems=0, tickets=None, WORLD: tl.constexpr = 1):
+                      weights=None, TOPK: tl.constexpr = 1, half_elems=0, tickets=None, WORLD: tl.constexpr = 1,
+                      timeline=None, TIMELINE: tl.constexpr = False):
     """``c[rows of e] = A[rows of e] @ W[e]^T`` for every expert ``e < num_experts``. ``a_desc``:
     ``[total_rows, K]``, block ``[BM, BK]``; ``w_desc``: ``[num_experts * N, K]``, block ``[BN,
     BK]``; ``c``: ``[total_rows, N]`` (``N`` a multiple of 8). ``ends``: int32 ``[num_experts]``,
@@ -95,7 +98,10 @@ def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity
     fp32 reductions at system scope) into row ``t % m_per_rank`` of the symmetric fp32 ``c`` (half
     ``*calls % 2`` of ``2 * half_elems``) on rank ``t // m_per_rank``. The program that finishes
     last (a ticket, acq_rel at system scope, so every program's reductions precede it) then sets
-    ``signals[me] = *calls`` on every rank: "all my rows of this call are in your buffer"."""
+    ``signals[me] = *calls`` on every rank: "all my rows of this call are in your buffer".
+
+    ``TIMELINE``: stamps into ``timeline`` (:mod:`triton_dist.language.timeline`) for each tile:
+    its start, the end of its wait (``GATHERED``), of its K loop and of its epilogue."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     num_n = tl.cdiv(N, BN)
@@ -108,6 +114,8 @@ def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity
     if SCATTER_ADD:
         half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
     first_tile = pid * 0  # this expert's first tile in the numbering of every expert's tiles
+    if TIMELINE:
+        cursor = pid * 0
     for e in range(0, num_experts):
         start, count = _expert_rows(ends, e, total_rows, capacity, PADDED)
         num_m = tl.cdiv(count, BM)
@@ -115,6 +123,8 @@ def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity
         # From this program's first tile at or after first_tile: tiles p, p + G, ... across experts.
         for tile in range(first_tile + (pid - first_tile % grid + grid) % grid, first_tile + tiles, grid):
             pid_m, pid_n = tile_coords(tile - first_tile, num_m, num_n, GROUP_M)
+            if TIMELINE:
+                cursor = _stamps.stamp(timeline, cursor, _stamps.TILE)
             rows = pid_m * BM + tl.arange(0, BM)
             if GATHERED:
                 valid = rows < count
@@ -122,6 +132,8 @@ def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity
                 first = tl.min(tl.where(valid, tokens, 2**31 - 1), 0) // m_per_rank
                 last = tl.max(tl.where(valid, tokens, 0), 0) // m_per_rank
                 token = dl.wait(signals + first, last - first + 1, "sys", "acquire", epoch)
+                if TIMELINE:
+                    cursor = _stamps.stamp(timeline, cursor, _stamps.WAITED)
                 # The token on the row indices, not the pointers: the loads depend on the wait and
                 # keep their 16-byte alignment (k_stride), so they vectorise and pipeline.
                 a_rows = gathered + dl.consume_token(tokens, token).to(tl.int64)[:, None] * k_stride
@@ -130,6 +142,8 @@ def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity
             else:
                 acc = tile_product(a_desc, w_desc, start + pid_m * BM, e * N + pid_n * BN, k_tiles, None, BM, BN,
                                    BK, NUM_STAGES, False)
+            if TIMELINE:
+                cursor = _stamps.stamp(timeline, cursor, _stamps.COMPUTED)
             cols = pid_n * BN + tl.arange(0, BN)
             mask = (rows < count)[:, None] & (cols < stride)[None, :]
             if SCATTER_ADD:
@@ -138,6 +152,8 @@ def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity
             else:
                 ptrs = c + (start + rows).to(tl.int64)[:, None] * stride + cols[None, :]
                 tl.store(ptrs, acc.to(c.dtype.element_ty), mask=mask)
+            if TIMELINE:
+                cursor = _stamps.stamp(timeline, cursor, _stamps.DONE)
         first_tile += tiles
     if SCATTER_ADD:
         if last_to_finish(tickets, 0, grid, "sys"):
@@ -206,7 +222,8 @@ def launch(a, w, c, ends, *, padded: bool, config: str | None = None) -> None:
     config = config or pick_config(rows, experts, n, sms)
     a_desc, w_desc = _gemm.operand_descriptors(a2, w.reshape(experts * n, k), config)
     group_gemm_kernel[grid_for(rows, experts, n, config, sms)](a_desc, w_desc, c, ends, experts, rows, capacity, n,
-                                                               k, **kernel_meta(config, PADDED=padded))
+                                                               k, **kernel_meta(config, PADDED=padded),
+                                                               **_timeline.kernel_args())
 
 
 def _check(x, w, ends, padded: bool, out):

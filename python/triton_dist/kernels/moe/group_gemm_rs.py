@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from ... import language as dl
+from ... import timeline as _timeline
 from ...distributed_jit import DistributedKernel, jit
 from ...signals import SignalPad
 from ...symmetric import symm_zeros
@@ -176,7 +177,7 @@ class GroupGemmReduceScatterContext(OverlappedGemmContext):
         # The GEMM waits for nothing: any grid is safe; every program counts itself on the ticket.
         group_gemm_rs_kernel[grid_for(rows, experts, n, config, sms)](
             a_desc, w_desc, self.partial, offsets, experts, rows, 0, n, k,
-            **self._args(token_index, topk_slot, weights_all, m), **self._meta(config))
+            **self._args(token_index, topk_slot, weights_all, m), **self._meta(config), **_timeline.kernel_args())
         numel = m * n
         group_gemm_rs_finish_kernel[(max(1, min(triton.cdiv(numel, FINISH_BLOCK), sms)), )](
             self.partial, out, self.done.signals, self.calls, numel, self.half_elems, **self._finish_meta())
