@@ -154,7 +154,10 @@ def test_send_receive_split_with_two_batches_in_flight(ctx):
     raises_everywhere(lambda: ops.ep_dispatch(*inputs[0], context=ctx, send_only=True), ValueError,
                       "two dispatches are already waiting")
     raises_everywhere(lambda: ctx.receive(b.handle), ValueError, "in their order")
+    placeholder = torch.zeros((ctx.local_experts, ctx.world * ctx.max_tokens, ctx.hidden), device="cuda", dtype=DTYPE)
+    raises_everywhere(lambda: ops.ep_combine(placeholder, a.handle), ValueError, "call receive(handle) first")
     ctx.receive(a.handle)
+    raises_everywhere(lambda: ctx.receive(a.handle), ValueError, "already received")
     ctx.receive(b.handle)
     outs = [ops.ep_combine(experts_forward(d, ctx), d.handle) for d in (a, b)]
     bad = [i for i, out in enumerate(outs)
