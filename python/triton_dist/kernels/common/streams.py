@@ -11,9 +11,13 @@ rule (:mod:`triton_dist.residency`) still leaves the SMs.
 """
 
 
+HIGHEST_PRIORITY = -(1 << 20)
+"""Lower numbers run first; torch maps a priority past the device's range to the nearest one it
+has, so this is the highest on every device."""
+
+
 def side_stream(device):
     """A new stream on ``device`` at the highest priority the device offers."""
     import torch
 
-    _, highest = torch.cuda.Stream.priority_range()  # (lowest, highest); lower numbers run first
-    return torch.cuda.Stream(device=device, priority=highest)
+    return torch.cuda.Stream(device=device, priority=HIGHEST_PRIORITY)
