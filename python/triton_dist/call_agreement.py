@@ -28,14 +28,19 @@ def differing(signatures: list) -> list[int]:
     return [r for r, s in enumerate(signatures) if s != signatures[0]]
 
 
-def check(op: str, **arguments) -> None:
+def check(op: str, *, rows_may_differ: tuple[str, ...] = (), **arguments) -> None:
     """With ``check_collective_calls`` on: raise ValueError on every rank if any rank calls ``op``
-    with other ``arguments`` (described by :func:`describe`) than rank 0. Collective then."""
+    with other ``arguments`` (described by :func:`describe`) than rank 0. Collective then. The
+    tensors named in ``rows_may_differ`` are compared without their first dimension (token counts
+    that ranks may choose freely)."""
     if not _config.get().check_collective_calls:
         return
     import torch.distributed as dist
 
     mine = {name: describe(value) for name, value in arguments.items()}
+    for name in rows_may_differ:
+        shape, dtype = mine[name] if isinstance(mine[name], tuple) else ((), mine[name])
+        mine[name] = (shape[1:], dtype)
     every = [None] * _runtime.world_size()
     dist.all_gather_object(every, mine, group=_runtime.process_group())
     odd = differing(every)

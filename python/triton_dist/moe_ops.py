@@ -22,8 +22,8 @@ def ep_dispatch(x, topk_idx, topk_weights, *, context, send_only: bool = False, 
     per-expert ``offsets``)."""
     _require_initialized("ep_dispatch")
     # Token counts may differ between ranks; the rows' width, the dtype and the mode may not.
-    _call_agreement.check("ep_dispatch", row=(tuple(getattr(x, "shape", ())[1:]), str(getattr(x, "dtype", None))),
-                          send_only=send_only, max_recv_rows=max_recv_rows is not None)
+    _call_agreement.check("ep_dispatch", rows_may_differ=("x", ), x=x, send_only=send_only,
+                          max_recv_rows=max_recv_rows is not None)
     _ep_context("ep_dispatch", context)
     return context.dispatch(x, topk_idx, topk_weights, send_only=send_only, check_routing=check_routing,
                             out_x=out_x, out_weight=out_weight, max_recv_rows=max_recv_rows)

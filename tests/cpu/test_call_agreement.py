@@ -28,3 +28,26 @@ def test_off_by_default_and_on_through_its_variable(monkeypatch):
     call_agreement.check("all_reduce", x=_Tensor((1, ), "float32"))  # off: returns before any collective
     monkeypatch.setenv("TRITON_DIST_CHECK_COLLECTIVE_CALLS", "1")
     assert config.Config.from_environment().check_collective_calls
+
+
+def test_rows_that_may_differ_are_compared_without_their_count(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(config, "get", lambda: config.Config(check_collective_calls=True))
+
+    class _Dist:
+        @staticmethod
+        def all_gather_object(every, mine, group=None):
+            seen.update(mine)
+            every[:] = [mine]
+
+    import sys
+    import types
+
+    torch = types.ModuleType("torch")
+    torch.distributed = _Dist
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch.distributed", _Dist)
+    monkeypatch.setattr(call_agreement._runtime, "world_size", lambda: 1)
+    monkeypatch.setattr(call_agreement._runtime, "process_group", lambda: None)
+    call_agreement.check("ep_dispatch", rows_may_differ=("x", ), x=_Tensor((7, 64), "torch.bfloat16"), send_only=False)
+    assert seen == {"x": ((64, ), "bfloat16"), "send_only": False}

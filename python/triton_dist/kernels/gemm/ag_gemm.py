@@ -273,9 +273,10 @@ class AllGatherGemmContext(OverlappedGemmContext):
         exposed = self.shard if pull else self.gathered
         self._peers = [peer_tensor(exposed, r) if r != self.rank else exposed for r in range(self.world)]
         self._side = side_stream(self.device)
-        self._first_signal = torch.cuda.Event()
-        """Recorded after the copy-engine producers' first signal kernel (phase 0 or 2), which the
-        caller's stream waits for where ranks share a GPU (:meth:`start_gather`)."""
+        # Where ranks share a GPU, the caller's stream waits for the copy-engine producers' first
+        # signal kernel (phase 0 or 2) before the GEMM (start_gather says why); None elsewhere.
+        self._first_signal = torch.cuda.Event() if producer != "sm_push" and _config.get().ranks_per_gpu > 1 \
+            else None
         if pull:  # ordinary memory written on the side stream: its release must wait for that stream too
             self.gathered.record_stream(self._side)
         self.ready()
@@ -341,7 +342,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
                                                             m * k, **self._push_meta())
             else:
                 self._push(x, m)
-        if self.producer != "sm_push" and _config.get().ranks_per_gpu > 1:
+        if self._first_signal is not None:
             # The consumer's own rows wait for the first signal kernel (ready[me]), and every
             # peer's rows for its acks. Where ranks share a GPU that one-program kernel once never
             # started beside a spinning GEMM (world 4 on one H200), so there the GEMM starts only
@@ -361,7 +362,8 @@ class AllGatherGemmContext(OverlappedGemmContext):
         into every peer's ``gathered``, each followed by its ready signal (phase 1)."""
         world, me, k = self.world, self.rank, self.k
         self._signal(0)
-        self._first_signal.record(self._side)
+        if self._first_signal is not None:
+            self._first_signal.record(self._side)
         for i in range(1, world):
             # Rank r's GEMM walks its own rows, then rank r + 1's, r + 2's, ...: rank me's rows are
             # needed (me - r) % world blocks in, so ranks me - 1, me - 2, ... get them first.
@@ -376,7 +378,8 @@ class AllGatherGemmContext(OverlappedGemmContext):
         copy it into ``gathered``, mark its rows ready here and tell the peer (phase 5)."""
         world, me, k = self.world, self.rank, self.k
         self._signal(2)
-        self._first_signal.record(self._side)
+        if self._first_signal is not None:
+            self._first_signal.record(self._side)
         self.shard[:m * k].copy_(x)
         self._signal(3)
         for i in range(1, world):
