@@ -85,7 +85,8 @@ def all_ranks_agree(ok: bool, what: str) -> None:
 
 
 def raises_everywhere(fn, exc_type, match: str) -> None:
-    """`fn` must raise `exc_type` with `match` in its message on every rank."""
+    """`fn` must raise `exc_type` on every rank, its message matching the regular expression `match`
+    (re.search: escape parentheses and brackets)."""
     import re
 
     try:

@@ -155,7 +155,7 @@ def test_send_receive_split_with_two_batches_in_flight(ctx):
                       "two dispatches are already waiting")
     raises_everywhere(lambda: ctx.receive(b.handle), ValueError, "in their order")
     placeholder = torch.zeros((ctx.local_experts, ctx.world * ctx.max_tokens, ctx.hidden), device="cuda", dtype=DTYPE)
-    raises_everywhere(lambda: ops.ep_combine(placeholder, a.handle), ValueError, "call receive(handle) first")
+    raises_everywhere(lambda: ops.ep_combine(placeholder, a.handle), ValueError, r"call receive\(handle\) first")
     ctx.receive(a.handle)
     raises_everywhere(lambda: ctx.receive(a.handle), ValueError, "already received")
     ctx.receive(b.handle)
