@@ -206,12 +206,14 @@ NB_MODULE(_C, m) {
   });
   m.def(
       "initialize_module",
-      [](std::uintptr_t module) {
+      [](std::uintptr_t module, const std::string& ptx_path) {
         if (!tdist::Runtime::initialized()) return false;
-        return tdist::Runtime::get().initialize_module(reinterpret_cast<CUmodule>(module));
+        return tdist::Runtime::get().initialize_module(reinterpret_cast<CUmodule>(module),
+                                                       tdist::ModulePtx::from_file(ptx_path));
       },
-      "module"_a, "Set up a loaded CUmodule: the backend's device state and the wait-timeout report's address, "
-      "where the module uses them.");
+      "module"_a, "ptx_path"_a = "",
+      "Set up a loaded CUmodule: the backend's device state and the wait-timeout report's address, "
+      "where the module uses them (its PTX at ptx_path says which globals it has; \"\": look them up).");
   m.def(
       "barrier_all_on_stream",
       [](std::uintptr_t stream) {

@@ -54,12 +54,17 @@ InitAttr make_init_attr() {
 constexpr unsigned kInitWithUniqueId = 1u << 3;  // NVSHMEMX_INIT_WITH_UNIQUEID
 constexpr int kStatusInitialized = 2;             // NVSHMEM_STATUS_IS_INITIALIZED
 
-// NVSHMEM takes its heap size and NVLS switch only from the environment, read once at init, so
-// these are set here, just before init, and nowhere else.
+// NVSHMEM takes its heap size, NVLS and NCCL switches only from the environment, read once at
+// init, so these are set here, just before init, and nowhere else.
 void configure_environment(std::size_t heap_bytes, int rank) {
   // NVLink multicast must stay off on shared machines: it can take the host's GPUs out of
   // service. Overwrite whatever the caller had.
   setenv("NVSHMEM_DISABLE_NVLS", "1", 1);
+  // NVSHMEM builds an NCCL communicator per init for host collectives that triton_dist does not
+  // use (it calls only the barrier, NVSHMEM's own kernel): NCCL refuses two ranks on one GPU
+  // (MPS), and under compute-sanitizer its kernel probe reports API errors (no kernel image). A
+  // caller who wants NVSHMEM's NCCL path sets NVSHMEM_DISABLE_NCCL=0 first.
+  setenv("NVSHMEM_DISABLE_NCCL", "1", 0);
   // NVSHMEM keeps a little of its heap for itself (team and collective scratch).
   const std::size_t wanted = heap_bytes + (256ull << 20);
   if (const char* user = std::getenv("NVSHMEM_SYMMETRIC_SIZE")) {
@@ -166,12 +171,13 @@ void NvshmemBackend::barrier_all_on_stream(CUstream stream) {
   api_->barrier_all_on_stream(stream);
 }
 
-bool NvshmemBackend::initialize_module(CUmodule module) {
+bool NvshmemBackend::initialize_module(CUmodule module, const ModulePtx& ptx) {
   // Modules that did not link NVSHMEM's device library have no device state to set up.
+  constexpr const char* kDeviceState = "nvshmemi_device_state_d";
+  if (!ptx.may_declare(kDeviceState)) return false;
   CUdeviceptr state = 0;
   std::size_t size = 0;
-  CUresult found = CudaDriver::get().module_get_global(&state, &size, module,
-                                                       "nvshmemi_device_state_d");
+  CUresult found = CudaDriver::get().module_get_global(&state, &size, module, kDeviceState);
   if (found == CUDA_ERROR_NOT_FOUND) return false;
   check_cuda(found, bootstrap_.rank(), "initialize_module", "cuModuleGetGlobal");
   TDIST_CHECK(api_->cumodule_init(module) == 0, bootstrap_.rank(), "initialize_module",

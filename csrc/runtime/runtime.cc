@@ -1,6 +1,7 @@
 #include "tdist/runtime.h"
 
 #include <mutex>
+#include <vector>
 
 #include "tdist/error.h"
 #include "tdist/nvshmem_backend.h"
@@ -13,6 +14,10 @@ std::mutex g_mutex;
 // Deliberately leaked at exit: destroying it would run backend teardown after CUDA and NVSHMEM
 // have started their own, and a collective teardown can hang on a peer that already left.
 Runtime* g_runtime = nullptr;
+// Modules set up with a backend's device state. Triton never unloads a module, and a kernel
+// loaded before finalize() would otherwise run after the next init() with the state of the
+// torn-down backend (its heap, its peers' mappings): init() sets each of them up again.
+std::vector<CUmodule> g_modules_using_backend;
 
 }  // namespace
 
@@ -37,6 +42,9 @@ Runtime& Runtime::init(std::unique_ptr<Bootstrap> bootstrap, const RuntimeOption
   runtime->bootstrap_ = std::move(bootstrap);
   runtime->heap_ =
       SymmetricHeap::create(*runtime->bootstrap_, *runtime->backend_, options.heap_bytes);
+  for (CUmodule module : g_modules_using_backend) {
+    runtime->backend_->initialize_module(module, ModulePtx());
+  }
   g_runtime = runtime.release();
   return *g_runtime;
 }
@@ -54,9 +62,13 @@ bool Runtime::initialized() {
   return g_runtime != nullptr;
 }
 
-bool Runtime::initialize_module(CUmodule module) {
-  const bool uses_backend = backend_->initialize_module(module);
-  const bool reports_timeouts = WaitTimeoutReport::get(rank()).install(module, rank());
+bool Runtime::initialize_module(CUmodule module, const ModulePtx& ptx) {
+  const bool uses_backend = backend_->initialize_module(module, ptx);
+  if (uses_backend) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    g_modules_using_backend.push_back(module);
+  }
+  const bool reports_timeouts = WaitTimeoutReport::get(rank()).install(module, ptx, rank());
   return uses_backend || reports_timeouts;
 }
 

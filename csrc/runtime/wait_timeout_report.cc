@@ -77,7 +77,8 @@ bool WaitTimeoutReport::print_if_published() {
   return true;
 }
 
-bool WaitTimeoutReport::install(CUmodule module, int rank) const {
+bool WaitTimeoutReport::install(CUmodule module, const ModulePtx& ptx, int rank) const {
+  if (!ptx.may_declare(kWaitReportSymbol)) return false;
   CUdeviceptr slot = 0;
   std::size_t size = 0;
   CUresult found = CudaDriver::get().module_get_global(&slot, &size, module, kWaitReportSymbol);

@@ -68,7 +68,7 @@ class HostBackend final : public SymmetricBackend {
   }
   void* peer_base(int) override { return memory_.data(); }
   void barrier_all_on_stream(CUstream) override {}
-  bool initialize_module(CUmodule) override { return false; }
+  bool initialize_module(CUmodule, const ModulePtx&) override { return false; }
   void finalize() override { memory_.clear(); }
 
  private:

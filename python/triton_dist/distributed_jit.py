@@ -46,7 +46,10 @@ def extern_libs() -> tuple[tuple[str, str], ...]:
 def _initialize_module(module, function, name, metadata_group, hash) -> None:
     from . import _C
 
-    _C.initialize_module(int(module))
+    # The runtime looks up only the globals the module's PTX names (a failed lookup is an API
+    # error to compute-sanitizer); Triton's cache group holds the PTX beside the cubin.
+    ptx = next((path for file, path in metadata_group.items() if file.endswith(".ptx")), "")
+    _C.initialize_module(int(module), str(ptx))
 
 
 def install_module_hook() -> None:

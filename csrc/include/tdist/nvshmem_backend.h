@@ -32,7 +32,7 @@ class NvshmemBackend final : public SymmetricBackend {
   void* reserve(std::size_t bytes) override;
   void* peer_base(int pe) override;
   void barrier_all_on_stream(CUstream stream) override;
-  bool initialize_module(CUmodule module) override;
+  bool initialize_module(CUmodule module, const ModulePtx& ptx) override;
   void finalize() override;
 
   // Where libnvshmem_host.so.3 was loaded from.

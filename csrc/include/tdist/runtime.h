@@ -53,7 +53,8 @@ class Runtime {
 
   // Sets up a module Triton loaded: the backend's device state (if the module uses the backend)
   // and the address of the wait-timeout report (if it has a timed-out-wait path). True if either.
-  bool initialize_module(CUmodule module);
+  // A later init() gives the modules that use the backend the new backend's state.
+  bool initialize_module(CUmodule module, const ModulePtx& ptx);
 
   // Host-side barrier over the bootstrap (does not order GPU work).
   void barrier() { bootstrap_->barrier(); }

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <string>
 
+#include "tdist/module_ptx.h"
+
 namespace tdist {
 
 // What the heap needs of a transport: one reservation, peers' bases, a stream barrier, module
@@ -30,7 +32,7 @@ class SymmetricBackend {
 
   // Prepares a module that Triton or NVRTC loaded for device-side calls into this backend.
   // Returns false when the module does not use the backend (nothing to do).
-  virtual bool initialize_module(CUmodule module) = 0;
+  virtual bool initialize_module(CUmodule module, const ModulePtx& ptx) = 0;
 
   // Collective: releases the reservation and the transport.
   virtual void finalize() = 0;

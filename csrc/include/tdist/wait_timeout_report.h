@@ -15,6 +15,8 @@
 #include <string>
 #include <thread>
 
+#include "tdist/module_ptx.h"
+
 namespace tdist {
 
 // The record's layout, shared with the support library's LLVM IR (language/support_library.py).
@@ -49,7 +51,7 @@ class WaitTimeoutReport {
   static WaitTimeoutReport& get(int rank);
 
   // Writes the record's address into `module`'s kWaitReportSymbol; false if it has none.
-  bool install(CUmodule module, int rank) const;
+  bool install(CUmodule module, const ModulePtx& ptx, int rank) const;
 
   // The message for a published record, or "" (also used by tests). `signal_name`: what the
   // signal is (SignalNames::name_of its address), "" if nobody named it.
