@@ -69,6 +69,10 @@ NB_MODULE(_C, m) {
   m.doc() =
       "triton_dist C++ core: bootstrap, symmetric heap, signal pads, stream memory ops and schedules, "
       "kernel launchers";
+  // The ops cache their contexts (signal pads, stream schedules) for the life of the process, and
+  // a process may exit without finalize(): those objects are alive when the interpreter frees
+  // this module by design, so nanobind's leak report at exit would only be noise.
+  nb::set_leak_warnings(false);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);

@@ -164,3 +164,39 @@ def test_bad_options_are_refused_before_anything_runs(script, args, message):
 def test_gpu_test_option_rules(args, message):
     run = subprocess.run(["bash", "scripts/gpu-test", *args], cwd=_ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and message in run.stdout, run.stdout + run.stderr
+
+
+_SANITIZER_PROBE = """\
+========= Program hit CUDA_ERROR_NOT_FOUND (error 500) due to "named symbol not found" on CUDA API call to cuModuleGetGlobal_v2.
+=========     Saved host backtrace up to driver entry point at error
+=========         Host Frame: nvshmemx_cumodule_init [0x118932] in libnvshmem_host.so.3
+=========         Host Frame: tdist::NvshmemBackend::initialize_module [0xdc064] in _C.so
+"""
+_SANITIZER_OURS = """\
+========= Program hit CUDA_ERROR_NOT_FOUND (error 500) due to "named symbol not found" on CUDA API call to cuModuleGetGlobal_v2.
+=========     Saved host backtrace up to driver entry point at error
+=========         Host Frame: tdist::WaitTimeoutReport::install [0x6d0e1] in _C.so
+"""
+_SANITIZER_READ = """\
+========= Invalid __global__ read of size 4 bytes
+=========     at kernel+0x90
+"""
+
+
+@pytest.mark.parametrize("log, clean", [
+    ("========= ERROR SUMMARY: 0 errors\n", True),
+    (_SANITIZER_PROBE + "========= ERROR SUMMARY: 1 error\n", True),
+    (_SANITIZER_PROBE + _SANITIZER_OURS + "========= ERROR SUMMARY: 2 errors\n", False),
+    (_SANITIZER_PROBE + _SANITIZER_READ + "========= ERROR SUMMARY: 2 errors\n", False),
+    (_SANITIZER_PROBE * 2 + "========= ERROR SUMMARY: 5 errors\n"
+     "========= ERROR SUMMARY: 3 errors were not printed. Use --print-limit option to adjust\n", False),
+    ("Traceback (most recent call last):\n", False),
+    ("========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n", True),
+    ("========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)\n", False),
+])
+def test_sanitizer_verdict_allows_only_nvshmems_own_lookups(tmp_path, log, clean):
+    path = tmp_path / "sanitizer.log"
+    path.write_text(log)
+    done = subprocess.run([str(_ROOT / "scripts/sanitizer-verdict"), str(path)], capture_output=True, text=True)
+    assert (done.returncode == 0) == clean, done.stdout
+    assert done.stdout.startswith("clean: " if clean else "NOT clean: ")
