@@ -98,6 +98,14 @@ class Config:
     and the kernels to compile, 1 compiles them one after another in each rank, as Triton alone
     would (TRITON_DIST_COMPILE_WORKERS)."""
 
+    results_dir: str = ""
+    """Where benchmarks write their JSON (``<dir>/<gpu>-x<world>/``); "" means ``bench/results`` of
+    the source tree, or of the working directory outside one (TRITON_DIST_RESULTS_DIR)."""
+
+    commit: str = ""
+    """The commit benchmark results name; "" asks git (TRITON_DIST_COMMIT: a GPU machine that gets a
+    copy of the working tree may have a stale ``.git``, or none)."""
+
     @staticmethod
     def from_environment() -> "Config":
         heap = os.environ.get("TRITON_DIST_SYMMETRIC_HEAP_SIZE")
@@ -122,6 +130,8 @@ class Config:
                                  or os.environ.get("CUDA_LAUNCH_BLOCKING", "0") not in ("", "0")),
             compile_workers=compile_workers,
             check_collective_calls=_env_int("TRITON_DIST_CHECK_COLLECTIVE_CALLS", 0) != 0,
+            results_dir=os.environ.get("TRITON_DIST_RESULTS_DIR", ""),
+            commit=os.environ.get("TRITON_DIST_COMMIT", ""),
         )
 
 

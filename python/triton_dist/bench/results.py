@@ -22,12 +22,14 @@ import re
 import subprocess
 from pathlib import Path
 
+from .. import config as _config
+
 FIELDS = ("op", "shape", "dtype", "world_size", "gpu", "ours_us", "baselines", "bound_us", "commit", "versions")
 """The record's fields, in order (docs/design.md §7)."""
 
 RESULTS_ROOT: Path | None = None
 """Where ``<gpu>-x<world>/`` folders go when ``write_results`` is given no root; ``None``: the
-``TRITON_DIST_RESULTS_DIR`` environment variable, else ``bench/results`` of the source tree this
+``Config.results_dir`` (TRITON_DIST_RESULTS_DIR), else ``bench/results`` of the source tree this
 package lives in, else ``bench/results`` under the current directory."""
 
 _SOURCE_TREE = Path(__file__).resolve().parents[3]  # <repo>/python/triton_dist/bench/results.py
@@ -120,11 +122,12 @@ def gpu_slug(name: str | None = None) -> str:
 
 @functools.lru_cache(maxsize=None)
 def commit() -> str:
-    """``TRITON_DIST_COMMIT`` when set (the GPU machine gets a copy of the working tree whose
-    ``.git``, if any, may be stale), else the checkout's short hash (``-dirty`` when tracked files
-    differ from it), else 'unknown'."""
-    if os.environ.get("TRITON_DIST_COMMIT"):
-        return os.environ["TRITON_DIST_COMMIT"]
+    """``Config.commit`` when set (the GPU machine gets a copy of the working tree whose ``.git``,
+    if any, may be stale), else the checkout's short hash (``-dirty`` when tracked files differ
+    from it), else 'unknown'."""
+    given = _config.get().commit
+    if given:
+        return given
     for where in (_SOURCE_TREE, Path.cwd()):
         try:
             head = subprocess.run(["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -176,9 +179,9 @@ def results_dir(gpu: str, world_size: int, root: str | os.PathLike | None = None
     if root is None:
         root = RESULTS_ROOT
     if root is None:
-        env = os.environ.get("TRITON_DIST_RESULTS_DIR")
-        if env:
-            root = env
+        given = _config.get().results_dir
+        if given:
+            root = given
         elif (_SOURCE_TREE / "pyproject.toml").is_file() and (_SOURCE_TREE / "bench").is_dir():
             root = _SOURCE_TREE / "bench" / "results"
         else:
