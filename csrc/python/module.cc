@@ -18,6 +18,7 @@
 #include "tdist/device_sharing.h"
 #include "tdist/error.h"
 #include "tdist/runtime.h"
+#include "tdist/signal_names.h"
 #include "tdist/signal_pad.h"
 #include "tdist/stream_ops.h"
 #include "tdist/stream_schedule.h"
@@ -288,6 +289,24 @@ NB_MODULE(_C, m) {
           "stream"_a)
       .def("__len__", &tdist::StreamSchedule::size)
       .def_prop_ro("driver_calls", &tdist::StreamSchedule::driver_calls);
+
+  m.def(
+      "name_signals",
+      [](std::uintptr_t base, std::size_t count, std::size_t signal_bytes, std::string owner,
+         const std::vector<std::tuple<std::string, std::size_t, std::size_t>>& regions) {
+        std::vector<tdist::SignalRegion> named;
+        for (const auto& [name, first, count_in] : regions) named.push_back({name, first, count_in});
+        tdist::SignalNames::get().add(base, count, signal_bytes, std::move(owner), std::move(named));
+      },
+      "base"_a, "count"_a, "signal_bytes"_a, "owner"_a, "regions"_a,
+      "Name `count` words of `signal_bytes` at `base` (memory that is not a SignalPad, such as an LL "
+      "buffer whose words are waited on) for the wait-timeout report.");
+  m.def(
+      "forget_signals", [](std::uintptr_t base) { tdist::SignalNames::get().remove(base); }, "base"_a,
+      "Forget the names name_signals gave the range at `base`.");
+  m.def(
+      "signal_name", [](std::uintptr_t address) { return tdist::SignalNames::get().name_of(address); },
+      "address"_a, "What the wait-timeout report calls the signal at `address` (\"\" if nobody named it).");
 
   nb::class_<tdist::SignalPad>(m, "SignalPad")
       .def(

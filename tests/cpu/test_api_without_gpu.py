@@ -131,3 +131,18 @@ def test_stream_schedule_enqueue_without_driver_says_so():
     schedule.write_value64(0x1000, 1)
     with pytest.raises(RuntimeError, match="No NVIDIA driver|libcuda"):
         schedule.enqueue(0)
+
+
+def test_named_words_outside_a_pad_get_their_region_in_the_report():
+    # What ll_buffer does for an LL buffer (2 halves x 2 ranks x 4 words here): the timed-out
+    # wait's address maps to the half, the sender and the word.
+    base, slot = 0x7e0000100000, 4
+    regions = [(f"half{h}.from_rank{r}", (h * 2 + r) * slot, slot) for h in range(2) for r in range(2)]
+    _C.name_signals(base, 4 * slot, 8, "AllReduceContext LL", regions)
+    try:
+        assert _C.signal_name(base + 8 * (3 * slot + 1)) == \
+            "signal 13 of AllReduceContext LL's pad: half1.from_rank1[1]"
+        assert _C.signal_name(base + 8 * 4 * slot) == ""  # one past the buffer
+    finally:
+        _C.forget_signals(base)
+    assert _C.signal_name(base) == ""

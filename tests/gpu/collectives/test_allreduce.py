@@ -129,6 +129,20 @@ def test_ll_max_size_and_too_large():
     tdist.barrier()
 
 
+def test_ll_words_are_named_for_the_timeout_report():
+    """A timed-out LL wait reports the address of a word of ``ctx.ll``: the report names the
+    half, the sending rank and the word (triton_dist.kernels.common.ll_buffer)."""
+    from triton_dist import _C
+
+    ctx = AllReduceContext(1 << 20, torch.float32)
+    world, slot = dist.get_world_size(), ctx.ll_slot
+    sender = world - 1
+    word = ctx.ll.data_ptr() + 8 * ((world + sender) * slot + 5)  # half 1, from the last rank, word 5
+    name = _C.signal_name(word)
+    all_ranks_agree(name.endswith(f"of AllReduceContext LL's pad: half1.from_rank{sender}[5]"),
+                    f"LL word named {name!r}")
+
+
 @pytest.mark.parametrize("method", ["auto"] + _METHODS)
 def test_in_place_and_new_tensor(method):
     x = _fresh(5000, torch.bfloat16, seed=3)

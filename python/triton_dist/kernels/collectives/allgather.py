@@ -152,6 +152,7 @@ from .allgather_kernels import (all_gather_ce_chunk_signal_kernel, all_gather_ce
                                 all_gather_ce_signal_kernel, all_gather_ll_kernel, all_gather_push_kernel,
                                 all_gather_zero_copy_kernel)
 from ..common.context import CollectiveContext
+from ..common.ll_buffer import ll_buffer
 from ..common.ll_protocol import LL_BLOCK
 from ..common.ring import all_gather_ring_kernel
 from ..common.signal_layout import SignalLayout
@@ -250,10 +251,9 @@ class AllGatherContext(CollectiveContext):
         self.ce = symm_empty((world * slot, ), dtype)
         """The copy-engine method's receive buffer: one region of ``world`` slots."""
         self.ll_max_bytes = min(self.max_bytes, LL_MAX_BYTES)
-        self.ll_slot = triton.cdiv(triton.cdiv(self.ll_max_bytes, 4), LL_BLOCK) * LL_BLOCK
-        self.ll = symm_empty((2 * world * self.ll_slot, ), torch.int64)
-        """The LL buffer: two halves of ``world`` slots of ``ll_slot`` 8-byte words, zeroed."""
-        self.ll.zero_()
+        self.ll, self.ll_slot = ll_buffer("AllGatherContext", world, self.ll_max_bytes)
+        """The LL buffer (:func:`~triton_dist.kernels.common.ll_buffer.ll_buffer`) and its 8-byte
+        words per rank slot."""
         self.ce_calls = torch.zeros(1, dtype=torch.int64, device=self.calls.device)
         """The device-side count of ``ce_push`` and ``ce_chunked`` calls (their ``k``; the two share
         the ``ce`` buffer and its acks)."""

@@ -148,6 +148,7 @@ from .allreduce_kernels import (all_reduce_ce_reduce_kernel, all_reduce_one_shot
                                 all_reduce_two_shot_kernel, ll_reduce_kernel)
 from . import policy as _policy
 from ..common.context import CollectiveContext
+from ..common.ll_buffer import ll_buffer
 from ..common.ll_protocol import LL_BLOCK
 from ..common.rank_barrier import rank_barrier_kernel
 from ..common.streams import side_stream
@@ -201,13 +202,9 @@ class AllReduceContext(CollectiveContext):
         self.half = self.halves["stage"]
         self.ll_max_bytes = min(self.max_bytes, self.LL_MAX_BYTES)
         """The largest input (bytes per rank) this context's ``"ll"`` method takes."""
-        self.ll_slot = triton.cdiv(triton.cdiv(self.ll_max_bytes, 4), LL_BLOCK) * LL_BLOCK
-        """8-byte words per rank slot of :attr:`ll` (whole tiles)."""
-        self.ll = symm_empty((2 * self.world * self.ll_slot, ), torch.int64)
-        """The LL buffer: two halves of ``world`` slots of ``ll_slot`` words, zeroed (flags are
-        never 0). Zeroed on the current stream; :meth:`ready` synchronises and barriers before any
-        peer can write it."""
-        self.ll.zero_()
+        self.ll, self.ll_slot = ll_buffer("AllReduceContext", self.world, self.ll_max_bytes)
+        """The LL buffer (:func:`~triton_dist.kernels.common.ll_buffer.ll_buffer`) and its 8-byte
+        words per rank slot."""
         # "ce_two_shot" (module notes): scattered/reduced flags, then the barrier's slot.
         self.ce_pad = SignalPad(2 * self.world * self.CE_MAX_CHUNKS + self.world, owner="AllReduceContext ce_two_shot")
         self._ce_barrier = 2 * self.world * self.CE_MAX_CHUNKS

@@ -51,6 +51,7 @@ from ...symmetric import symm_empty
 from . import policy as _policy
 from .allreduce import ll_reduce_kernel
 from ..common.context import CollectiveContext
+from ..common.ll_buffer import ll_buffer
 from ..common.ll_protocol import LL_BLOCK
 from ..common.tiles import copy_program_tiles, each_tile, load_tile, store_tile
 
@@ -207,13 +208,9 @@ class ReduceScatterContext(CollectiveContext):
         self.vec = 16 // dtype.itemsize
         self.ll_max_bytes = min(self.max_bytes, self.LL_MAX_BYTES)
         """The largest input (bytes, all shards) this context's ``"ll"`` method takes."""
-        shard_words = triton.cdiv(triton.cdiv(self.ll_max_bytes, world), 4)
-        self.ll_slot = triton.cdiv(shard_words, LL_BLOCK) * LL_BLOCK
-        """8-byte words per rank slot of :attr:`ll` (one shard's payload, whole tiles)."""
-        self.ll = symm_empty((2 * world * self.ll_slot, ), torch.int64)
-        """The LL buffer: two halves of ``world`` slots, zeroed (flags are never 0); :meth:`ready`
-        synchronises and barriers before any peer can write it."""
-        self.ll.zero_()
+        self.ll, self.ll_slot = ll_buffer("ReduceScatterContext", world, triton.cdiv(self.ll_max_bytes, world))
+        """The LL buffer (:func:`~triton_dist.kernels.common.ll_buffer.ll_buffer`) and its 8-byte
+        words per rank slot (one shard's payload)."""
         self.ready()
 
     def _meta(self, vec: int) -> dict:
