@@ -127,7 +127,8 @@ NB_MODULE(_C, m) {
   m.def(
       "init",
       [](int rank, int world_size, std::function<std::vector<nb::bytes>(nb::bytes)> allgather,
-         std::size_t heap_bytes, int local_world_size, const std::string& nvshmem_library_dir) {
+         std::size_t heap_bytes, int local_world_size, const std::string& nvshmem_library_dir,
+         bool keep_nvshmem) {
         auto bootstrap = std::make_unique<tdist::CallbackBootstrap>(
             rank, world_size, [allgather](const std::string& mine) {
               nb::gil_scoped_acquire gil;
@@ -137,10 +138,11 @@ NB_MODULE(_C, m) {
         options.heap_bytes = heap_bytes;
         options.local_world_size = local_world_size;
         options.nvshmem_library_dir = nvshmem_library_dir;
+        options.keep_nvshmem = keep_nvshmem;
         tdist::Runtime::init(std::move(bootstrap), options);
       },
       "rank"_a, "world_size"_a, "allgather"_a, "heap_bytes"_a, "local_world_size"_a,
-      "nvshmem_library_dir"_a,
+      "nvshmem_library_dir"_a, "keep_nvshmem"_a = false,
       "Collective: bring up the runtime over an allgather callback (a torch ProcessGroup).");
   m.def(
       "mps_state",

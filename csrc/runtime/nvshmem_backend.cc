@@ -6,6 +6,7 @@
 
 #include "tdist/cuda_driver.h"
 #include "tdist/error.h"
+#include "tdist/nvshmem_session.h"
 #include "tdist/shared_library.h"
 
 namespace tdist {
@@ -50,6 +51,10 @@ InitAttr make_init_attr() {
   attr.args.uid_args.nranks = -1;
   return attr;
 }
+
+// The instance this process brought up and, with keep_between_inits, kept past finalize()
+// (nvshmem_session.h). Only init() and finalize() touch it, under the runtime's lock.
+std::optional<NvshmemSession> g_session;
 
 constexpr unsigned kInitWithUniqueId = 1u << 3;  // NVSHMEMX_INIT_WITH_UNIQUEID
 constexpr int kStatusInitialized = 2;             // NVSHMEM_STATUS_IS_INITIALIZED
@@ -126,32 +131,64 @@ NvshmemBackend::NvshmemBackend(Bootstrap& bootstrap, const NvshmemOptions& optio
   lib.bind(api_->barrier_all_on_stream, "nvshmemx_barrier_all_on_stream");
   lib.bind(api_->cumodule_init, "nvshmemx_cumodule_init");
 
+  const std::string members = join_members(bootstrap.allgather(this_process_member()));
+  const NvshmemPlan plan = plan_nvshmem_start(g_session, members, options.heap_bytes);
+  const NvshmemStart start = plan.start;
+  // Every rank must take the same path (bring-up and take-down are collective), finalize() the
+  // same way, and hear of any rank's refusal.
+  const std::string mine = plan.refusal.empty() ? std::to_string(static_cast<int>(start)) + "/" +
+                                                      std::to_string(options.keep_between_inits)
+                                                : "refused: " + plan.refusal;
+  const std::vector<std::string> plans = bootstrap.allgather(mine);
+  for (std::size_t peer = 0; peer < plans.size(); ++peer) {
+    TDIST_CHECK(plans[peer].rfind("refused: ", 0) != 0, rank, "init",
+                "rank " << peer << " cannot start NVSHMEM: " << plans[peer].substr(9));
+  }
+  for (const std::string& peer : plans) {
+    TDIST_CHECK(peer == mine, rank, "init",
+                "ranks disagree on whether to reuse the NVSHMEM instance kept from an earlier "
+                "init() (their heap sizes or keep_nvshmem settings differ); pass the same to every rank");
+  }
+  if (start == NvshmemStart::kReinitialise) {
+    api_->hostlib_finalize();
+    g_session.reset();
+  }
+  if (start != NvshmemStart::kReuse) {
+    bring_up(options.heap_bytes);
+    g_session = NvshmemSession{members, options.heap_bytes, false};
+  }
+  TDIST_CHECK(api_->my_pe() == rank && api_->n_pes() == bootstrap.world_size(), rank, "init",
+              "NVSHMEM numbered this rank " << api_->my_pe() << " of " << api_->n_pes()
+                                            << " but the bootstrap says " << rank << " of "
+                                            << bootstrap.world_size());
+  g_session->in_use = true;
+  keep_between_inits_ = options.keep_between_inits;
+}
+
+void NvshmemBackend::bring_up(std::size_t heap_bytes) {
+  const int rank = bootstrap_.rank();
   TDIST_CHECK(api_->init_status() < kStatusInitialized, rank, "init",
               "NVSHMEM is already initialised in this process (by torch or another library); "
               "triton_dist must own NVSHMEM's initialisation");
-  configure_environment(options.heap_bytes, rank);
+  configure_environment(heap_bytes, rank);
 
   UniqueId uid;
   if (rank == 0) {
     TDIST_CHECK(api_->get_uniqueid(&uid) == 0, rank, "init", "nvshmemx_get_uniqueid failed");
   }
-  std::string shared = bootstrap.broadcast(
+  std::string shared = bootstrap_.broadcast(
       std::string(reinterpret_cast<const char*>(&uid), sizeof(uid)), /*root=*/0);
   TDIST_CHECK(shared.size() == sizeof(uid), rank, "init",
               "received an NVSHMEM unique id of " << shared.size() << " B, expected " << sizeof(uid));
   std::memcpy(&uid, shared.data(), sizeof(uid));
 
   InitAttr attr = make_init_attr();
-  TDIST_CHECK(api_->set_attr_uniqueid_args(rank, bootstrap.world_size(), &uid, &attr) == 0, rank,
+  TDIST_CHECK(api_->set_attr_uniqueid_args(rank, bootstrap_.world_size(), &uid, &attr) == 0, rank,
               "init", "nvshmemx_set_attr_uniqueid_args failed");
   TDIST_CHECK(api_->hostlib_init_attr(kInitWithUniqueId, &attr) == 0, rank, "init",
               "NVSHMEM initialisation failed (its own messages above say why); check that each "
               "rank uses a different GPU and that NVSHMEM_* variables are not set for another "
               "bootstrap");
-  TDIST_CHECK(api_->my_pe() == rank && api_->n_pes() == bootstrap.world_size(), rank, "init",
-              "NVSHMEM numbered this rank " << api_->my_pe() << " of " << api_->n_pes()
-                                            << " but the bootstrap says " << rank << " of "
-                                            << bootstrap.world_size());
 }
 
 NvshmemBackend::~NvshmemBackend() {
@@ -191,7 +228,10 @@ void NvshmemBackend::finalize() {
   finalized_ = true;
   if (base_ != nullptr) api_->free(base_);
   base_ = nullptr;
+  g_session->in_use = false;
+  if (keep_between_inits_) return;  // the next init() of the same processes reuses it
   api_->hostlib_finalize();
+  g_session.reset();
 }
 
 std::string NvshmemBackend::library_path() const { return api_->library->path(); }

@@ -36,6 +36,7 @@ Runtime& Runtime::init(std::unique_ptr<Bootstrap> bootstrap, const RuntimeOption
     NvshmemOptions nvshmem;
     nvshmem.library_dir = options.nvshmem_library_dir;
     nvshmem.heap_bytes = options.heap_bytes;
+    nvshmem.keep_between_inits = options.keep_nvshmem;
     backend = std::make_unique<NvshmemBackend>(*bootstrap, nvshmem);
   }
   runtime->backend_ = std::move(backend);

@@ -46,7 +46,7 @@ def _env_int(name: str) -> int | None:
 
 def init(process_group=None, *, heap_size: int | str | None = None,
          local_world_size: int | None = None, device: int | None = None,
-         ranks_per_gpu: int | None = None) -> None:
+         ranks_per_gpu: int | None = None, keep_nvshmem: bool | None = None) -> None:
     """Collective: initialise triton_dist on every rank.
 
     Args:
@@ -61,6 +61,9 @@ def init(process_group=None, *, heap_size: int | str | None = None,
         device: the CUDA device of this rank; defaults to ``LOCAL_RANK // ranks_per_gpu``.
         ranks_per_gpu: ranks sharing each GPU; defaults to ``TRITON_DIST_RANKS_PER_GPU`` or 1.
             Above 1 needs CUDA MPS (:mod:`triton_dist.placement` says why and how).
+        keep_nvshmem: let finalize() keep NVSHMEM up for a later init() of the same processes
+            (``Config.keep_nvshmem``: for programs that init and finalize many times); defaults
+            to ``TRITON_DIST_KEEP_NVSHMEM`` or off.
 
     Raises:
         RuntimeError: already initialised, no GPU, a world size that disagrees with the
@@ -81,6 +84,7 @@ def init(process_group=None, *, heap_size: int | str | None = None,
         local_world_size=local_world_size if local_world_size is not None else base.local_world_size,
         ranks_per_gpu=_placement.check_ranks_per_gpu(
             ranks_per_gpu if ranks_per_gpu is not None else base.ranks_per_gpu),
+        keep_nvshmem=keep_nvshmem if keep_nvshmem is not None else base.keep_nvshmem,
     )
     if not torch.cuda.is_available():
         raise RuntimeError("triton_dist init: no CUDA GPU is visible to this process; triton_dist "
@@ -166,7 +170,7 @@ def _join(process_group, cfg, device: int | None) -> tuple[int, str]:
                                cfg.ranks_per_gpu, rank)
 
     _core().init(rank, world_size, allgather, cfg.symmetric_heap_size, cfg.local_world_size,
-                 _nvshmem.library_dir())
+                 _nvshmem.library_dir(), cfg.keep_nvshmem)
     _config._set(cfg)
     from . import distributed_jit as _jit
 
@@ -178,7 +182,9 @@ def finalize() -> None:
     """Collective: tear triton_dist down on every rank (after which init() may run again).
 
     Symmetric tensors that are still alive must not be used afterwards. A process that exits
-    without calling this does not hang: nothing collective runs at interpreter exit.
+    without calling this does not hang: nothing collective runs at interpreter exit. NVSHMEM is
+    taken down too (its heap's GPU memory is returned, less about 1.1 MiB that each NVSHMEM
+    bring-up leaves behind), unless init() was given ``keep_nvshmem``.
 
     The default process group that init() created (none was passed, none existed) is destroyed
     here. A second init() in the same torchrun job then creates it again, and torch's second

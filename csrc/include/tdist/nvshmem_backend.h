@@ -19,6 +19,8 @@ struct NvshmemOptions {
   std::string library_dir;
   // Bytes the heap will reserve; NVSHMEM's own heap is sized from it.
   std::size_t heap_bytes = 0;
+  // finalize() keeps NVSHMEM up for the next init() of the same processes (nvshmem_session.h).
+  bool keep_between_inits = false;
 };
 
 // NVSHMEM as the symmetric heap's transport (file notes).
@@ -45,6 +47,10 @@ class NvshmemBackend final : public SymmetricBackend {
   std::unique_ptr<Api> api_;
   void* base_ = nullptr;
   bool finalized_ = false;
+  bool keep_between_inits_ = false;
+
+  // Collective: NVSHMEM's unique-id bring-up, its heap sized for `heap_bytes`.
+  void bring_up(std::size_t heap_bytes);
 };
 
 }  // namespace tdist

@@ -21,6 +21,8 @@ struct RuntimeOptions {
   int local_world_size = 0;
   // Where libnvshmem_host.so.3 lives (see NvshmemOptions).
   std::string nvshmem_library_dir;
+  // finalize() keeps NVSHMEM up for the next init() of the same processes (NvshmemOptions).
+  bool keep_nvshmem = false;
 };
 
 // The one runtime of a process, between init() and finalize().
