@@ -3,7 +3,7 @@
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py exit-without-finalize
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py finalize
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py world-size-mismatch
-    torchrun --nproc-per-node=N tests/gpu/lifecycle.py init-finalize-cycles (100 rounds in one process)
+    torchrun --nproc-per-node=N tests/gpu/lifecycle.py init-finalize-cycles [N] (N = 100 rounds a phase)
     RANK=0 WORLD_SIZE=1 ... python tests/gpu/lifecycle.py wait-timeout   (one rank; test_language runs it)
     torchrun --nproc-per-node=2 tests/gpu/lifecycle.py mps-shared-fault   (two ranks sharing a GPU under MPS)
     torchrun --nproc-per-node=1 tests/gpu/lifecycle.py shared-without-mps (no MPS daemon)
@@ -265,8 +265,9 @@ def mps_shared_fault() -> None:
 
 if __name__ == "__main__":
     mode = sys.argv[1]
+    cycles = int(sys.argv[2]) if len(sys.argv) > 2 else 100  # init-finalize-cycles N: a quicker look
     {"exit-without-finalize": exit_without_finalize, "finalize": finalize_then_uninitialized,
-     "init-finalize-cycles": init_finalize_cycles,
+     "init-finalize-cycles": lambda: init_finalize_cycles(cycles),
      "world-size-mismatch": world_size_mismatch, "wait-timeout": wait_timeout,
      "mps-shared-fault": mps_shared_fault, "shared-without-mps": shared_without_mps,
      "same-gpu-copy": same_gpu_copy}[mode]()
