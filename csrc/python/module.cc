@@ -70,9 +70,9 @@ NB_MODULE(_C, m) {
   m.doc() =
       "triton_dist C++ core: bootstrap, symmetric heap, signal pads, stream memory ops and schedules, "
       "kernel launchers";
-  // The ops cache their contexts (signal pads, stream schedules) for the life of the process, and
-  // a process may exit without finalize(): those objects are alive when the interpreter frees
-  // this module by design, so nanobind's leak report at exit would only be noise.
+  // The ops cache their contexts (signal pads, stream schedules) until finalize(), and a process
+  // may exit without finalize(): those objects are alive when the interpreter frees this module
+  // by design, so nanobind's leak report at exit would only be noise.
   nb::set_leak_warnings(false);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
@@ -298,14 +298,16 @@ NB_MODULE(_C, m) {
          const std::vector<std::tuple<std::string, std::size_t, std::size_t>>& regions) {
         std::vector<tdist::SignalRegion> named;
         for (const auto& [name, first, count_in] : regions) named.push_back({name, first, count_in});
-        tdist::SignalNames::get().add(base, count, signal_bytes, std::move(owner), std::move(named));
+        return tdist::SignalNames::get().add(base, count, signal_bytes, std::move(owner), std::move(named),
+                                             "buffer");
       },
       "base"_a, "count"_a, "signal_bytes"_a, "owner"_a, "regions"_a,
-      "Name `count` words of `signal_bytes` at `base` (memory that is not a SignalPad, such as an LL "
-      "buffer whose words are waited on) for the wait-timeout report.");
+      "Name `count` words of `signal_bytes` at `base` (a buffer that is not a SignalPad, such as an LL "
+      "buffer whose words are waited on) for the wait-timeout report; returns the naming's id.");
   m.def(
-      "forget_signals", [](std::uintptr_t base) { tdist::SignalNames::get().remove(base); }, "base"_a,
-      "Forget the names name_signals gave the range at `base`.");
+      "forget_signals",
+      [](std::uintptr_t base, std::uint64_t id) { tdist::SignalNames::get().remove(base, id); }, "base"_a,
+      "id"_a, "Forget the names name_signals gave the range at `base`, if that naming (`id`) still holds.");
   m.def(
       "signal_name", [](std::uintptr_t address) { return tdist::SignalNames::get().name_of(address); },
       "address"_a, "What the wait-timeout report calls the signal at `address` (\"\" if nobody named it).");

@@ -72,7 +72,10 @@ void configure_environment(std::size_t heap_bytes, int rank) {
   setenv("NVSHMEM_DISABLE_NCCL", "1", 0);
   // NVSHMEM keeps a little of its heap for itself (team and collective scratch).
   const std::size_t wanted = heap_bytes + (256ull << 20);
-  if (const char* user = std::getenv("NVSHMEM_SYMMETRIC_SIZE")) {
+  // The value an earlier bring-up of this process set is ours to replace, not the caller's.
+  static std::string set_by_us;
+  const char* user = std::getenv("NVSHMEM_SYMMETRIC_SIZE");
+  if (user != nullptr && set_by_us != user) {
     char* end = nullptr;
     const unsigned long long given = std::strtoull(user, &end, 10);
     const bool plain_number = end != user && *end == '\0';
@@ -82,7 +85,8 @@ void configure_environment(std::size_t heap_bytes, int rank) {
                                              "TRITON_DIST_SYMMETRIC_HEAP_SIZE instead");
     return;
   }
-  setenv("NVSHMEM_SYMMETRIC_SIZE", std::to_string(wanted).c_str(), 1);
+  set_by_us = std::to_string(wanted);
+  setenv("NVSHMEM_SYMMETRIC_SIZE", set_by_us.c_str(), 1);
 }
 
 }  // namespace
@@ -157,11 +161,12 @@ NvshmemBackend::NvshmemBackend(Bootstrap& bootstrap, const NvshmemOptions& optio
     bring_up(options.heap_bytes);
     g_session = NvshmemSession{members, options.heap_bytes, false};
   }
+  // In use from here: should the check below fail, no later init() may reuse this instance.
+  g_session->in_use = true;
   TDIST_CHECK(api_->my_pe() == rank && api_->n_pes() == bootstrap.world_size(), rank, "init",
               "NVSHMEM numbered this rank " << api_->my_pe() << " of " << api_->n_pes()
                                             << " but the bootstrap says " << rank << " of "
                                             << bootstrap.world_size());
-  g_session->in_use = true;
   keep_between_inits_ = options.keep_between_inits;
 }
 

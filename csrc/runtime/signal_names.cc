@@ -12,15 +12,18 @@ SignalNames& SignalNames::get() {
   return *names;
 }
 
-void SignalNames::add(std::uint64_t base, std::size_t count, std::size_t signal_bytes, std::string owner,
-                      std::vector<SignalRegion> regions) {
+std::uint64_t SignalNames::add(std::uint64_t base, std::size_t count, std::size_t signal_bytes,
+                               std::string owner, std::vector<SignalRegion> regions, std::string noun) {
   std::lock_guard<std::mutex> lock(mutex_);
-  ranges_[base] = Range{count, signal_bytes, std::move(owner), std::move(regions)};
+  const std::uint64_t id = next_id_++;
+  ranges_[base] = Range{count, signal_bytes, std::move(owner), std::move(regions), std::move(noun), id};
+  return id;
 }
 
-void SignalNames::remove(std::uint64_t base) {
+void SignalNames::remove(std::uint64_t base, std::uint64_t id) {
   std::lock_guard<std::mutex> lock(mutex_);
-  ranges_.erase(base);
+  auto named = ranges_.find(base);
+  if (named != ranges_.end() && named->second.id == id) ranges_.erase(named);
 }
 
 std::string SignalNames::name_of(std::uint64_t address) const {
@@ -31,7 +34,7 @@ std::string SignalNames::name_of(std::uint64_t address) const {
   const std::uint64_t offset = address - base;
   if (range.signal_bytes == 0 || offset >= range.count * range.signal_bytes) return "";
   const std::size_t index = offset / range.signal_bytes;
-  std::string name = "signal " + std::to_string(index) + " of " + range.owner + "'s pad";
+  std::string name = "signal " + std::to_string(index) + " of " + range.owner + "'s " + range.noun;
   for (const SignalRegion& region : range.regions) {
     if (index >= region.first && index < region.first + region.count) {
       return name + ": " + region.name + "[" + std::to_string(index - region.first) + "]";

@@ -11,11 +11,13 @@ SignalPad::SignalPad(SymmetricHeap& heap, std::size_t num_signals, std::string o
                            "SignalPad(" + std::to_string(num_signals) + ")")),
       num_signals_(num_signals) {
   if (!owner.empty()) {
-    SignalNames::get().add(reinterpret_cast<std::uint64_t>(local()), num_signals, sizeof(std::uint64_t),
+    names_id_ = SignalNames::get().add(reinterpret_cast<std::uint64_t>(local()), num_signals, sizeof(std::uint64_t),
                            std::move(owner), std::move(regions));
   }
 }
 
-SignalPad::~SignalPad() { SignalNames::get().remove(reinterpret_cast<std::uint64_t>(local())); }
+SignalPad::~SignalPad() {
+  if (names_id_ != 0) SignalNames::get().remove(reinterpret_cast<std::uint64_t>(local()), names_id_);
+}
 
 }  // namespace tdist

@@ -13,6 +13,9 @@ TEST(ModulePtx, KnownPtxDeclaresOnlyTheGlobalsItNames) {
   const ModulePtx ptx(".visible .global .align 8 .u64 triton_dist_wait_report;\n");
   EXPECT_TRUE(ptx.may_declare("triton_dist_wait_report"));
   EXPECT_FALSE(ptx.may_declare("nvshmemi_device_state_d"));
+  EXPECT_FALSE(ptx.may_declare("dist_wait_report"));  // inside a longer name
+  EXPECT_FALSE(ModulePtx("triton_dist_wait_report_v2;").may_declare("triton_dist_wait_report"));
+  EXPECT_TRUE(ModulePtx("triton_dist_wait_report_v2; triton_dist_wait_report;").may_declare("triton_dist_wait_report"));
 }
 
 TEST(ModulePtx, UnknownOrUnreadablePtxMayDeclareAnything) {

@@ -103,7 +103,7 @@ class Config:
     with a heap no larger reuses it (TRITON_DIST_KEEP_NVSHMEM=1). For programs that init and
     finalize many times: each NVSHMEM bring-up and take-down leaves about 1.1 MiB of GPU memory
     behind (measured on one H200). An init() with other processes in the same process then
-    raises; one with a larger heap takes NVSHMEM down and up again."""
+    raises; one with a larger heap takes NVSHMEM down and up again (not yet run on a GPU)."""
 
     results_dir: str = ""
     """Where benchmarks write their JSON (``<dir>/<gpu>-x<world>/``); "" means ``bench/results`` of

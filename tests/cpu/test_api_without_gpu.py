@@ -138,11 +138,13 @@ def test_named_words_outside_a_pad_get_their_region_in_the_report():
     # wait's address maps to the half, the sender and the word.
     base, slot = 0x7e0000100000, 4
     regions = [(f"half{h}.from_rank{r}", (h * 2 + r) * slot, slot) for h in range(2) for r in range(2)]
-    _C.name_signals(base, 4 * slot, 8, "AllReduceContext LL", regions)
+    naming = _C.name_signals(base, 4 * slot, 8, "AllReduceContext LL", regions)
     try:
         assert _C.signal_name(base + 8 * (3 * slot + 1)) == \
-            "signal 13 of AllReduceContext LL's pad: half1.from_rank1[1]"
+            "signal 13 of AllReduceContext LL's buffer: half1.from_rank1[1]"
         assert _C.signal_name(base + 8 * 4 * slot) == ""  # one past the buffer
+        _C.forget_signals(base, naming + 1)  # another naming's removal leaves these names
+        assert _C.signal_name(base) != ""
     finally:
-        _C.forget_signals(base)
+        _C.forget_signals(base, naming)
     assert _C.signal_name(base) == ""

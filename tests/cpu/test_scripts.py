@@ -200,3 +200,14 @@ def test_sanitizer_verdict_allows_only_nvshmems_own_lookups(tmp_path, log, clean
     done = subprocess.run([str(_ROOT / "scripts/sanitizer-verdict"), str(path)], capture_output=True, text=True)
     assert (done.returncode == 0) == clean, done.stdout
     assert done.stdout.startswith("clean: " if clean else "NOT clean: ")
+
+
+def test_sanitizer_verdict_counts_every_process(tmp_path):
+    # A compile worker's clean summary first must not stand for the main process's errors.
+    path = tmp_path / "sanitizer.log"
+    path.write_text("========= ERROR SUMMARY: 0 errors\n" + _SANITIZER_READ + "========= ERROR SUMMARY: 1 error\n")
+    done = subprocess.run([str(_ROOT / "scripts/sanitizer-verdict"), str(path)], capture_output=True, text=True)
+    assert done.returncode == 1 and "1 errors in 2 process(es)" in done.stdout, done.stdout
+    path.write_text("========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n")
+    done = subprocess.run([str(_ROOT / "scripts/sanitizer-verdict"), str(path)], capture_output=True, text=True)
+    assert done.returncode == 1 and "1 hazards" in done.stdout, done.stdout

@@ -3,7 +3,7 @@
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py exit-without-finalize
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py finalize
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py world-size-mismatch
-    torchrun --nproc-per-node=N tests/gpu/lifecycle.py init-finalize-cycles [N] (N = 100 rounds a phase)
+    torchrun --nproc-per-node=N tests/gpu/lifecycle.py init-finalize-cycles [C] (phases of C/2, C, C rounds; C = 100)
     RANK=0 WORLD_SIZE=1 ... python tests/gpu/lifecycle.py wait-timeout   (one rank; test_language runs it)
     torchrun --nproc-per-node=2 tests/gpu/lifecycle.py mps-shared-fault   (two ranks sharing a GPU under MPS)
     torchrun --nproc-per-node=1 tests/gpu/lifecycle.py shared-without-mps (no MPS daemon)
@@ -126,6 +126,8 @@ def init_finalize_cycles(cycles: int = 100) -> None:
 
     from triton_dist import ops, placement
 
+    if cycles < 4:
+        raise SystemExit(f"init-finalize-cycles: at least 4 rounds (the bare phase has half), got {cycles}")
     dist.init_process_group(backend=placement.host_backend(tdist.get_config().ranks_per_gpu))
     world, me = dist.get_world_size(), dist.get_rank()
 

@@ -29,12 +29,26 @@ class ModulePtx {
   ModulePtx() = default;
   explicit ModulePtx(std::string text) : text_(std::move(text)) {}
 
-  // False only when the PTX is known and never names `global`.
+  // False only when the PTX is known and never names `global` (as a whole identifier: not
+  // inside a longer name).
   bool may_declare(std::string_view global) const {
-    return !text_ || text_->find(global) != std::string::npos;
+    if (!text_) return true;
+    for (std::size_t at = text_->find(global); at != std::string::npos; at = text_->find(global, at + 1)) {
+      const std::size_t end = at + global.size();
+      if ((at == 0 || !identifier_char((*text_)[at - 1])) &&
+          (end == text_->size() || !identifier_char((*text_)[end]))) {
+        return true;
+      }
+    }
+    return false;
   }
 
  private:
+  // PTX identifiers: letters, digits, _ and $.
+  static bool identifier_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '$';
+  }
+
   std::optional<std::string> text_;
 };
 

@@ -29,13 +29,16 @@ class SignalNames {
   // until the process exits).
   static SignalNames& get();
 
-  // Names the `count` signals of `signal_bytes` each at `base` as `owner`'s, with `regions`
-  // (indices into the range). Naming a base again replaces its names.
-  void add(std::uint64_t base, std::size_t count, std::size_t signal_bytes, std::string owner,
-           std::vector<SignalRegion> regions);
-  // Forgets the names of the range at `base` (nothing if it has none).
-  void remove(std::uint64_t base);
-  // "signal I of OWNER's pad" and ": REGION[J]" where a region holds it; "" for an unnamed address.
+  // Names the `count` signals of `signal_bytes` each at `base` as `owner`'s `noun` (a pad, or a
+  // buffer whose words are waited on), with `regions` (indices into the range). Naming a base
+  // again replaces its names. Returns the naming's id, for remove.
+  std::uint64_t add(std::uint64_t base, std::size_t count, std::size_t signal_bytes, std::string owner,
+                    std::vector<SignalRegion> regions, std::string noun = "pad");
+  // Forgets the names of the range at `base` if `id` (add's) still names it: memory freed and
+  // allocated again at the same base has been named anew, and the old owner's late removal must
+  // not erase that. Nothing if the base has no names.
+  void remove(std::uint64_t base, std::uint64_t id);
+  // "signal I of OWNER's NOUN" and ": REGION[J]" where a region holds it; "" for an unnamed address.
   std::string name_of(std::uint64_t address) const;
 
  private:
@@ -44,9 +47,12 @@ class SignalNames {
     std::size_t signal_bytes;
     std::string owner;
     std::vector<SignalRegion> regions;
+    std::string noun;
+    std::uint64_t id;
   };
   mutable std::mutex mutex_;
   std::map<std::uint64_t, Range> ranges_;  // by base address
+  std::uint64_t next_id_ = 1;
 };
 
 }  // namespace tdist

@@ -42,6 +42,7 @@ class SignalPad {
  private:
   std::shared_ptr<SymmetricBlock> block_;
   std::size_t num_signals_;
+  std::uint64_t names_id_ = 0;  // SignalNames::add's, 0 when unnamed
   std::uint64_t epoch_ = 0;
 };
 

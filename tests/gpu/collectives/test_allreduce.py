@@ -139,7 +139,7 @@ def test_ll_words_are_named_for_the_timeout_report():
     sender = world - 1
     word = ctx.ll.data_ptr() + 8 * ((world + sender) * slot + 5)  # half 1, from the last rank, word 5
     name = _C.signal_name(word)
-    all_ranks_agree(name.endswith(f"of AllReduceContext LL's pad: half1.from_rank{sender}[5]"),
+    all_ranks_agree(name.endswith(f"of AllReduceContext LL's buffer: half1.from_rank{sender}[5]"),
                     f"LL word named {name!r}")
 
 

@@ -17,8 +17,8 @@ def ll_buffer(owner: str, world: int, slot_bytes: int):
     before a peer can write it).
 
     Receivers wait on these words, not on a signal pad, so a timed-out LL wait would report a bare
-    address: the words are named here (``owner`` LL, ``half<h>.from_rank<r>[word]``) for as long
-    as the buffer lives."""
+    address: the words are named here (``owner`` LL's buffer, ``half<h>.from_rank<r>[word]``)
+    for as long as the buffer lives."""
     import torch
 
     from ...runtime import _core
@@ -29,6 +29,8 @@ def ll_buffer(owner: str, world: int, slot_bytes: int):
     buffer.zero_()
     regions = [(f"half{h}.from_rank{r}", (h * world + r) * slot, slot) for h in range(2) for r in range(world)]
     core = _core()
-    core.name_signals(buffer.data_ptr(), buffer.numel(), 8, f"{owner} LL", regions)
-    weakref.finalize(buffer, core.forget_signals, buffer.data_ptr())
+    naming = core.name_signals(buffer.data_ptr(), buffer.numel(), 8, f"{owner} LL", regions)
+    forget = weakref.finalize(buffer, core.forget_signals, buffer.data_ptr(), naming)
+    # Not at interpreter exit: the report watcher's last look comes after, in a C atexit handler.
+    forget.atexit = False
     return buffer, slot
