@@ -12,6 +12,7 @@
 
 namespace tdist {
 
+// What module set-up knows of a module's code: its PTX text, or nothing (file notes).
 class ModulePtx {
  public:
   // The PTX at `path` (Triton's cached copy of the module's code); unknown when `path` is empty or
@@ -27,6 +28,7 @@ class ModulePtx {
 
   // Unknown code: every global may be declared.
   ModulePtx() = default;
+  // Known code: `text` is the module's PTX.
   explicit ModulePtx(std::string text) : text_(std::move(text)) {}
 
   // False only when the PTX is known and never names `global` (as a whole identifier: not

@@ -22,6 +22,7 @@ struct NvshmemSession {
   bool in_use = false;
 };
 
+// How an init() starts NVSHMEM.
 enum class NvshmemStart {
   kInitialise,    // no instance: bring NVSHMEM up
   kReuse,         // the kept instance serves: same processes, a heap that fits
@@ -36,6 +37,7 @@ std::string join_members(const std::vector<std::string>& per_rank);
 
 // What an init() does, or why it cannot.
 struct NvshmemPlan {
+  // The path init() takes (meaningless when refused).
   NvshmemStart start = NvshmemStart::kInitialise;
   // Non-empty where init() can do nothing (the message's body: what and the fix).
   std::string refusal;
