@@ -140,13 +140,14 @@ NvshmemBackend::NvshmemBackend(Bootstrap& bootstrap, const NvshmemOptions& optio
   const NvshmemStart start = plan.start;
   // Every rank must take the same path (bring-up and take-down are collective), finalize() the
   // same way, and hear of any rank's refusal.
+  const std::string refused = "refused: ";
   const std::string mine = plan.refusal.empty() ? std::to_string(static_cast<int>(start)) + "/" +
                                                       std::to_string(options.keep_between_inits)
-                                                : "refused: " + plan.refusal;
+                                                : refused + plan.refusal;
   const std::vector<std::string> plans = bootstrap.allgather(mine);
   for (std::size_t peer = 0; peer < plans.size(); ++peer) {
-    TDIST_CHECK(plans[peer].rfind("refused: ", 0) != 0, rank, "init",
-                "rank " << peer << " cannot start NVSHMEM: " << plans[peer].substr(9));
+    TDIST_CHECK(plans[peer].rfind(refused, 0) != 0, rank, "init",
+                "rank " << peer << " cannot start NVSHMEM: " << plans[peer].substr(refused.size()));
   }
   for (const std::string& peer : plans) {
     TDIST_CHECK(peer == mine, rank, "init",

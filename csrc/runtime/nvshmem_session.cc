@@ -4,7 +4,6 @@
 
 #include <climits>
 
-
 namespace tdist {
 
 std::string this_process_member() {

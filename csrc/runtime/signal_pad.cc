@@ -11,8 +11,8 @@ SignalPad::SignalPad(SymmetricHeap& heap, std::size_t num_signals, std::string o
                            "SignalPad(" + std::to_string(num_signals) + ")")),
       num_signals_(num_signals) {
   if (!owner.empty()) {
-    names_id_ = SignalNames::get().add(reinterpret_cast<std::uint64_t>(local()), num_signals, sizeof(std::uint64_t),
-                           std::move(owner), std::move(regions));
+    names_id_ = SignalNames::get().add(reinterpret_cast<std::uint64_t>(local()), num_signals,
+                                       sizeof(std::uint64_t), std::move(owner), std::move(regions));
   }
 }
 

@@ -73,6 +73,8 @@ def init(process_group=None, *, heap_size: int | str | None = None,
     if _state:
         raise RuntimeError("triton_dist init: already initialised; call triton_dist.finalize() "
                            "before init() again")
+    if keep_nvshmem is not None and not isinstance(keep_nvshmem, bool):
+        raise TypeError(f"triton_dist init: keep_nvshmem must be True, False or None, got {keep_nvshmem!r}")
     _import_torch("init")
     import torch
     import torch.distributed as dist

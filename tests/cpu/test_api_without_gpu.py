@@ -148,3 +148,8 @@ def test_named_words_outside_a_pad_get_their_region_in_the_report():
     finally:
         _C.forget_signals(base, naming)
     assert _C.signal_name(base) == ""
+
+
+def test_init_rejects_a_keep_nvshmem_that_is_not_a_bool():
+    with pytest.raises(TypeError, match="keep_nvshmem must be True, False or None"):
+        triton_dist.init(keep_nvshmem="yes")

@@ -12,9 +12,9 @@ from .ll_protocol import LL_BLOCK
 
 def ll_buffer(owner: str, world: int, slot_bytes: int):
     """``(buffer, slot)``: a symmetric int64 buffer of two halves (epoch parity) of ``world`` slots
-    of ``slot`` 8-byte words, enough for ``slot_bytes`` of payload per rank in whole ``LL_BLOCK`` tiles, zeroed
-    on the current stream (flags are never 0; the context's ``ready`` synchronises and barriers
-    before a peer can write it).
+    of ``slot`` 8-byte words, enough for ``slot_bytes`` of payload per rank in whole ``LL_BLOCK``
+    tiles, zeroed on the current stream (flags are never 0; the context's ``ready`` synchronises
+    and barriers before a peer can write it).
 
     Receivers wait on these words, not on a signal pad, so a timed-out LL wait would report a bare
     address: the words are named here (``owner`` LL's buffer, ``half<h>.from_rank<r>[word]``)
