@@ -118,10 +118,11 @@ def _measure_cycles(label: str, cycles: int, body, keep_nvshmem: bool = False) -
 
 def init_finalize_cycles(cycles: int = 100) -> None:
     """Rounds of init, finalize in one process with a process group the caller owns (finalize's
-    docstring), first bare, then ``cycles`` with a checked all_reduce and all_gather each, then as
-    many with NVSHMEM kept between them (``keep_nvshmem``): GPU
-    memory and open file descriptors must not grow from the first round to the last (each
-    measured after finalize, every rank in step)."""
+    docstring): first NVSHMEM's own bring-up without triton_dist and the runtime bare (half as
+    many each), then ``cycles`` with a checked all_reduce and all_gather each, then as many with
+    NVSHMEM kept between them (``keep_nvshmem``). Open file descriptors must not grow from the
+    first round to the last, nor GPU memory with NVSHMEM kept; without it, the runtime may lose
+    no more a cycle than NVSHMEM alone does (each measured after finalize, every rank in step)."""
     import torch.distributed as dist
 
     from triton_dist import ops, placement
@@ -139,19 +140,28 @@ def init_finalize_cycles(cycles: int = 100) -> None:
         assert bool((gathered.view(world, -1) == torch.arange(1, world + 1, device="cuda")[:, None]).all()), \
             f"cycle {cycle}: all_gather is wrong"
 
-    # Bare first: a loss there is the runtime's (or NVSHMEM's) own, not the ops' contexts'. Then
-    # with NVSHMEM kept between cycles, which is what a program that cycles should ask for: each
-    # NVSHMEM bring-up leaves about 1.1 MiB behind (the first two phases, on one H200).
+    # NVSHMEM by itself first, then the runtime bare: a loss beyond NVSHMEM's own is the runtime's,
+    # one beyond the bare runtime's the ops' contexts'. Then with NVSHMEM kept between cycles,
+    # which is what a program that cycles should ask for: each NVSHMEM bring-up of 3.4.5 leaves
+    # about 1.1 MiB behind (measured on one H200), which no caller of its API can give back.
+    from nvshmem_alone import measure_nvshmem_cycles
+
+    alone = measure_nvshmem_cycles(cycles // 2)
     figures = [_measure_cycles("(bare)", cycles // 2, lambda cycle: None),
                _measure_cycles("(all_reduce + all_gather)", cycles, checked_ops),
                _measure_cycles("(all_reduce + all_gather, keep_nvshmem)", cycles, checked_ops, keep_nvshmem=True)]
+    alone_per_cycle = alone / (cycles // 2 - 1)
     per_cycle_mib = [mib / (n - 1) for (mib, _), n in zip(figures, (cycles // 2, cycles, cycles))]
-    print(f"MiB lost per cycle: bare {per_cycle_mib[0]:.2f}, with ops {per_cycle_mib[1]:.2f}, "
-          f"with ops and keep_nvshmem {per_cycle_mib[2]:.2f}", flush=True)
+    print(f"MiB lost per cycle: NVSHMEM alone {alone_per_cycle:.2f}, bare {per_cycle_mib[0]:.2f}, with ops "
+          f"{per_cycle_mib[1]:.2f}, with ops and keep_nvshmem {per_cycle_mib[2]:.2f}", flush=True)
     assert all(files <= 4 for _, files in figures), "init/finalize cycles leak file descriptors"
     assert figures[2][0] <= 16, "init/finalize cycles with keep_nvshmem leak GPU memory"
-    assert all(mib <= 64 for mib, _ in figures), \
-        "init/finalize cycles leak GPU memory (NVSHMEM's bring-up: about 1.1 MiB a cycle on one H200)"
+    # A quarter MiB a cycle beyond NVSHMEM's own is 25 MiB over 100 cycles: far above the
+    # measurement's noise (whole MiB over a phase), far below one leaked heap or context.
+    for label, mib in zip(("bare", "with ops"), per_cycle_mib[:2]):
+        assert mib <= alone_per_cycle + 0.25, \
+            f"init/finalize cycles {label} lose {mib:.2f} MiB a cycle, NVSHMEM alone {alone_per_cycle:.2f}: " \
+            "the runtime leaks GPU memory"
     dist.destroy_process_group()
 
 
