@@ -11,6 +11,7 @@ import os
 
 import torch
 
+import triton_dist as tdist
 from triton_dist import nvshmem
 
 _INIT_WITH_UNIQUEID = 1 << 3  # NVSHMEMX_INIT_WITH_UNIQUEID
@@ -71,6 +72,14 @@ def measure_nvshmem_cycles(cycles: int, heap_bytes: int = 256 << 20) -> float:
     from round 1 to the last, measured between barriers like the runtime's cycles."""
     import torch.distributed as dist
 
+    from triton_dist import placement
+
+    # As init() does: the device of this rank, its context current (NVSHMEM binds to it).
+    ranks_per_gpu, gpus = tdist.get_config().ranks_per_gpu, torch.cuda.device_count()
+    rank = dist.get_rank()
+    device = placement.device_of(rank % (gpus * ranks_per_gpu), ranks_per_gpu, gpus, rank)
+    torch.cuda.set_device(device)
+    torch.empty(1, device=f"cuda:{device}")
     lib = _library()
     # The settings the runtime makes (nvshmem_backend.cc), restored afterwards so that the
     # runtime's own bring-up sets them again as it would in a fresh process.
