@@ -211,3 +211,29 @@ def test_sanitizer_verdict_counts_every_process(tmp_path):
     path.write_text("========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n")
     done = subprocess.run([str(_ROOT / "scripts/sanitizer-verdict"), str(path)], capture_output=True, text=True)
     assert done.returncode == 1 and "1 hazards" in done.stdout, done.stdout
+
+
+def _race(first: str, second: str, hazards: int = 128) -> str:
+    # As racecheck prints one (tutorial 08 on one H200, 2026-12-04).
+    return (f"========= Error: Race reported between Read access at {first}+0xb00\n"
+            f"=========     and Write access at {second}+0x2820 [{hazards} hazards]\n=========\n")
+
+
+_CUBLAS = "nvjet_sm90_tst_64x8_64x16_4x2_h_bz_TNT"
+
+
+@pytest.mark.parametrize("races, clean", [
+    ([(_CUBLAS, _CUBLAS)] * 2, True),                   # only cuBLAS's kernels: listed, allowed
+    ([(_CUBLAS, _CUBLAS), ("_moe_dispatch_kernel", "_moe_dispatch_kernel")], False),
+    ([(_CUBLAS, "_moe_dispatch_kernel")], False),       # one access is ours
+    ([(_CUBLAS, _CUBLAS)], False),                      # the summary counts one more than printed
+])
+def test_sanitizer_verdict_allows_only_cublas_races(tmp_path, races, clean):
+    summary_count = len(races) + (1 if races == [(_CUBLAS, _CUBLAS)] else 0)
+    path = tmp_path / "sanitizer.log"
+    path.write_text("".join(_race(a, b) for a, b in races) +
+                    f"========= RACECHECK SUMMARY: {summary_count} hazards displayed ({summary_count} errors, 0 warnings)\n")
+    done = subprocess.run([str(_ROOT / "scripts/sanitizer-verdict"), str(path)], capture_output=True, text=True)
+    assert (done.returncode == 0) == clean, done.stdout
+    if clean:
+        assert "inside cuBLAS's kernels, allowed: nvjet_sm90" in done.stdout, done.stdout
