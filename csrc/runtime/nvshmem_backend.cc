@@ -55,6 +55,8 @@ InitAttr make_init_attr() {
 // The instance this process brought up and, with keep_between_inits, kept past finalize()
 // (nvshmem_session.h). Only init() and finalize() touch it, under the runtime's lock.
 std::optional<NvshmemSession> g_session;
+// Whether this process has brought NVSHMEM up before (plan_nvshmem_start's rule for keeping).
+bool g_brought_up_before = false;
 
 constexpr unsigned kInitWithUniqueId = 1u << 3;  // NVSHMEMX_INIT_WITH_UNIQUEID
 constexpr int kStatusInitialized = 2;             // NVSHMEM_STATUS_IS_INITIALIZED
@@ -136,7 +138,8 @@ NvshmemBackend::NvshmemBackend(Bootstrap& bootstrap, const NvshmemOptions& optio
   lib.bind(api_->cumodule_init, "nvshmemx_cumodule_init");
 
   const std::string members = join_members(bootstrap.allgather(this_process_member()));
-  const NvshmemPlan plan = plan_nvshmem_start(g_session, members, options.heap_bytes);
+  const NvshmemPlan plan = plan_nvshmem_start(g_session, members, options.heap_bytes,
+                                              options.keep_between_inits, g_brought_up_before);
   const NvshmemStart start = plan.start;
   // Every rank must take the same path (bring-up and take-down are collective), finalize() the
   // same way, and hear of any rank's refusal.
@@ -159,6 +162,7 @@ NvshmemBackend::NvshmemBackend(Bootstrap& bootstrap, const NvshmemOptions& optio
     g_session.reset();
   }
   if (start != NvshmemStart::kReuse) {
+    g_brought_up_before = true;  // even should the bring-up fail: NVSHMEM's state is touched
     bring_up(options.heap_bytes);
     g_session = NvshmemSession{members, options.heap_bytes, false};
   }

@@ -18,8 +18,10 @@ std::string join_members(const std::vector<std::string>& per_rank) {
   return joined;
 }
 
-NvshmemPlan plan_nvshmem_start(const std::optional<NvshmemSession>& kept, const std::string& members,
-                               std::size_t heap_bytes) {
+namespace {
+
+NvshmemPlan plan_for_kept(const std::optional<NvshmemSession>& kept, const std::string& members,
+                          std::size_t heap_bytes) {
   if (!kept) return {NvshmemStart::kInitialise, ""};
   if (kept->in_use) {
     return {NvshmemStart::kInitialise,
@@ -32,6 +34,23 @@ NvshmemPlan plan_nvshmem_start(const std::optional<NvshmemSession>& kept, const 
             "a new process, or leave keep_nvshmem off"};
   }
   return {heap_bytes <= kept->heap_bytes ? NvshmemStart::kReuse : NvshmemStart::kReinitialise, ""};
+}
+
+}  // namespace
+
+NvshmemPlan plan_nvshmem_start(const std::optional<NvshmemSession>& kept, const std::string& members,
+                               std::size_t heap_bytes, bool keep_past_finalize, bool brought_up_before) {
+  const NvshmemPlan plan = plan_for_kept(kept, members, heap_bytes);
+  // Seen with NVSHMEM 3.4.5 on one H200 (2026-12-04): a process whose NVSHMEM was brought up,
+  // taken down and brought up again segfaults at exit if the second instance is still up; a
+  // first instance left up exits cleanly. Only a kept instance is left up by design.
+  if (plan.refusal.empty() && keep_past_finalize && brought_up_before && plan.start != NvshmemStart::kReuse) {
+    return {plan.start,
+            "keep_nvshmem needs the process's first NVSHMEM instance (one brought up again after a "
+            "take-down and left up crashes at exit, NVSHMEM 3.4.5); pass keep_nvshmem from the first "
+            "init(), with the largest heap the process will ask for, or start a new process"};
+  }
+  return plan;
 }
 
 }  // namespace tdist

@@ -32,6 +32,20 @@ TEST(NvshmemSession, OtherProcessesOrAnInstanceStillInUseAreRefused) {
   EXPECT_NE(failed.refusal.find("failed part-way"), std::string::npos) << failed.refusal;
 }
 
+TEST(NvshmemSession, OnlyTheFirstInstanceOfAProcessIsKept) {
+  const NvshmemSession kept{kWorld, 1 << 20, false};
+  // Reusing the kept instance is always allowed; bringing up a second one to keep is not.
+  EXPECT_TRUE(plan_nvshmem_start(kept, kWorld, 1 << 20, true, true).refusal.empty());
+  EXPECT_TRUE(plan_nvshmem_start(std::nullopt, kWorld, 1 << 20, true, false).refusal.empty());
+  const NvshmemPlan again = plan_nvshmem_start(std::nullopt, kWorld, 1 << 20, true, true);
+  EXPECT_NE(again.refusal.find("first NVSHMEM instance"), std::string::npos) << again.refusal;
+  const NvshmemPlan larger = plan_nvshmem_start(kept, kWorld, 2 << 20, true, true);
+  EXPECT_NE(larger.refusal.find("largest heap"), std::string::npos) << larger.refusal;
+  // Without keep_nvshmem, every later instance is taken down at finalize: allowed.
+  EXPECT_TRUE(plan_nvshmem_start(std::nullopt, kWorld, 1 << 20, false, true).refusal.empty());
+  EXPECT_EQ(plan_nvshmem_start(kept, kWorld, 2 << 20, false, true).start, NvshmemStart::kReinitialise);
+}
+
 TEST(NvshmemSession, MembersNameThisProcess) {
   const std::string me = this_process_member();
   EXPECT_NE(me.find(':'), std::string::npos);

@@ -118,11 +118,13 @@ def _measure_cycles(label: str, cycles: int, body, keep_nvshmem: bool = False) -
 
 def init_finalize_cycles(cycles: int = 100) -> None:
     """Rounds of init, finalize in one process with a process group the caller owns (finalize's
-    docstring): first NVSHMEM's own bring-up without triton_dist and the runtime bare (half as
-    many each), then ``cycles`` with a checked all_reduce and all_gather each, then as many with
-    NVSHMEM kept between them (``keep_nvshmem``). Open file descriptors must not grow from the
-    first round to the last, nor GPU memory with NVSHMEM kept; without it, the runtime may lose
-    no more a cycle than NVSHMEM alone does (each measured after finalize, every rank in step)."""
+    docstring): first ``cycles`` with a checked all_reduce and all_gather each and NVSHMEM kept
+    between them (``keep_nvshmem``), then the runtime bare and NVSHMEM's own bring-up without
+    triton_dist (half as many each), then ``cycles`` with the ops and no keep. Open file
+    descriptors must not grow from the first round to the last, nor GPU memory with NVSHMEM kept;
+    without it, the runtime may lose no more a cycle than NVSHMEM alone does (each measured after
+    finalize, every rank in step). Last, keep_nvshmem is refused: NVSHMEM is no longer the
+    process's first instance."""
     import torch.distributed as dist
 
     from triton_dist import ops, placement
@@ -140,16 +142,17 @@ def init_finalize_cycles(cycles: int = 100) -> None:
         assert bool((gathered.view(world, -1) == torch.arange(1, world + 1, device="cuda")[:, None]).all()), \
             f"cycle {cycle}: all_gather is wrong"
 
-    # NVSHMEM by itself first, then the runtime bare: a loss beyond NVSHMEM's own is the runtime's,
-    # one beyond the bare runtime's the ops' contexts'. Then with NVSHMEM kept between cycles,
-    # which is what a program that cycles should ask for: each NVSHMEM bring-up of 3.4.5 leaves
-    # about 1.1 MiB behind (measured on one H200), which no caller of its API can give back.
+    # With NVSHMEM kept between cycles first (keep_nvshmem needs the process's first NVSHMEM
+    # instance), which is what a program that cycles should ask for: each NVSHMEM bring-up of
+    # 3.4.5 leaves about 1.1 MiB behind (measured on one H200), which no caller of its API can
+    # give back. Then the runtime bare (its first finalize takes the kept instance down), NVSHMEM
+    # by itself and the runtime with ops: a loss beyond NVSHMEM's own is the runtime's.
     from nvshmem_alone import measure_nvshmem_cycles
 
+    kept = _measure_cycles("(all_reduce + all_gather, keep_nvshmem)", cycles, checked_ops, keep_nvshmem=True)
+    bare = _measure_cycles("(bare)", cycles // 2, lambda cycle: None)
     alone = measure_nvshmem_cycles(cycles // 2)
-    figures = [_measure_cycles("(bare)", cycles // 2, lambda cycle: None),
-               _measure_cycles("(all_reduce + all_gather)", cycles, checked_ops),
-               _measure_cycles("(all_reduce + all_gather, keep_nvshmem)", cycles, checked_ops, keep_nvshmem=True)]
+    figures = [bare, _measure_cycles("(all_reduce + all_gather)", cycles, checked_ops), kept]
     alone_per_cycle = alone / (cycles // 2 - 1)
     per_cycle_mib = [mib / (n - 1) for (mib, _), n in zip(figures, (cycles // 2, cycles, cycles))]
     print(f"MiB lost per cycle: NVSHMEM alone {alone_per_cycle:.2f}, bare {per_cycle_mib[0]:.2f}, with ops "
@@ -162,6 +165,13 @@ def init_finalize_cycles(cycles: int = 100) -> None:
         assert mib <= alone_per_cycle + 0.25, \
             f"init/finalize cycles {label} lose {mib:.2f} MiB a cycle, NVSHMEM alone {alone_per_cycle:.2f}: " \
             "the runtime leaks GPU memory"
+    try:
+        tdist.init(heap_size="256M", keep_nvshmem=True)
+        raise AssertionError("keep_nvshmem was accepted after NVSHMEM had been taken down")
+    except RuntimeError as e:
+        assert "first NVSHMEM instance" in str(e), str(e)
+        print(f"keep_nvshmem after a take-down refused: {str(e).splitlines()[0][:160]}", flush=True)
+    assert not tdist.is_initialized()
     dist.destroy_process_group()
 
 

@@ -45,9 +45,12 @@ struct NvshmemPlan {
 
 // The plan of an init() of `members` needing `heap_bytes` given the `kept` instance (none:
 // nullopt). Refused where the kept instance is still in use (an earlier init() failed part-way)
-// or connects other processes (NVSHMEM cannot be taken down without them). Not thrown: every
-// rank learns every rank's plan first (a rank that threw alone would leave its peers waiting).
+// or connects other processes (NVSHMEM cannot be taken down without them), and where an instance
+// to be kept past finalize (`keep_past_finalize`) would not be the process's first
+// (`brought_up_before`: NVSHMEM was up once and taken down). Not thrown: every rank learns every
+// rank's plan first (a rank that threw alone would leave its peers waiting).
 NvshmemPlan plan_nvshmem_start(const std::optional<NvshmemSession>& kept, const std::string& members,
-                               std::size_t heap_bytes);
+                               std::size_t heap_bytes, bool keep_past_finalize = false,
+                               bool brought_up_before = false);
 
 }  // namespace tdist
