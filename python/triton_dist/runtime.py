@@ -185,8 +185,8 @@ def finalize() -> None:
 
     Symmetric tensors that are still alive must not be used afterwards. A process that exits
     without calling this does not hang: nothing collective runs at interpreter exit. NVSHMEM is
-    taken down too (its heap's GPU memory is returned, less about 1.1 MiB that each NVSHMEM
-    bring-up leaves behind), unless init() was given ``keep_nvshmem``.
+    taken down too (its heap's GPU memory is returned, less the 1.1 MiB that each NVSHMEM
+    bring-up leaves behind, NVSHMEM's own), unless init() was given ``keep_nvshmem``.
 
     The default process group that init() created (none was passed, none existed) is destroyed
     here. A second init() in the same torchrun job then creates it again, and torch's second
