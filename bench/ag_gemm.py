@@ -11,8 +11,8 @@ ranks, plus llama3.1-70b at the small ``M`` of :data:`SMALL_M` (where a producer
 its bandwidth, decides).
 
 - ``ours_us``: ``ops.ag_gemm`` with one context per shape (the default ``"ce_push"`` producer);
-  ``ce_pull_us``: the same with a ``producer="ce_pull"`` context (the GEMM reads ordinary memory);
-  ``sm_push_us``: with a ``producer="sm_push"`` context (the rows pushed by a kernel of a few SMs);
+  ``ce_pull_us``: the same with a ``method="ce_pull"`` context (the GEMM reads ordinary memory);
+  ``sm_push_us``: with a ``method="sm_push"`` context (the rows pushed by a kernel of a few SMs);
 - ``torch_nccl_us``: ``dist.all_gather_into_tensor`` + ``torch.matmul(A, B.T)``;
 - ``torch_symm_mem_us``: ``torch.ops.symm_mem.fused_all_gather_matmul(A_shard, [B.T], 0, group)``
   (omitted when unavailable or failing; timed without a CUDA graph, see ``timing``);
@@ -104,8 +104,8 @@ def main() -> int:
     for label, big_m, n_full, k in shapes:
         n, m = n_full // world, big_m // world
         ctx = AllGatherGemmContext(m, k, dtype)  # collective; preloads every kernel
-        pull_ctx = None if args.skip_ce_pull else AllGatherGemmContext(m, k, dtype, producer="ce_pull")
-        push_ctx = AllGatherGemmContext(m, k, dtype, producer="sm_push")
+        pull_ctx = None if args.skip_ce_pull else AllGatherGemmContext(m, k, dtype, method="ce_pull")
+        push_ctx = AllGatherGemmContext(m, k, dtype, method="sm_push")
         g = torch.Generator(device=device)
         g.manual_seed(3000 + rank)
         a_shard = torch.randn((m, k), device=device, generator=g).to(dtype)

@@ -9,8 +9,8 @@ size, ``K`` = its intermediate size split across ranks) at ``M`` = 1, 16, 64 and
 (``--quick``: llama3.1-8b at 16 and 128). ``A [M, K / world]``, ``B [N, K / world]``, result the
 ``[M, N]`` sum on every rank.
 
-- ``ours_us``: ``ops.gemm_ar`` (``variant="auto"``); ``split_k_us``, ``output_tiles_us``: each
-  variant forced; ``unfused_us``: ``gemm`` + ``ops.all_reduce`` (auto);
+- ``ours_us``: ``ops.gemm_ar`` (``method="auto"``); ``split_k_us``, ``output_tiles_us``: each
+  method forced; ``unfused_us``: ``gemm`` + ``ops.all_reduce`` (auto);
 - ``torch_nccl_us``: ``torch.matmul`` + ``dist.all_reduce``;
 - ``torch_symm_mem_us``: ``torch.matmul`` into a symmetric buffer + ``one_shot_all_reduce``
   (omitted when unavailable);
@@ -19,7 +19,7 @@ size, ``K`` = its intermediate size split across ranks) at ``M`` = 1, 16, 64 and
   ``transfer_us``) (docs/design.md §7).
 
 Every contender's result is checked against the fp32 reference first (max |error| / max |ref| <
-1e-2), and ours and each forced variant for bit-identical results on every rank. Timing: :mod:`triton_dist.bench.timing`,
+1e-2), and ours and each forced method for bit-identical results on every rank. Timing: :mod:`triton_dist.bench.timing`,
 CUDA graphs of :data:`GROUP` calls, fixed counts on every rank, median per rank, MAX over ranks. Writes
 bench/results/<gpu>-x<world>/gemm_ar.json.
 """
@@ -44,7 +44,7 @@ log = bench.script.logger("gemm_ar")
 all_ok = bench.script.all_ranks_ok
 REL_TOL = 1e-2
 ROWS = (1, 16, 64, 128)
-VARIANTS = ("split_k", "output_tiles")  # ops.gemm_ar's variants besides "auto" (what "ours" runs)
+METHODS = ("split_k", "output_tiles")  # ops.gemm_ar's methods besides "auto" (what "ours" runs)
 GROUP = 10
 """Calls per timed sample, captured in one CUDA graph: with one decode-sized call per sample the
 graph launch's host latency sat inside the sample (docs/design.md §3): the run at 129a76a timed our
@@ -95,7 +95,7 @@ def main() -> int:
         b = torch.randn((n, k), device=device, generator=g).to(dtype)
         ref = a.float() @ b.float().T
         dist.all_reduce(ref)
-        outs = {name: torch.empty((m, n), device=device, dtype=dtype) for name in ("ours", *VARIANTS, "unfused",
+        outs = {name: torch.empty((m, n), device=device, dtype=dtype) for name in ("ours", *METHODS, "unfused",
                                                                                    "torch_nccl")}
         partial = torch.empty((m, n), device=device, dtype=dtype)
 
@@ -108,7 +108,7 @@ def main() -> int:
             dist.all_reduce(outs["torch_nccl"])
 
         fns = {"ours": lambda: ops.gemm_ar(a, b, out=outs["ours"], context=ctx), "unfused": unfused,
-               **{v: (lambda v=v: ops.gemm_ar(a, b, out=outs[v], variant=v, context=ctx)) for v in VARIANTS},
+               **{v: (lambda v=v: ops.gemm_ar(a, b, out=outs[v], method=v, context=ctx)) for v in METHODS},
                "torch_nccl": torch_nccl, "gemm": lambda: gemm(a, b, out=partial),
                "cublas": lambda: torch.matmul(a, b.t(), out=partial),
                "ar_ours": lambda: ops.all_reduce(partial, out=outs["unfused"]),
@@ -123,7 +123,7 @@ def main() -> int:
             symm = None
 
         errors = {}
-        for name in ("ours", *VARIANTS, "unfused", "torch_nccl"):
+        for name in ("ours", *METHODS, "unfused", "torch_nccl"):
             outs[name].fill_(float("nan"))
             fns[name]()
             torch.cuda.synchronize()
@@ -134,7 +134,7 @@ def main() -> int:
             errors["torch_symm_mem"] = bench.script.relative_error(got.view(m, n), ref)
             fns["torch_symm_mem"] = symm
         checks = {name: all_ok(err < REL_TOL) for name, err in errors.items()}
-        for name in ("ours", *VARIANTS):
+        for name in ("ours", *METHODS):
             gathered = [torch.empty_like(outs[name]) for _ in range(world)]
             dist.all_gather(gathered, outs[name])
             checks[f"{name}_identical_on_every_rank"] = all_ok(all(torch.equal(x, outs[name]) for x in gathered))
@@ -153,7 +153,7 @@ def main() -> int:
                          baselines={"torch_nccl_us": times["torch_nccl"],
                                     "torch_symm_mem_us": times.get("torch_symm_mem")},
                          bound_us=bound, unfused_us=times["unfused"], gemm_us=times["gemm"],
-                         **{f"{v}_us": times[v] for v in VARIANTS},
+                         **{f"{v}_us": times[v] for v in METHODS},
                          cublas_us=times["cublas"], transfer_us=transfer, all_reduce_ours_us=times["ar_ours"],
                          all_reduce_nccl_us=times["ar_nccl"], of_bound=bound / times["ours"],
                          verified=all(checks.values()), checks=checks,
@@ -165,7 +165,7 @@ def main() -> int:
         del ctx, symm
         ops.clear_contexts()
 
-    extra = ("model", *(f"{v}_us" for v in VARIANTS), "unfused_us", "gemm_us", "cublas_us", "transfer_us", "of_bound")
+    extra = ("model", *(f"{v}_us" for v in METHODS), "unfused_us", "gemm_us", "cublas_us", "transfer_us", "of_bound")
     return bench.script.finish("gemm_ar", records, args, extra)
 
 

@@ -1,4 +1,4 @@
-"""GEMM+ReduceScatter (bf16): ours (:func:`triton_dist.ops.gemm_rs`, every variant) vs torch
+"""GEMM+ReduceScatter (bf16): ours (:func:`triton_dist.ops.gemm_rs`, every method) vs torch
 (``matmul`` then NCCL ``reduce_scatter_tensor``) vs ``torch.ops.symm_mem.fused_matmul_reduce_scatter``
 (when this torch has it and it runs), plus our GEMM alone vs ``torch.matmul`` (cuBLAS).
 
@@ -9,8 +9,8 @@ contraction; result ``[M / world, N]``: this rank's rows of the sum over ranks o
 :func:`triton_dist.bench.script.overlap_shapes` (each model's ``(N, K)`` at ``M = 8192``, and an
 M sweep for llama3.1-70b), ``K`` split across ranks.
 
-- ``ours_us``: ``ops.gemm_rs(variant="auto")``; ``fused_us``, ``push_us``, ``pull_us``: each
-  variant (:mod:`triton_dist.kernels.gemm.gemm_rs`);
+- ``ours_us``: ``ops.gemm_rs(method="auto")``; ``fused_us``, ``push_us``, ``pull_us``: each
+  method (:mod:`triton_dist.kernels.gemm.gemm_rs`);
 - ``torch_nccl_us``: ``torch.matmul(A, B.T)`` + ``dist.reduce_scatter_tensor``;
 - ``torch_symm_mem_us``: ``torch.ops.symm_mem.fused_matmul_reduce_scatter(A, B.T, "sum", 0,
   group)`` (omitted when unavailable or failing; timed without a CUDA graph);
@@ -43,13 +43,13 @@ from triton_dist import bench  # noqa: E402
 from triton_dist import ops  # noqa: E402
 from triton_dist.kernels import GemmReduceScatterContext  # noqa: E402
 from triton_dist.kernels.gemm.dense import gemm  # noqa: E402
-from triton_dist.kernels.gemm.gemm_rs import VARIANTS  # noqa: E402
-from triton_dist.kernels.gemm.policy import GEMM_RS_VARIANT  # noqa: E402
+from triton_dist.kernels.gemm.gemm_rs import METHODS  # noqa: E402
+from triton_dist.kernels.gemm.policy import GEMM_RS_METHOD  # noqa: E402
 
 log = bench.script.logger("gemm_rs")
 all_ok = bench.script.all_ranks_ok
 REL_TOL = 1e-2
-_VARIANTS = [v for v in VARIANTS if v != "auto"]
+_METHODS = [v for v in METHODS if v != "auto"]
 
 _rel_error = bench.script.relative_error
 
@@ -117,7 +117,7 @@ def main() -> int:
         ref = full[rank * m:(rank + 1) * m].clone()
         del full
         out = torch.empty((m, n), device=device, dtype=dtype)
-        variant_outs = {v: torch.empty_like(out) for v in _VARIANTS}
+        method_outs = {v: torch.empty_like(out) for v in _METHODS}
         nccl_out = torch.empty_like(out)
         partial = torch.empty((big_m, n), device=device, dtype=dtype)
         gemm_out = torch.empty_like(partial)
@@ -127,17 +127,17 @@ def main() -> int:
             torch.matmul(a, b.t(), out=partial)
             dist.reduce_scatter_tensor(nccl_out, partial)
 
-        def variant(v):
-            return lambda: ops.gemm_rs(a, b, out=variant_outs[v], variant=v, context=ctx)
+        def forced(v):
+            return lambda: ops.gemm_rs(a, b, out=method_outs[v], method=v, context=ctx)
 
-        fns = {"ours": lambda: ops.gemm_rs(a, b, out=out, variant="auto", context=ctx),
-               **{v: variant(v) for v in _VARIANTS},
+        fns = {"ours": lambda: ops.gemm_rs(a, b, out=out, method="auto", context=ctx),
+               **{v: forced(v) for v in _METHODS},
                "torch_nccl": torch_nccl,
                "gemm": lambda: gemm(a, b, out=gemm_out),
                "cublas": lambda: torch.matmul(a, b.t(), out=gemm_out),
                "rs_ours": lambda: ops.reduce_scatter(partial, out=rs_out),
                "rs_nccl": lambda: dist.reduce_scatter_tensor(rs_out, partial)}
-        outputs = {"ours": out, **variant_outs, "torch_nccl": nccl_out}
+        outputs = {"ours": out, **method_outs, "torch_nccl": nccl_out}
 
         symm, why = _symm_mem_op(a, b)
         checks, errors = {}, {}
@@ -177,8 +177,8 @@ def main() -> int:
         transfer = min(times["rs_ours"], times["rs_nccl"])
         bound = max(times["gemm"], transfer)
         flop = 2.0 * big_m * n * k
-        per_variant = ", ".join(f"{v} {times[v]:.1f} us" for v in _VARIANTS)
-        log(f"{label} M={big_m} N={n} K={k}: ours ({GEMM_RS_VARIANT}) {times['ours']:.1f} us, {per_variant}, "
+        per_method = ", ".join(f"{v} {times[v]:.1f} us" for v in _METHODS)
+        log(f"{label} M={big_m} N={n} K={k}: ours ({GEMM_RS_METHOD}) {times['ours']:.1f} us, {per_method}, "
             f"matmul+NCCL {times['torch_nccl']:.1f} us, symm_mem {times.get('torch_symm_mem', float('nan')):.1f} us, "
             f"gemm alone {times['gemm']:.1f} us (cuBLAS {times['cublas']:.1f} us), transfer {transfer:.1f} us, "
             f"bound {bound:.1f} us; eager: ours {times['ours_eager']:.1f} us (host enqueue {host_us:.1f} us), "
@@ -188,15 +188,15 @@ def main() -> int:
                          ours_us=times["ours"],
                          baselines={"torch_nccl_us": times["torch_nccl"],
                                     "torch_symm_mem_us": times.get("torch_symm_mem")},
-                         bound_us=bound, m_per_rank=m, variant=GEMM_RS_VARIANT,
-                         **{f"{v}_us": times[v] for v in _VARIANTS},
+                         bound_us=bound, m_per_rank=m, method=GEMM_RS_METHOD,
+                         **{f"{v}_us": times[v] for v in _METHODS},
                          reduce_sms=ctx.reduce_sms, gemm_us=times["gemm"], cublas_us=times["cublas"],
                          gemm_vs_cublas=times["cublas"] / times["gemm"], transfer_us=transfer,
                          reduce_scatter_ours_us=times["rs_ours"], reduce_scatter_nccl_us=times["rs_nccl"],
                          ours_tflops=flop / (times["ours"] * 1e6), of_bound=bound / times["ours"],
                          ours_eager_us=times["ours_eager"], torch_nccl_eager_us=times["torch_nccl_eager"],
                          ours_host_enqueue_us=host_us,
-                         verified=all(checks[v] for v in ("ours", "gemm", *_VARIANTS)), checks=checks,
+                         verified=all(checks[v] for v in ("ours", "gemm", *_METHODS)), checks=checks,
                          rel_errors={name: (e if e < 1e30 else None) for name, e in errors.items()},
                          timing={"iters": iters, "cuda_graph": True, "torch_symm_mem_cuda_graph": False,
                                  "gpu_barrier": True},
@@ -206,7 +206,7 @@ def main() -> int:
         del ctx
         ops.clear_contexts()  # the transfer's cached contexts: the next shape's need the heap
 
-    extra = ("model", *(f"{v}_us" for v in _VARIANTS), "gemm_us", "cublas_us", "transfer_us", "of_bound",
+    extra = ("model", *(f"{v}_us" for v in _METHODS), "gemm_us", "cublas_us", "transfer_us", "of_bound",
              "ours_eager_us", "ours_host_enqueue_us")
     return bench.script.finish("gemm_rs", records, args, extra)
 

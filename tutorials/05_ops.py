@@ -63,7 +63,7 @@ def check_ag_gemm_producers(x_rows, w1_shard) -> bool:
     want = ops.ag_gemm(x_rows, w1_shard)
     ok = True
     for producer in ("sm_push", "ce_pull"):
-        ctx = AllGatherGemmContext(x_rows.shape[0], x_rows.shape[1], x_rows.dtype, producer=producer)  # collective
+        ctx = AllGatherGemmContext(x_rows.shape[0], x_rows.shape[1], x_rows.dtype, method=producer)  # collective
         ok &= _close(ops.ag_gemm(x_rows, w1_shard, context=ctx), want.float(), f"ag_gemm, producer {producer}")
     return ok
 

@@ -84,10 +84,10 @@ def main():
     b = torch.randn((n, k), device="cuda", generator=g).bfloat16()
     ctx = AllGatherGemmContext(m, k, torch.bfloat16)
     ops.ag_gemm(a, b, context=ctx)  # compiled and warm before the recorded call
-    ops.gemm_rs(torch.cat([a] * world), b, variant="fused")
+    ops.gemm_rs(torch.cat([a] * world), b, method="fused")
     torch.cuda.synchronize()
     record("ag_gemm", lambda: ops.ag_gemm(a, b, context=ctx), args.out)
-    record("gemm_rs_fused", lambda: ops.gemm_rs(torch.cat([a] * world), b, variant="fused"), args.out)
+    record("gemm_rs_fused", lambda: ops.gemm_rs(torch.cat([a] * world), b, method="fused"), args.out)
     cost_of_recording("ag_gemm", lambda: ops.ag_gemm(a, b, context=ctx))
     tdist.barrier()
     print(f"rank {me}: timelines recorded")

@@ -116,9 +116,22 @@ def _output(op: str, x, out, shape):
     return out
 
 
-def _check_method(op: str, method: str, methods: tuple[str, ...], what: str = "method") -> None:
+def _check_method(op: str, method: str, methods: tuple[str, ...]) -> None:
     if method not in methods:
-        raise ValueError(f"triton_dist {op}: {what} must be one of {methods}, got {method!r}")
+        raise ValueError(f"triton_dist {op}: method must be one of {methods}, got {method!r}")
+
+
+def _method_named_variant(op: str, method: str, variant: str | None) -> str:
+    """``method``, or ``variant``: the overlapped GEMMs' name for it before every op said ``method``
+    (2026-12), still accepted with a DeprecationWarning."""
+    if variant is None:
+        return method
+    import warnings
+
+    warnings.warn(f"triton_dist {op}: variant= is now called method=", DeprecationWarning, stacklevel=3)
+    if method not in ("auto", variant):
+        raise ValueError(f"triton_dist {op}: method={method!r} and variant={variant!r} disagree; pass method= only")
+    return variant
 
 
 def _resolve_context(op: str, x, context):
@@ -235,9 +248,10 @@ def reduce_scatter(x, *, out=None, method: str = "auto", context=None):
     return out
 
 
-def _ag_gemm_context(a_shard, context):
-    """A cached :class:`~triton_dist.kernels.AllGatherGemmContext` that fits ``a_shard``, else a
-    new one (collective; ``max_m_per_rank`` rounded up to a power of two, at least 128)."""
+def _ag_gemm_context(a_shard, context, method: str):
+    """A cached :class:`~triton_dist.kernels.AllGatherGemmContext` of ``method`` (``"auto"``:
+    ``"ce_push"``) that fits ``a_shard``, else a new one (collective; ``max_m_per_rank`` rounded up
+    to a power of two, at least 128); ``context``, when given, checked instead."""
     from .kernels import AllGatherGemmContext
 
     m, k = a_shard.shape
@@ -250,16 +264,20 @@ def _ag_gemm_context(a_shard, context):
                              f"{context.dtype}; a_shard is [{m}, {k}] {a_shard.dtype}: create an "
                              f"AllGatherGemmContext(max_m_per_rank>={m}, k={k}, dtype={a_shard.dtype}) or pass "
                              f"context=None")
+        if method not in ("auto", context.method):
+            raise ValueError(f"triton_dist ag_gemm: method={method!r}, but the context's producer is "
+                             f"{context.method!r} (chosen when it was made); pass method='auto' or another context")
         return context
+    method = "ce_push" if method == "auto" else method
     fitting = [ctx for (o, dt, key), ctx in _CONTEXTS.items() if o == "ag_gemm" and dt == a_shard.dtype and
-               key[0] == k and key[1] >= m]
+               key[0] == k and key[1] >= m and key[2] == method]
     if fitting:
         return min(fitting, key=lambda c: c.max_m)
     max_m = 128
     while max_m < m:
         max_m *= 2
-    ctx = AllGatherGemmContext(max_m, k, a_shard.dtype)
-    _CONTEXTS[("ag_gemm", a_shard.dtype, (k, max_m))] = ctx
+    ctx = AllGatherGemmContext(max_m, k, a_shard.dtype, method=method)
+    _CONTEXTS[("ag_gemm", a_shard.dtype, (k, max_m, method))] = ctx
     return ctx
 
 
@@ -295,12 +313,16 @@ def _check_aligned(op: str, name: str, t) -> None:
                          f"({name}.clone() for an input)")
 
 
-def ag_gemm(a_shard, b, *, out=None, context=None):
+def ag_gemm(a_shard, b, *, out=None, method: str = "auto", context=None):
     """AllGather+GEMM: ``allgather(a_shard) @ b.T``, every rank's ``a_shard`` concatenated along dim
     0 in rank order, times ``b`` transposed; returns ``out`` (``[world * m, N]``; a new tensor when
-    None). The gather (copy engine, side stream; a context made with ``producer="sm_push"`` or
-    ``"ce_pull"`` chooses another producer) overlaps the GEMM (persistent Triton kernel, the
-    current stream) tile by tile; see :mod:`triton_dist.kernels.gemm.ag_gemm`.
+    None). The gather (the producer, on a side stream) overlaps the GEMM (persistent Triton kernel,
+    the current stream) tile by tile; see :mod:`triton_dist.kernels.gemm.ag_gemm`.
+
+    ``method``: the producer, one of :data:`~triton_dist.kernels.gemm.ag_gemm.METHODS`:
+    ``"ce_push"`` (copy engines push each shard to every peer), ``"ce_pull"`` (copy engines pull
+    the peers' shards into ordinary memory), ``"sm_push"`` (a kernel of a few SMs pushes), or
+    ``"auto"`` (``context``'s producer, else ``"ce_push"``). A context is made for one producer.
 
     ``a_shard``: ``[m, K]``, the same ``m`` on every rank; ``b``: ``[N, K]`` (the weight of a
     linear layer: ``y = x @ W.T``); both contiguous, bfloat16 or float16 (the same), on the current
@@ -310,23 +332,26 @@ def ag_gemm(a_shard, b, *, out=None, context=None):
     """
     if _torch_library.compiling():
         _torch_library.eager_only("ag_gemm", out=out, context=context)
-        return _torch_library.op("ag_gemm")(a_shard, b)
+        return _torch_library.op("ag_gemm")(a_shard, b, method)
     _require_initialized("ag_gemm")
-    _call_agreement.check("ag_gemm", a_shard=a_shard, b=b)
+    _call_agreement.check("ag_gemm", a_shard=a_shard, b=b, method=method)
+    from .kernels.gemm.ag_gemm import METHODS
+
+    _check_method("ag_gemm", method, ("auto", *METHODS))
     m, k, n = _matmul_operands("ag_gemm", "a_shard", a_shard, b, "allgather(a_shard) @ b.T")
     from .runtime import world_size
 
     out = _output("ag_gemm", a_shard, out, (world_size() * m, n))
     _check_aligned("ag_gemm", "b", b)
     _check_aligned("ag_gemm", "out", out)
-    context = _ag_gemm_context(a_shard, context)
+    context = _ag_gemm_context(a_shard, context, method)
     if m == 0 or n == 0:
         return out
     context.run(a_shard, b, out)
     return out
 
 
-def _run_n_keyed_gemm(op: str, context_class, a, b, out_shape, out, context, variant: str, *, min_m: int):
+def _run_n_keyed_gemm(op: str, context_class, a, b, out_shape, out, context, method: str, *, min_m: int):
     """The common end of gemm_rs and gemm_ar, whose contexts are keyed by N: check (or make) ``out``,
     skip empty calls, find the context and run."""
     out = _output(op, a, out, out_shape)
@@ -334,7 +359,7 @@ def _run_n_keyed_gemm(op: str, context_class, a, b, out_shape, out, context, var
     if a.shape[0] == 0 or b.shape[0] == 0:
         return out
     context = _n_keyed_gemm_context(op, context_class, a, b.shape[0], context, min_m=min_m)
-    context.run(a, b, out, variant)
+    context.run(a, b, out, method)
     return out
 
 
@@ -364,7 +389,7 @@ def _n_keyed_gemm_context(op: str, context_class, a, n, context, min_m: int):
     return ctx
 
 
-def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
+def gemm_rs(a, b, *, out=None, method: str = "auto", context=None, variant: str | None = None):
     """GEMM+ReduceScatter: this rank's rows ``[rank * M / world, (rank + 1) * M / world)`` of the sum
     over ranks of ``a @ b.T``; returns ``out`` (``[M / world, N]``; a new tensor when None). The
     reduction overlaps the GEMM (a persistent Triton kernel on the current stream) tile by tile;
@@ -376,7 +401,7 @@ def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
     device, 16-byte aligned; ``K`` and ``N`` multiples of 8. The peers' partials travel in the
     input dtype; the sum is taken in fp32 and rounded once.
 
-    ``variant``: ``"fused"`` (one kernel: the peers' tiles go to their buffers first, then each own
+    ``method``: ``"fused"`` (one kernel: the peers' tiles go to their buffers first, then each own
     tile is summed with the peers' partials in the GEMM's epilogue), ``"fused_tma"`` (the same
     with the peers' tiles sent by TMA stores), ``"fused_ce"`` (the same with the peers' tiles
     staged locally and sent by the copy engine in chunks, no SM stalled on NVLink), ``"push"`` or ``"pull"`` (a
@@ -384,17 +409,18 @@ def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
     destination's buffer, or into its own), or ``"auto"`` (fused_ce). ``context``: a
     :class:`~triton_dist.kernels.GemmReduceScatterContext` to use instead of a cached one (needed
     to capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes,
-    same variant.
+    same method. ``variant``: the name ``method`` had before (deprecated).
     """
+    method = _method_named_variant("gemm_rs", method, variant)
     if _torch_library.compiling():
         _torch_library.eager_only("gemm_rs", out=out, context=context)
-        return _torch_library.op("gemm_rs")(a, b, variant)
+        return _torch_library.op("gemm_rs")(a, b, method)
     _require_initialized("gemm_rs")
-    _call_agreement.check("gemm_rs", a=a, b=b, variant=variant)
-    from .kernels.gemm.gemm_rs import VARIANTS
+    _call_agreement.check("gemm_rs", a=a, b=b, method=method)
+    from .kernels.gemm.gemm_rs import METHODS
     from .runtime import world_size
 
-    _check_method("gemm_rs", variant, VARIANTS, "variant")
+    _check_method("gemm_rs", method, METHODS)
     big_m, k, n = _matmul_operands("gemm_rs", "a", a, b, "reduce_scatter(a @ b.T)")
     _check_aligned("gemm_rs", "a", a)
     _check_aligned("gemm_rs", "b", b)
@@ -404,11 +430,11 @@ def gemm_rs(a, b, *, out=None, variant: str = "auto", context=None):
                          f"pad the rows")
     from .kernels import GemmReduceScatterContext
 
-    return _run_n_keyed_gemm("gemm_rs", GemmReduceScatterContext, a, b, (big_m // world, n), out, context, variant,
+    return _run_n_keyed_gemm("gemm_rs", GemmReduceScatterContext, a, b, (big_m // world, n), out, context, method,
                              min_m=256)
 
 
-def gemm_ar(a, b, *, out=None, variant: str = "auto", context=None):
+def gemm_ar(a, b, *, out=None, method: str = "auto", context=None, variant: str | None = None):
     """GEMM+AllReduce: the sum over ranks of ``a @ b.T`` on every rank, bit-identical across ranks;
     returns ``out`` (``[M, N]``; a new tensor when None). One kernel: each tile's fp32 partial goes
     to every peer as soon as it is computed, and every rank sums the partials in a fixed order; see
@@ -416,8 +442,8 @@ def gemm_ar(a, b, *, out=None, variant: str = "auto", context=None):
     buffer holds ``2 * world * N * max(max_m, 4 * min(max_m, 128))`` fp32 elements (``max_m``: ``M``
     rounded up to a power of two, at least 128).
 
-    ``variant``: ``"auto"`` (measured rule: ``"output_tiles"`` at 33-64 rows and past 128,
-    else ``"split_k"``; :func:`~triton_dist.kernels.gemm.policy.gemm_ar_variant`),
+    ``method``: ``"auto"`` (measured rule: ``"output_tiles"`` at 33-64 rows and past 128,
+    else ``"split_k"``; :func:`~triton_dist.kernels.gemm.policy.gemm_ar_method`),
     ``"split_k"`` (B's rows as the MMA's long side, the contraction split across programs and
     summed with the all-reduce) or ``"output_tiles"`` (one tile of the output per program); the
     same on every rank.
@@ -428,21 +454,23 @@ def gemm_ar(a, b, *, out=None, variant: str = "auto", context=None):
     aligned; ``K`` and ``N`` multiples of 8. ``context``: a
     :class:`~triton_dist.kernels.GemmAllReduceContext` to use instead of a cached one (needed to
     capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes.
+    ``variant``: the name ``method`` had before (deprecated).
     """
+    method = _method_named_variant("gemm_ar", method, variant)
     if _torch_library.compiling():
         _torch_library.eager_only("gemm_ar", out=out, context=context)
-        return _torch_library.op("gemm_ar")(a, b, variant)
+        return _torch_library.op("gemm_ar")(a, b, method)
     _require_initialized("gemm_ar")
-    _call_agreement.check("gemm_ar", a=a, b=b, variant=variant)
+    _call_agreement.check("gemm_ar", a=a, b=b, method=method)
     from .kernels.gemm import gemm_ar as _gemm_ar
 
-    _check_method("gemm_ar", variant, _gemm_ar.VARIANTS, "variant")
+    _check_method("gemm_ar", method, _gemm_ar.METHODS)
     m, k, n = _matmul_operands("gemm_ar", "a", a, b, "all_reduce(a @ b.T)")
     _check_aligned("gemm_ar", "a", a)
     _check_aligned("gemm_ar", "b", b)
     from .kernels import GemmAllReduceContext
 
-    return _run_n_keyed_gemm("gemm_ar", GemmAllReduceContext, a, b, (m, n), out, context, variant, min_m=128)
+    return _run_n_keyed_gemm("gemm_ar", GemmAllReduceContext, a, b, (m, n), out, context, method, min_m=128)
 
 
 def _flash_decode_context(q, context):

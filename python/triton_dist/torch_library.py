@@ -1,7 +1,7 @@
 """The dense ops as ``torch.library`` custom ops, ``torch.ops.triton_dist.*``: what
 ``torch.compile`` (``fullgraph=True`` too) puts in its graph instead of tracing into the ops.
 
-:func:`triton_dist.init` registers them. Each takes tensors and the op's method or variant name
+:func:`triton_dist.init` registers them. Each takes tensors and the op's method name
 (contexts and ``out=`` are eager-only: the op picks its cached context by size, as
 :mod:`triton_dist.ops` does without one) and returns a new tensor; its fake implementation gives
 the result's shape and dtype without running anything, so a compiled graph can be traced with fake
@@ -50,14 +50,14 @@ def register() -> None:
     def reduce_scatter(x: torch.Tensor, method: str = "auto") -> torch.Tensor:
         return ops.reduce_scatter(x, method=method)
 
-    def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return ops.ag_gemm(a_shard, b)
+    def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, method: str = "auto") -> torch.Tensor:
+        return ops.ag_gemm(a_shard, b, method=method)
 
-    def gemm_rs(a: torch.Tensor, b: torch.Tensor, variant: str = "auto") -> torch.Tensor:
-        return ops.gemm_rs(a, b, variant=variant)
+    def gemm_rs(a: torch.Tensor, b: torch.Tensor, method: str = "auto") -> torch.Tensor:
+        return ops.gemm_rs(a, b, method=method)
 
-    def gemm_ar(a: torch.Tensor, b: torch.Tensor, variant: str = "auto") -> torch.Tensor:
-        return ops.gemm_ar(a, b, variant=variant)
+    def gemm_ar(a: torch.Tensor, b: torch.Tensor, method: str = "auto") -> torch.Tensor:
+        return ops.gemm_ar(a, b, method=method)
 
     def rows_times(x, factor: int, divisor: int = 1):
         return x.new_empty((x.shape[0] * factor // divisor, *x.shape[1:]))
@@ -65,9 +65,10 @@ def register() -> None:
     define("all_reduce", all_reduce, lambda x, method="auto": torch.empty_like(x))
     define("all_gather", all_gather, lambda x, method="auto": rows_times(x, world_size()))
     define("reduce_scatter", reduce_scatter, lambda x, method="auto": rows_times(x, 1, world_size()))
-    define("ag_gemm", ag_gemm, lambda a_shard, b: a_shard.new_empty((world_size() * a_shard.shape[0], b.shape[0])))
-    define("gemm_rs", gemm_rs, lambda a, b, variant="auto": a.new_empty((a.shape[0] // world_size(), b.shape[0])))
-    define("gemm_ar", gemm_ar, lambda a, b, variant="auto": a.new_empty((a.shape[0], b.shape[0])))
+    define("ag_gemm", ag_gemm,
+           lambda a_shard, b, method="auto": a_shard.new_empty((world_size() * a_shard.shape[0], b.shape[0])))
+    define("gemm_rs", gemm_rs, lambda a, b, method="auto": a.new_empty((a.shape[0] // world_size(), b.shape[0])))
+    define("gemm_ar", gemm_ar, lambda a, b, method="auto": a.new_empty((a.shape[0], b.shape[0])))
     _registered = True
 
 

@@ -68,10 +68,10 @@ def test_gemm_rs_timeline():
     m, n, k = 256, 512, 256
     a = rank_randn((world * m, k), torch.bfloat16, 3)
     b = rank_randn((n, k), torch.bfloat16, 4)
-    want = ops.gemm_rs(a, b, variant="fused")
+    want = ops.gemm_rs(a, b, method="fused")
     timeline = tdist.timeline.Timeline()
     with tdist.timeline.recording(timeline):
-        got = ops.gemm_rs(a, b, variant="fused")
+        got = ops.gemm_rs(a, b, method="fused")
     torch.cuda.synchronize()
     spans = tdist.timeline.gather(timeline)
     ok = torch.equal(got, want)

@@ -1,4 +1,4 @@
-"""GEMM+AllReduce compiles for sm_90, both variants: a pipelined wgmma/TMA loop, fp32 tiles stored
+"""GEMM+AllReduce compiles for sm_90, both methods: a pipelined wgmma/TMA loop, fp32 tiles stored
 to the ranks with 16-byte vectors, one release per rank (the own rank included) each after a CTA
 barrier, then acquire spins (one per rank up to two ranks for output_tiles; one in a loop for
 more ranks and for split_k) with every partial-tile load depending on them, a sum in fp32 and one
@@ -42,7 +42,7 @@ def test_pushes_signals_then_waits_and_sums(config, world):
 
 
 def _assert_pushes_then_waits(compiled, world, *, pushes, waits):
-    """The protocol both variants share: a pipelined wgmma/TMA loop; ``pushes`` fp32 tile stores,
+    """The protocol both methods share: a pipelined wgmma/TMA loop; ``pushes`` fp32 tile stores,
     then one release per rank, each right after a CTA barrier; ``waits`` acquire spins, after the
     releases (signalled before waiting: the no-deadlock argument), every partial-tile load
     depending on one; 16-byte stores; one rounding on the way out; waits that time out."""
@@ -121,6 +121,6 @@ def test_split_k_rules():
         ctx.n = n
         assert ctx.split_k(k) == want, (n, k)
     assert gemm_all_reduce.SPLIT_K_MAX_M == max(gemm_all_reduce.SPLIT_K_CONFIGS)
-    rule = {m: gemm_policy.gemm_ar_variant(m, gemm_all_reduce.SPLIT_K_MAX_M) for m in (1, 16, 32, 33, 64, 65, 128, 129, 4096)}
+    rule = {m: gemm_policy.gemm_ar_method(m, gemm_all_reduce.SPLIT_K_MAX_M) for m in (1, 16, 32, 33, 64, 65, 128, 129, 4096)}
     assert rule == {1: "split_k", 16: "split_k", 32: "split_k", 33: "output_tiles", 64: "output_tiles",
                     65: "split_k", 128: "split_k", 129: "output_tiles", 4096: "output_tiles"}

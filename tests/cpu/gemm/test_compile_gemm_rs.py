@@ -118,9 +118,9 @@ def test_meta_and_blocks():
     assert "EPILOGUE" not in gemm_module.kernel_meta("large", False)  # the plain GEMM's launch is unchanged
     bm, bn = grs._config_blocks()
     assert bm == 128 and bn == min(c["BN"] for c in gemm_module.CONFIGS.values())
-    assert grs.VARIANTS == ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
-    assert gemm_policy.GEMM_RS_VARIANT in grs.VARIANTS[1:]
-    assert set(grs.PRODUCER_EPILOGUES) == set(grs.VARIANTS[1:])  # every variant but auto has its epilogue
+    assert grs.METHODS == ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
+    assert gemm_policy.GEMM_RS_METHOD in grs.METHODS[1:]
+    assert set(grs.PRODUCER_EPILOGUES) == set(grs.METHODS[1:])  # every method but auto has its epilogue
     assert set(grs.PRODUCER_EPILOGUES.values()) < set(gemm_module.EPILOGUES)
     with pytest.raises(ValueError, match="epilogue must be one of"):
         gemm_module.kernel_meta("large", False, epilogue="reduce_own_nvlink")
@@ -129,7 +129,7 @@ def test_meta_and_blocks():
 @pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
 def test_fused_producer_sums_own_tiles_after_waiting(config, world):
-    """The fused variant: peers' tiles pushed and released as in push; its own tiles wait for every
+    """The fused method: peers' tiles pushed and released as in push; its own tiles wait for every
     peer's signal (one acquire spin each) before loading that peer's partial, add in fp32, and the
     GEMM loop is the same wgmma/TMA loop."""
     compiled = _producer(config, True, world=world, reduce_own=True)

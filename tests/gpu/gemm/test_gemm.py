@@ -51,8 +51,8 @@ def test_skinny_gemm_matches_torch(m, n, k):
 @pytest.mark.parametrize("m,n,calls", [(1000, 1024, 500), (1024, 1024, 500), (2048, 4096, 100)])
 def test_ag_gemm_back_to_back(m, n, calls, producer):
     k, dtype = 1024, torch.bfloat16
-    # ce_push: the op's cached context (its default producer).
-    ctx = None if producer == "ce_push" else AllGatherGemmContext(m, k, dtype, producer=producer)
+    # The op's cached contexts: "auto" (ce_push, the default producer) and one made for sm_push.
+    method = "auto" if producer == "ce_push" else producer
     b = rank_randn((n, k), dtype, 100 + m)  # a different weight shard on every rank, as in tensor parallelism
     inputs = [rank_randn((m, k), dtype, 1000 * m + i) for i in range(calls)]
     checked = [i for i in range(calls) if i % 10 == 0 or i == calls - 1]
@@ -60,7 +60,7 @@ def test_ag_gemm_back_to_back(m, n, calls, producer):
     scratch = torch.empty((dist.get_world_size() * m, n), device="cuda", dtype=dtype)
     tdist.barrier()
     for i in range(calls):  # back to back: no synchronisation between calls
-        got = ops.ag_gemm(inputs[i], b, out=outs.get(i, scratch), context=ctx)
+        got = ops.ag_gemm(inputs[i], b, out=outs.get(i, scratch), method=method)
         assert got is outs.get(i, scratch)
     torch.cuda.synchronize()
     errors = {i: _rel_error(outs[i], _reference(inputs[i], b)) for i in checked}
@@ -96,8 +96,11 @@ def test_ag_gemm_bad_inputs():
     small = AllGatherGemmContext(32, 128, torch.bfloat16)
     raises_everywhere(lambda: ops.ag_gemm(a, b, context=small), ValueError, "max_m_per_rank>=64")
     raises_everywhere(lambda: ops.ag_gemm(a, b, context=object()), TypeError, "AllGatherGemmContext")
+    raises_everywhere(lambda: ops.ag_gemm(a, b, method="ring"), ValueError, "method must be one of")
+    raises_everywhere(lambda: ops.ag_gemm(a[:32], b, method="sm_push", context=small), ValueError,
+                      "the context's producer is 'ce_push'")
     for programs in (0, gemm_module.num_sms(), 2.0, True):
-        raises_everywhere(lambda: AllGatherGemmContext(64, 128, torch.bfloat16, producer="sm_push",
+        raises_everywhere(lambda: AllGatherGemmContext(64, 128, torch.bfloat16, method="sm_push",
                                                        push_programs=programs), ValueError, "push_programs")
     # The op still works after the errors.
     got = ops.ag_gemm(a[:32], b, context=small)
@@ -109,7 +112,7 @@ def test_ag_gemm_bad_inputs():
 @pytest.mark.parametrize("producer", ["ce_push", "ce_pull", "sm_push"])
 def test_ag_gemm_cuda_graph_replay(producer):
     m, n, k, dtype = 512, 1024, 1024, torch.bfloat16
-    ctx = AllGatherGemmContext(m, k, dtype, producer=producer)
+    ctx = AllGatherGemmContext(m, k, dtype, method=producer)
     a = torch.empty((m, k), device="cuda", dtype=dtype)
     b = rank_randn((n, k), dtype, 11)
     out = torch.empty((dist.get_world_size() * m, n), device="cuda", dtype=dtype)
@@ -138,7 +141,7 @@ def test_ag_gemm_protocol_on_one_rank(producer):
     """The gather-and-signal protocol at any world size, including one rank (where ag_gemm is
     otherwise the plain GEMM): preload, the signal kernels and the waiting GEMM run on one GPU."""
     world, dtype = dist.get_world_size(), torch.bfloat16
-    ctx = AllGatherGemmContext(1024, 256, dtype, producer=producer, protocol_on_one_rank=True)
+    ctx = AllGatherGemmContext(1024, 256, dtype, method=producer, protocol_on_one_rank=True)
     b = rank_randn((512, 256), dtype, 41)
     bad = []
     for i in range(20):
@@ -160,7 +163,7 @@ def test_ag_gemm_back_to_back_with_changing_rows(m, producer):
     landed, shows up as a wrong call. sm_push with 3 programs: shares of unequal size, and a
     masked tail tile at m = 500 and 20."""
     k, n, dtype = 512, 768, torch.bfloat16
-    ctx = AllGatherGemmContext(1024, k, dtype, producer=producer, push_programs=3)
+    ctx = AllGatherGemmContext(1024, k, dtype, method=producer, push_programs=3)
     b = rank_randn((n, k), dtype, 700 + m)
     rows = [m, m // 2, m, 8, m] * 12
     inputs = [rank_randn((r, k), dtype, 7000 + i) for i, r in enumerate(rows)]

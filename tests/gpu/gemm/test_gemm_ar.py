@@ -27,29 +27,29 @@ def _identical_everywhere(t) -> bool:
     return host_collectives.same_on_every_rank(t)
 
 
-_VARIANTS = ["split_k", "output_tiles"]
+_METHODS = ["split_k", "output_tiles"]
 
 
-@pytest.mark.parametrize("variant", _VARIANTS)
+@pytest.mark.parametrize("method", _METHODS)
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 1024), (16, 1024, 2048), (100, 264, 136), (128, 8192, 512),
                                    (1000, 512, 768), (8, 8192, 256), (16, 16384, 512), (3, 4096, 7168),
                                    (33, 520, 4104), (128, 1024, 2048), (4, 20480, 256)])
-def test_gemm_ar_matches_torch_and_agrees_across_ranks(m, n, k, variant):
-    if variant == "split_k" and m > 128:
+def test_gemm_ar_matches_torch_and_agrees_across_ranks(m, n, k, method):
+    if method == "split_k" and m > 128:
         pytest.skip("split_k takes M <= 128")
     dtype = torch.bfloat16
     a, b = rank_randn((m, k), dtype, 1), rank_randn((n, k), dtype, 2)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-    got = ops.gemm_ar(a, b, out=out, variant=variant)
+    got = ops.gemm_ar(a, b, out=out, method=method)
     torch.cuda.synchronize()
     err = _rel_error(got, _reference(a, b))
     same = _identical_everywhere(got)
     all_ranks_agree(got is out and err < _REL_TOL and same,
-                    f"gemm_ar {variant} M={m} N={n} K={k}: rel error {err}, identical on every rank {same}")
+                    f"gemm_ar {method} M={m} N={n} K={k}: rel error {err}, identical on every rank {same}")
 
 
-@pytest.mark.parametrize("variant", _VARIANTS)
-def test_gemm_ar_back_to_back(variant):
+@pytest.mark.parametrize("method", _METHODS)
+def test_gemm_ar_back_to_back(method):
     """500 unsynchronised calls with fresh inputs on one context; every tenth result checked."""
     dtype, calls = torch.bfloat16, 500
     m, n, k = 64, 2048, 2048
@@ -60,17 +60,17 @@ def test_gemm_ar_back_to_back(variant):
     scratch = torch.empty((m, n), device="cuda", dtype=dtype)
     tdist.barrier()
     for i in range(calls):
-        assert ops.gemm_ar(inputs[i], b, out=outs.get(i, scratch), variant=variant) is outs.get(i, scratch)
+        assert ops.gemm_ar(inputs[i], b, out=outs.get(i, scratch), method=method) is outs.get(i, scratch)
     torch.cuda.synchronize()
     errors = {i: _rel_error(outs[i], _reference(inputs[i], b)) for i in checked}
     bad = {i: e for i, e in errors.items() if not e < _REL_TOL}
     same = all(_identical_everywhere(outs[i]) for i in checked)
-    all_ranks_agree(not bad and same, f"gemm_ar {variant} back to back: wrong calls (call: rel error) {bad}, identical {same}")
+    all_ranks_agree(not bad and same, f"gemm_ar {method} back to back: wrong calls (call: rel error) {bad}, identical {same}")
 
 
 def test_gemm_ar_changing_rows_and_fp16():
     """One context, M shrinking and growing between unsynchronised calls (the slots move with M,
-    the signals do not; "auto" alternates between the variants, which share the buffer and the
+    the signals do not; "auto" alternates between the methods, which share the buffer and the
     signals; K deep enough for four split_k slices), in fp16, the same bits on every rank."""
     dtype, n, k = torch.float16, 1024, 2048
     context = GemmAllReduceContext(256, n, dtype)
@@ -88,20 +88,20 @@ def test_gemm_ar_changing_rows_and_fp16():
     all_ranks_agree(not bad and same, f"gemm_ar with changing M: wrong calls (call: rel error) {bad}, identical {same}")
 
 
-@pytest.mark.parametrize("variant", _VARIANTS)
-def test_gemm_ar_cuda_graph_replay(variant):
+@pytest.mark.parametrize("method", _METHODS)
+def test_gemm_ar_cuda_graph_replay(method):
     dtype, m, n, k = torch.bfloat16, 32, 4096, 1024
     ctx = GemmAllReduceContext(m, n, dtype)
     a = rank_randn((m, k), dtype, 12)
     b = rank_randn((n, k), dtype, 11)
     out = torch.empty((m, n), device="cuda", dtype=dtype)
-    ops.gemm_ar(a, b, out=out, variant=variant, context=ctx)  # one call outside the capture
+    ops.gemm_ar(a, b, out=out, method=method, context=ctx)  # one call outside the capture
     torch.cuda.synchronize()
     tdist.barrier()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         for _ in range(3):  # an odd count: replays alternate halves
-            ops.gemm_ar(a, b, out=out, variant=variant, context=ctx)
+            ops.gemm_ar(a, b, out=out, method=method, context=ctx)
     torch.cuda.synchronize()
     tdist.barrier()
     errors = []
@@ -111,11 +111,11 @@ def test_gemm_ar_cuda_graph_replay(variant):
         graph.replay()
         torch.cuda.synchronize()
         errors.append(_rel_error(out, _reference(a, b)))
-    all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_ar {variant} graph replays: rel errors {errors}")
+    all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_ar {method} graph replays: rel errors {errors}")
 
 
-@pytest.mark.parametrize("variant", _VARIANTS)
-def test_gemm_ar_protocol_on_one_rank(variant):
+@pytest.mark.parametrize("method", _METHODS)
+def test_gemm_ar_protocol_on_one_rank(method):
     """The signalling kernel at any world size, one rank included (where gemm_ar is otherwise the
     plain GEMM)."""
     dtype, n, k = torch.bfloat16, 512, 2048  # split_k: four slices
@@ -125,11 +125,11 @@ def test_gemm_ar_protocol_on_one_rank(variant):
     for i in range(20):
         a = rank_randn((100, k), dtype, 5000 + i)
         out = torch.full((100, n), float("nan"), device="cuda", dtype=dtype)
-        ops.gemm_ar(a, b, out=out, variant=variant, context=context)
+        ops.gemm_ar(a, b, out=out, method=method, context=context)
         torch.cuda.synchronize()
         if not (err := _rel_error(out, _reference(a, b))) < _REL_TOL:
             bad.append((i, err))
-    all_ranks_agree(not bad, f"gemm_ar {variant} with the protocol forced on: wrong calls (call, rel error) {bad}")
+    all_ranks_agree(not bad, f"gemm_ar {method} with the protocol forced on: wrong calls (call, rel error) {bad}")
 
 
 def test_gemm_ar_bad_inputs():
@@ -148,9 +148,9 @@ def test_gemm_ar_bad_inputs():
     small = GemmAllReduceContext(32, 64, torch.bfloat16)
     raises_everywhere(lambda: ops.gemm_ar(a, b, context=small), ValueError, "max_m>=64")
     raises_everywhere(lambda: ops.gemm_ar(a, b, context=object()), TypeError, "GemmAllReduceContext")
-    raises_everywhere(lambda: ops.gemm_ar(a, b, variant="fused"), ValueError, "variant must be one of")
+    raises_everywhere(lambda: ops.gemm_ar(a, b, method="fused"), ValueError, "method must be one of")
     tall = rank_randn((200, 128), torch.bfloat16, 8)
-    raises_everywhere(lambda: ops.gemm_ar(tall, b, variant="split_k"), ValueError, "M <= 128")
+    raises_everywhere(lambda: ops.gemm_ar(tall, b, method="split_k"), ValueError, "M <= 128")
     got = ops.gemm_ar(a[:32], b, context=small)  # still works after the errors
     torch.cuda.synchronize()
     err = _rel_error(got, _reference(a[:32], b))

@@ -1,4 +1,4 @@
-"""triton_dist.ops.gemm_rs (GEMM+ReduceScatter), both variants, against torch: the fp32 sum over
+"""triton_dist.ops.gemm_rs (GEMM+ReduceScatter), both methods, against torch: the fp32 sum over
 ranks of ``a @ b.T`` (the host all-reduce of each rank's fp32 product), this rank's rows. Back-to-
 back calls with fresh inputs and a NaN-poisoned output (a tile reduced before a rank's partial
 landed, or from the previous call's half, shows up as a large error or a NaN), M not a multiple of
@@ -15,7 +15,7 @@ from triton_dist.bench.script import relative_error as _rel_error
 from triton_dist.kernels import GemmReduceScatterContext
 
 _REL_TOL = 1e-2  # bf16/fp16 output rounding is 2**-8 relative; a missing or stale partial is O(1)
-_VARIANTS = ["fused", "fused_tma", "fused_ce", "push", "pull"]
+_METHODS = ["fused", "fused_tma", "fused_ce", "push", "pull"]
 
 
 def _reference(a, b):
@@ -23,22 +23,22 @@ def _reference(a, b):
     return host_collectives.reduce_scatter(a.float() @ b.float().T)
 
 
-@pytest.mark.parametrize("variant", _VARIANTS)
+@pytest.mark.parametrize("method", _METHODS)
 @pytest.mark.parametrize("m,n,k", [(1000, 512, 768), (1024, 1024, 1024), (40, 264, 136)])
-def test_gemm_rs_matches_torch(variant, m, n, k):
+def test_gemm_rs_matches_torch(method, m, n, k):
     # m = 1000: not a multiple of the 128-row tile (each destination's last m-tile is masked);
     # m = 40 with N = 264: one partial m-tile per rank, N not a multiple of the 128-column tile.
     world, dtype = dist.get_world_size(), torch.bfloat16
     a, b = rank_randn((world * m, k), dtype, 1), rank_randn((n, k), dtype, 2)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-    got = ops.gemm_rs(a, b, out=out, variant=variant)
+    got = ops.gemm_rs(a, b, out=out, method=method)
     torch.cuda.synchronize()
     err = _rel_error(got, _reference(a, b))
-    all_ranks_agree(got is out and err < _REL_TOL, f"gemm_rs {variant} M={world * m} N={n} K={k}: rel error {err}")
+    all_ranks_agree(got is out and err < _REL_TOL, f"gemm_rs {method} M={world * m} N={n} K={k}: rel error {err}")
 
 
-@pytest.mark.parametrize("variant", _VARIANTS + ["auto"])
-def test_gemm_rs_back_to_back(variant):
+@pytest.mark.parametrize("method", _METHODS + ["auto"])
+def test_gemm_rs_back_to_back(method):
     world, dtype, calls = dist.get_world_size(), torch.bfloat16, 500
     m, n, k = 1000, 1024, 512
     b = rank_randn((n, k), dtype, 100)
@@ -48,12 +48,12 @@ def test_gemm_rs_back_to_back(variant):
     scratch = torch.empty((m, n), device="cuda", dtype=dtype)
     tdist.barrier()
     for i in range(calls):  # back to back: no synchronisation between calls
-        got = ops.gemm_rs(inputs[i], b, out=outs.get(i, scratch), variant=variant)
+        got = ops.gemm_rs(inputs[i], b, out=outs.get(i, scratch), method=method)
         assert got is outs.get(i, scratch)
     torch.cuda.synchronize()
     errors = {i: _rel_error(outs[i], _reference(inputs[i], b)) for i in checked}
     bad = {i: e for i, e in errors.items() if not e < _REL_TOL}
-    all_ranks_agree(not bad, f"gemm_rs {variant} back to back: calls with wrong results (call: rel error) {bad}")
+    all_ranks_agree(not bad, f"gemm_rs {method} back to back: calls with wrong results (call: rel error) {bad}")
 
 
 def test_fused_ce_with_serialised_launches_queues_copies_first(monkeypatch):
@@ -71,14 +71,14 @@ def test_fused_ce_with_serialised_launches_queues_copies_first(monkeypatch):
     outs = [torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for _ in range(calls)]
     tdist.barrier()
     for i in range(calls):
-        ops.gemm_rs(inputs[i], b, out=outs[i], variant="fused_ce")
+        ops.gemm_rs(inputs[i], b, out=outs[i], method="fused_ce")
     torch.cuda.synchronize()
     bad = {i: e for i in range(calls) if not (e := _rel_error(outs[i], _reference(inputs[i], b))) < _REL_TOL}
     all_ranks_agree(not bad, f"gemm_rs fused_ce, copies queued first: wrong results (call: rel error) {bad}")
 
 
-@pytest.mark.parametrize("variant", _VARIANTS)
-def test_gemm_rs_back_to_back_with_changing_rows(variant):
+@pytest.mark.parametrize("method", _METHODS)
+def test_gemm_rs_back_to_back_with_changing_rows(method):
     """One context, M shrinking and growing between unsynchronised calls: a rank already on the
     next call must not set signals that this call's reduce is still waiting for (the signal region
     of each source rank is fixed by the context, not by the call's M)."""
@@ -90,11 +90,11 @@ def test_gemm_rs_back_to_back_with_changing_rows(variant):
     outs = [torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for m in rows]
     tdist.barrier()
     for x, out in zip(inputs, outs):
-        ops.gemm_rs(x, b, out=out, variant=variant, context=context)
+        ops.gemm_rs(x, b, out=out, method=method, context=context)
     torch.cuda.synchronize()
     bad = {i: e for i, (x, out) in enumerate(zip(inputs, outs))
            if not (e := _rel_error(out, _reference(x, b))) < _REL_TOL}
-    all_ranks_agree(not bad, f"gemm_rs {variant} with changing M: wrong calls (call: rel error) {bad}")
+    all_ranks_agree(not bad, f"gemm_rs {method} with changing M: wrong calls (call: rel error) {bad}")
 
 
 def test_gemm_rs_alternating_variants_and_fp16():
@@ -104,10 +104,10 @@ def test_gemm_rs_alternating_variants_and_fp16():
     inputs = [rank_randn((world * m, k), dtype, 50 + i) for i in range(8)]
     outs = [torch.full((m, n), float("nan"), device="cuda", dtype=dtype) for _ in inputs]
     for i, x in enumerate(inputs):
-        ops.gemm_rs(x, b, out=outs[i], variant=_VARIANTS[i % len(_VARIANTS)])
+        ops.gemm_rs(x, b, out=outs[i], method=_METHODS[i % len(_METHODS)])
     torch.cuda.synchronize()
     errors = [_rel_error(o, _reference(x, b)) for o, x in zip(outs, inputs)]
-    all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_rs alternating variants fp16: rel errors {errors}")
+    all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_rs alternating methods fp16: rel errors {errors}")
 
 
 def test_gemm_rs_new_tensor():
@@ -131,7 +131,8 @@ def test_gemm_rs_bad_inputs():
     raises_everywhere(lambda: ops.gemm_rs(a[:, :120], b[:, :120]), ValueError, "contiguous")
     raises_everywhere(lambda: ops.gemm_rs(a.cpu(), b), ValueError, "cuda|CUDA")
     raises_everywhere(lambda: ops.gemm_rs(a.view(-1), b), ValueError, "2-D")
-    raises_everywhere(lambda: ops.gemm_rs(a, b, variant="sideways"), ValueError, "variant|method")
+    raises_everywhere(lambda: ops.gemm_rs(a, b, method="sideways"), ValueError, "method must be one of")
+    raises_everywhere(lambda: ops.gemm_rs(a, b, method="push", variant="pull"), ValueError, "disagree")
     misaligned = torch.empty(a.numel() + 8, device="cuda", dtype=a.dtype)[1:a.numel() + 1].view(a.shape)
     raises_everywhere(lambda: ops.gemm_rs(misaligned, b), ValueError, "16-byte")
     if world > 1:
@@ -148,10 +149,16 @@ def test_gemm_rs_bad_inputs():
     torch.cuda.synchronize()
     err = _rel_error(got, _reference(a[:world * 32], b))
     all_ranks_agree(tuple(got.shape) == (32, 64) and err < _REL_TOL, f"gemm_rs after errors: {err}")
+    # variant=, the name method= had before, still works and says so.
+    with pytest.warns(DeprecationWarning, match="method="):
+        old = ops.gemm_rs(a[:world * 32], b, variant="fused", context=small)
+    torch.cuda.synchronize()
+    err = _rel_error(old, _reference(a[:world * 32], b))
+    all_ranks_agree(err < _REL_TOL, f"gemm_rs(variant='fused'): rel error {err}")
 
 
-@pytest.mark.parametrize("variant", _VARIANTS)
-def test_gemm_rs_cuda_graph_replay(variant):
+@pytest.mark.parametrize("method", _METHODS)
+def test_gemm_rs_cuda_graph_replay(method):
     world, dtype = dist.get_world_size(), torch.bfloat16
     m, n, k = 512, 1024, 1024
     ctx = GemmReduceScatterContext(world * m, n, dtype)
@@ -159,14 +166,14 @@ def test_gemm_rs_cuda_graph_replay(variant):
     b = rank_randn((n, k), dtype, 11)
     out = torch.empty((m, n), device="cuda", dtype=dtype)
     a.copy_(rank_randn((world * m, k), dtype, 12))
-    ops.gemm_rs(a, b, out=out, variant=variant, context=ctx)  # one call outside the capture
+    ops.gemm_rs(a, b, out=out, method=method, context=ctx)  # one call outside the capture
     torch.cuda.synchronize()
     tdist.barrier()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        ops.gemm_rs(a, b, out=out, variant=variant, context=ctx)
-        ops.gemm_rs(a, b, out=out, variant=variant, context=ctx)
-        ops.gemm_rs(a, b, out=out, variant=variant, context=ctx)  # an odd count: replays alternate halves
+        ops.gemm_rs(a, b, out=out, method=method, context=ctx)
+        ops.gemm_rs(a, b, out=out, method=method, context=ctx)
+        ops.gemm_rs(a, b, out=out, method=method, context=ctx)  # an odd count: replays alternate halves
     torch.cuda.synchronize()
     tdist.barrier()
     errors = []
@@ -176,11 +183,11 @@ def test_gemm_rs_cuda_graph_replay(variant):
         graph.replay()
         torch.cuda.synchronize()
         errors.append(_rel_error(out, _reference(a, b)))
-    all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_rs {variant} graph replays: rel errors {errors}")
+    all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_rs {method} graph replays: rel errors {errors}")
 
 
-@pytest.mark.parametrize("variant", _VARIANTS)
-def test_gemm_rs_protocol_on_one_rank(variant):
+@pytest.mark.parametrize("method", _METHODS)
+def test_gemm_rs_protocol_on_one_rank(method):
     """The signalling GEMM and the reduce kernel at any world size, including one rank (where
     gemm_rs is otherwise the plain GEMM)."""
     world, dtype, n, k = dist.get_world_size(), torch.bfloat16, 512, 256
@@ -190,9 +197,9 @@ def test_gemm_rs_protocol_on_one_rank(variant):
     for i in range(20):
         a = rank_randn((world * 1000, k), dtype, 5000 + i)
         out = torch.full((1000, n), float("nan"), device="cuda", dtype=dtype)
-        ops.gemm_rs(a, b, out=out, variant=variant, context=context)
+        ops.gemm_rs(a, b, out=out, method=method, context=context)
         torch.cuda.synchronize()
         err = _rel_error(out, _reference(a, b))
         if not err < _REL_TOL:
             bad.append((i, err))
-    all_ranks_agree(not bad, f"gemm_rs {variant} with the protocol forced on: wrong calls (call, rel error) {bad}")
+    all_ranks_agree(not bad, f"gemm_rs {method} with the protocol forced on: wrong calls (call, rel error) {bad}")

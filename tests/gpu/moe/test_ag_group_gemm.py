@@ -58,7 +58,7 @@ def _check(result, xs, idx, w, experts):
 @pytest.mark.parametrize("producer", ["ce_push", "sm_push", "ce_pull"])
 @pytest.mark.parametrize("m,k,n,experts,topk", [(256, 512, 384, 8, 2), (7, 256, 128, 16, 4), (1, 128, 64, 4, 1)])
 def test_matches_torch(m, k, n, experts, topk, producer):
-    ctx = AllGatherGroupGemmContext(max(m, 64), k, torch.bfloat16, experts, topk, producer=producer)
+    ctx = AllGatherGroupGemmContext(max(m, 64), k, torch.bfloat16, experts, topk, method=producer)
     xs, idx = _inputs(m, k, experts, topk, seed=m + k)
     me = dist.get_rank()
     w = rank_randn((experts, n, k), torch.bfloat16, 77) * k ** -0.25  # this rank's shard of every expert

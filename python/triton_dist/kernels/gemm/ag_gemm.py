@@ -2,7 +2,7 @@
 by tile. Every rank holds ``A_shard [m, K]`` (the same ``m`` on every rank) and ``B [N, K]``; the
 result is ``C [world * m, N]``, rank ``r``'s rows ``[r * m, (r + 1) * m)`` computed from its shard.
 
-Two producers (:data:`PRODUCERS`); ``"ce_push"``, the default, first. Producer (copy engine, on
+Three producers, the context's ``method`` (:data:`METHODS`); ``"ce_push"``, the default, first. Producer (copy engine, on
 the context's side stream) and consumer (the persistent GEMM of
 :mod:`triton_dist.kernels.gemm.dense` with ``WAIT_FOR_ROWS``, on the caller's stream) share one
 symmetric buffer ``gathered`` (``world * max_m * K`` elements; a call uses its first
@@ -54,7 +54,7 @@ after my GEMM of call ``k``. A single region therefore suffices (no parity halve
 not follow inside a replayed CUDA graph since the copies' addresses are baked in). The acks of a
 call are sent by the next call: the last call's are never needed.
 
-``"ce_pull"`` (``producer="ce_pull"``): ``gathered`` is ordinary memory that only this rank
+``"ce_pull"`` (``method="ce_pull"``): ``gathered`` is ordinary memory that only this rank
 writes, and each rank exposes its shard in a symmetric ``shard`` buffer instead. Signals:
 ``ready[r]`` (index ``r``, local: rank ``r``'s rows are in ``gathered``), ``pulled[r]`` (index
 ``world + r``: rank ``r`` has copied out this rank's shard of call ``k``) and ``published[r]``
@@ -72,7 +72,7 @@ right after its own first wait. What this buys: the GEMM reads A from ordinary m
 the symmetric heap. What it costs: a second copy of ``A_shard`` (into ``shard``), on ``P``
 before the peers can start copying.
 
-``"sm_push"`` (``producer="sm_push"``): ``ce_push``'s buffer, signals and protocol, with the
+``"sm_push"`` (``method="sm_push"``): ``ce_push``'s buffer, signals and protocol, with the
 copies and signal kernels of ``P`` replaced by one kernel of ``push_programs`` programs
 (:func:`ag_gemm_push_kernel`): program 0 sends phase 0's ``ready[me] = k`` here and ``ack[me] =
 k - 1`` to every peer; then for each peer ``r`` (the order of ``ce_push``) every program waits for
@@ -120,7 +120,8 @@ from ..common.tiles import copy_program_tiles
 RESERVED_SMS = 1
 """SMs the consumer GEMM leaves free for the producer's signal kernels (see the module notes)."""
 
-PRODUCERS = ("ce_push", "ce_pull", "sm_push")
+METHODS = ("ce_push", "ce_pull", "sm_push")
+"""The producers a context may use (``method=``; the module notes)."""
 """How the shards travel: ``"ce_push"`` (each rank's copy engine writes its shard into every peer's
 symmetric ``gathered``, which the GEMM reads) or ``"ce_pull"`` (each rank publishes its shard in
 a symmetric ``shard`` buffer, and every rank's copy engine copies the peers' shards into an
@@ -207,6 +208,19 @@ def ag_gemm_signal_kernel(signals, calls, peer, PHASE: tl.constexpr, WORLD: tl.c
         dl.notify(signals + WORLD + me, peer, k, "set", "intra_node")
 
 
+def method_named_producer(op: str, method: str, producer: str | None) -> str:
+    """``method``, or ``producer``: its name before every op said ``method`` (2026-12), still
+    accepted with a DeprecationWarning."""
+    if producer is None:
+        return method
+    import warnings
+
+    warnings.warn(f"triton_dist {op}: producer= is now called method=", DeprecationWarning, stacklevel=3)
+    if method not in ("ce_push", producer):
+        raise ValueError(f"triton_dist {op}: method={method!r} and producer={producer!r} disagree; pass method= only")
+    return producer
+
+
 class AllGatherGemmContext(OverlappedGemmContext):
     """Symmetric buffer, signals, side stream and loaded kernels for AllGather+GEMM of up to
     ``max_m_per_rank`` rows of ``k`` columns per rank, ``dtype`` bfloat16 or float16.
@@ -220,8 +234,9 @@ class AllGatherGemmContext(OverlappedGemmContext):
     on one stream (the side stream's wait for the caller's stream is what orders a call after the
     previous call's GEMM). Calls may be captured in a CUDA graph and replayed.
 
-    ``producer``: one of :data:`PRODUCERS` (``"ce_pull"`` keeps ``gathered`` in ordinary memory
-    and allocates a symmetric ``max_m_per_rank * k`` shard buffer instead).
+    ``method``: the producer, one of :data:`METHODS` (``"ce_pull"`` keeps ``gathered`` in ordinary
+    memory and allocates a symmetric ``max_m_per_rank * k`` shard buffer instead); ``producer``:
+    its name before every op said ``method`` (deprecated).
     ``push_programs``: ``"sm_push"``'s programs, SMs the GEMM leaves to them (default
     :data:`PUSH_PROGRAMS`).
     ``protocol_on_one_rank``: with a single rank, still run the gather-and-signal protocol (the
@@ -229,16 +244,20 @@ class AllGatherGemmContext(OverlappedGemmContext):
     can test it.
     """
 
-    def __init__(self, max_m_per_rank: int, k: int, dtype, *, producer: str = "ce_push",
-                 push_programs: int | None = None, protocol_on_one_rank: bool = False):
+    METHODS = METHODS
+
+    def __init__(self, max_m_per_rank: int, k: int, dtype, *, method: str = "ce_push",
+                 push_programs: int | None = None, protocol_on_one_rank: bool = False, producer: str | None = None):
         import torch
+
+        method = method_named_producer(type(self).__name__, method, producer)
 
         super().__init__("AllGatherGemmContext", dtype, aligned="k", protocol_on_one_rank=protocol_on_one_rank,
                          max_m_per_rank=max_m_per_rank, k=k)
-        if producer not in PRODUCERS:
-            raise ValueError(f"triton_dist AllGatherGemmContext: producer must be one of {PRODUCERS}, got "
-                             f"{producer!r}")
-        self.producer = producer
+        if method not in METHODS:
+            raise ValueError(f"triton_dist AllGatherGemmContext: method must be one of {METHODS}, got {method!r}")
+        self.method = method
+        """The producer (:data:`METHODS`)."""
         if self.world * max_m_per_rank * k >= 2**31:
             raise ValueError(f"triton_dist AllGatherGemmContext: world * max_m_per_rank * k = "
                              f"{self.world * max_m_per_rank * k} elements is too large (< 2**31)")
@@ -251,13 +270,13 @@ class AllGatherGemmContext(OverlappedGemmContext):
             raise ValueError(f"triton_dist AllGatherGemmContext: push_programs must be an int in [1, "
                              f"{self.num_sms - 1}], got {push_programs!r}")
         self.push_programs = push_programs
-        if producer == "sm_push":  # the GEMM waits on the push kernel's programs beside it
+        if method == "sm_push":  # the GEMM waits on the push kernel's programs beside it
             self.max_programs = _residency.max_waiting_programs(self.device, reserved=push_programs,
                                                                 what="AllGatherGemmContext")
         else:  # the GEMM waits for copies, which need SMs of their own when ranks share a GPU
             self.max_programs = _residency.max_waiting_programs(self.device, reserved=RESERVED_SMS,
                                                                 what="AllGatherGemmContext", waits_for_copies=True)
-        pull = producer == "ce_pull"
+        pull = method == "ce_pull"
         gathered_elems = self.world * max_m_per_rank * k
         self.gathered = (torch.empty((gathered_elems, ), dtype=dtype, device=self.device) if pull else
                          symm_empty((gathered_elems, ), dtype))
@@ -275,7 +294,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
         self._side = side_stream(self.device)
         # Where ranks share a GPU, the caller's stream waits for the copy-engine producers' first
         # signal kernel (phase 0 or 2) before the GEMM (start_gather says why); None elsewhere.
-        self._first_signal = torch.cuda.Event() if producer != "sm_push" and _config.get().ranks_per_gpu > 1 \
+        self._first_signal = torch.cuda.Event() if method != "sm_push" and _config.get().ranks_per_gpu > 1 \
             else None
         if pull:  # ordinary memory written on the side stream: its release must wait for that stream too
             self.gathered.record_stream(self._side)
@@ -294,11 +313,11 @@ class AllGatherGemmContext(OverlappedGemmContext):
     def preload_producer(self) -> None:
         """Compile and load the gather's kernels (the call counter's and the producer's)."""
         _call_counter.preload(self.calls)
-        if self.producer == "sm_push":
+        if self.method == "sm_push":
             ag_gemm_push_kernel.preload(self.gathered, self.pad.signals, self.calls, self.tickets, 2, grid=(1, ),
                                         **self._push_meta())
             return
-        for phase in ((2, 3, 4, 5) if self.producer == "ce_pull" else (0, 1)):
+        for phase in ((2, 3, 4, 5) if self.method == "ce_pull" else (0, 1)):
             ag_gemm_signal_kernel.preload(self.pad.signals, self.calls, 2, grid=(1, ), PHASE=phase,
                                           WORLD=self.world, num_warps=1)
 
@@ -335,9 +354,9 @@ class AllGatherGemmContext(OverlappedGemmContext):
         self.gathered[me * m * k:(me + 1) * m * k].copy_(x)
         self._side.wait_stream(stream)
         with torch.cuda.stream(self._side):
-            if self.producer == "ce_pull":
+            if self.method == "ce_pull":
                 self._pull(x, m)
-            elif self.producer == "sm_push":
+            elif self.method == "sm_push":
                 ag_gemm_push_kernel[(self.push_programs, )](self.gathered, self.pad.signals, self.calls, self.tickets,
                                                             m * k, **self._push_meta())
             else:

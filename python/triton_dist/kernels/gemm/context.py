@@ -21,8 +21,8 @@ class OverlappedGemmContext:
     plain GEMM) so that one GPU can test it.
     """
 
-    VARIANTS: tuple[str, ...] = ()
-    """``variant=`` values :meth:`check_variant` accepts (subclasses with variants)."""
+    METHODS: tuple[str, ...] = ()
+    """``method=`` values :meth:`check_method` accepts (subclasses with several methods)."""
 
     def __init__(self, op: str, dtype, *, aligned: str, protocol_on_one_rank: bool = False, **sizes):
         _runtime._require_initialized(op)
@@ -53,10 +53,10 @@ class OverlappedGemmContext:
         """Compile and load every kernel with the specialisation of real calls. Subclasses."""
         raise NotImplementedError
 
-    def check_variant(self, variant: str) -> None:
-        """A clear error for a ``variant`` outside :attr:`VARIANTS`."""
-        if variant not in self.VARIANTS:
-            raise ValueError(f"triton_dist {self.op}.run: variant must be one of {self.VARIANTS}, got {variant!r}")
+    def check_method(self, method: str) -> None:
+        """A clear error for a ``method`` outside :attr:`METHODS`."""
+        if method not in self.METHODS:
+            raise ValueError(f"triton_dist {self.op}.run: method must be one of {self.METHODS}, got {method!r}")
 
     def ran_plain_gemm(self, a, b, out) -> bool:
         """Without the protocol (one rank), ``out = a @ b.T`` by the plain GEMM; True if it ran."""

@@ -22,10 +22,10 @@ waited for every peer's tiles of call ``e + 1``, which each peer produced after 
 (stream order), the only reader of call ``e``'s half. Signals only grow (set to ``e``, waited
 with ``>= e``); signal ``r * R + t`` (``R``: the context's fixed tiles per rank) is rank ``r``'s
 tile ``t`` (``"split_k"``: ``t = s * cdiv(N, 128) + j`` for slice ``s`` of n-tile ``j``), written
-before its signal, in the half of the signalled call. Every program of either variant waits for
-at least one signal of every peer's current call, so the variants may alternate on one context.
+before its signal, in the half of the signalled call. Every program of either method waits for
+at least one signal of every peer's current call, so the methods may alternate on one context.
 
-Two tile loops (``variant=``, :data:`VARIANTS`):
+Two tile loops (``method=``, :data:`METHODS`):
 
 - ``"output_tiles"``: the one described above, on the shared GEMM loop (:func:`~triton_dist.kernels.gemm.dense.gemm_kernel`
   with ``ALL_REDUCE``): one tile of ``out`` per program, the skinny configs up to
@@ -47,7 +47,7 @@ Two tile loops (``variant=``, :data:`VARIANTS`):
   price: ``split_k`` times the partial bytes of ``"output_tiles"``. Measured on 2 x H200
   (bench/gemm_ar.py at 523650f, µs, split_k against output_tiles): 30 against 44 on
   1x4096x7168, 68 against 97 on 1x8192x14336, 45 against 29 at 64 rows on 8b
-  (:func:`triton_dist.kernels.gemm.policy.gemm_ar_variant` has the rule).
+  (:func:`triton_dist.kernels.gemm.policy.gemm_ar_method` has the rule).
 
 No deadlock (``"output_tiles"``): a program signals its tile before it waits, tile ``t`` is
 program ``t % grid``'s on every rank (the grid depends only on the shape and the SM count), and the grid is at most one
@@ -78,8 +78,8 @@ tiles the all-reduce epilogue (the accumulator, a peer's fp32 tile and the sum) 
 of registers per thread (ptxas, sm_90a). Calls with fewer rows take ``gemm.pick_skinny_config``'s
 (64-row tiles that spread the read of B over every SM: decode shapes are bound by that read)."""
 
-VARIANTS = ("auto", "split_k", "output_tiles")
-"""``variant=`` of :meth:`GemmAllReduceContext.run` (module notes); ``"auto"``: :func:`triton_dist.kernels.gemm.policy.gemm_ar_variant`."""
+METHODS = ("auto", "split_k", "output_tiles")
+"""``method=`` of :meth:`GemmAllReduceContext.run` (module notes); ``"auto"``: :func:`triton_dist.kernels.gemm.policy.gemm_ar_method`."""
 
 SPLIT_K_MAX_M = 128
 """The most rows ``"split_k"`` takes: ``BM`` (``out``'s rows, wgmma's N side) up to 128."""
@@ -172,13 +172,13 @@ class GemmAllReduceContext(OverlappedGemmContext):
     Symmetric memory: :attr:`half` times 2 fp32 elements (``2 * world * max(max_m, SPLIT_K_MAX *
     min(max_m, SPLIT_K_MAX_M)) * n``) plus ``world`` times :attr:`tiles_max` signals. Call with :meth:`run` (or
     :func:`triton_dist.ops.gemm_ar`); every rank makes the same calls in the same order with the
-    same ``M``, ``K`` and variant. Calls may be captured in a CUDA graph and replayed.
+    same ``M``, ``K`` and method. Calls may be captured in a CUDA graph and replayed.
 
     ``protocol_on_one_rank``: with a single rank, still run the signalling kernel (stores, signal
     and wait on its own rank) instead of the plain GEMM, so that one GPU can test it.
     """
 
-    VARIANTS = VARIANTS
+    METHODS = METHODS
 
     def __init__(self, max_m: int, n: int, dtype, *, protocol_on_one_rank: bool = False):
         import torch
@@ -265,30 +265,30 @@ class GemmAllReduceContext(OverlappedGemmContext):
             gemm_ar_split_k_kernel.preload(a_desc, b_desc, self.partials, a, self.pad.signals, self.calls, 2, self.n,
                                            2, 2, 2, 2, 2, grid=(1, ), **self._split_k_meta(bm))
 
-    def run(self, a, b, out, variant: str = "auto") -> None:
+    def run(self, a, b, out, method: str = "auto") -> None:
         """``out = sum over ranks of a @ b.T`` on the current stream. ``a [M, K]``, ``b [n, K]``,
         ``out [M, n]``: contiguous, 16-byte aligned CUDA tensors of this dtype, ``M <= max_m``,
         ``K`` a multiple of 8 (validated by :func:`triton_dist.ops.gemm_ar`, not here).
-        ``variant``: one of :data:`VARIANTS` (module notes); every rank passes the same."""
+        ``method``: one of :data:`METHODS` (module notes); every rank passes the same."""
         import torch
 
-        self.check_variant(variant)
+        self.check_method(method)
         m, k = a.shape
         n = b.shape[0]
         if n != self.n or m > self.max_m:
             raise ValueError(f"triton_dist GemmAllReduceContext.run: a is {list(a.shape)} and b {list(b.shape)}; the "
                              f"context takes M <= {self.max_m} and N = {self.n}")
-        if variant == "split_k" and m > SPLIT_K_MAX_M:
-            raise ValueError(f"triton_dist GemmAllReduceContext.run: variant 'split_k' takes M <= {SPLIT_K_MAX_M}, "
+        if method == "split_k" and m > SPLIT_K_MAX_M:
+            raise ValueError(f"triton_dist GemmAllReduceContext.run: method 'split_k' takes M <= {SPLIT_K_MAX_M}, "
                              f"got M = {m}; use 'output_tiles' or 'auto'")
         if m == 0 or self.ran_plain_gemm(a, b, out):
             return
-        if variant == "auto":
-            variant = _policy.gemm_ar_variant(m, SPLIT_K_MAX_M)
-        # The preloaded variants assume a 16-byte aligned output: another would load here, possibly
+        if method == "auto":
+            method = _policy.gemm_ar_method(m, SPLIT_K_MAX_M)
+        # The preloaded kernels assume a 16-byte aligned output: another would load here, possibly
         # while a peer spins.
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
-        if variant == "split_k":
+        if method == "split_k":
             self._run_split_k(a, b, target)
         else:
             self._run_output_tiles(a, b, target)

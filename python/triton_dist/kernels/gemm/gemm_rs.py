@@ -4,7 +4,7 @@ the GEMM's tiles reduced across ranks while the GEMM still runs. Every rank hold
 and ``B [N, K]``; the result is this rank's ``[m, N]`` rows of the sum, as a row-parallel linear
 layer needs.
 
-Variants (``variant=``):
+Methods (``method=``):
 
 - ``"fused"``: one kernel on every SM. The GEMM computes the peers' tiles first and stores each
   into its destination's ``partials`` (slot ``me``), then computes its own tiles, and each own
@@ -38,7 +38,7 @@ done about ``t / T`` into the GEMM on every rank and every reduce can start earl
 tile's stores it sets signal ``me * R + t`` on the destination ``d`` to the call's epoch
 (release, system scope); ``t`` is the tile's index among ``d``'s ``T`` tiles and ``R`` the
 context's fixed signals per source rank (``T`` depends on the call's M; a region that moved with
-it would let a peer already on the next call set signals this call still waits for). Two variants:
+it would let a peer already on the next call set signals this call still waits for). Two methods:
 
 - ``"pull"``: the tile goes to this rank's own symmetric ``partials`` (rows ``[d * m, (d + 1) *
   m)`` hold the partial of ``d``'s rows); ``d``'s reduce kernel reads it over NVLink
@@ -68,7 +68,7 @@ is in my incoming rows) and ``ack[r]`` (index ``world * R + r``: rank ``r`` has 
 what I sent it; 1 at creation); local ``chunk_flags``/``tickets`` (layout ``d * R + c``). Call on
 rank ``me``, streams ``S`` (caller's) and ``P``:
 
-- ``S``: bump ``calls`` (the variants share it, see "Buffer reuse"); ``P`` waits for ``S``;
+- ``S``: bump ``calls`` (the methods share it, see "Buffer reuse"); ``P`` waits for ``S``;
   the GEMM.
 - ``P``, chunk by chunk in the GEMM's order, for every destination ``d``: (first chunk only)
   wait ``ack[d] >= 1``, reset it to 0; wait ``chunk_flags[d * R + c] >= 1``, reset it to 0; copy
@@ -102,7 +102,7 @@ the CTA barrier and the release (its GPU tests pass; measured no faster than ``"
 SMs, and why this cannot deadlock (``"push"``/``"pull"``): only the consumer ever waits, and it
 waits only for GEMM tiles (this rank's and the peers'); no GEMM waits for anything, so every GEMM
 program finishes whatever else runs on its GPU, and the consumer then finishes. The fused
-variants' own tiles do wait, for peers' tiles that come first in every GEMM's order (and, for
+methods' own tiles do wait, for peers' tiles that come first in every GEMM's order (and, for
 ``"fused_ce"``, for the copy streams, which need no SM); this relies on every GEMM program being
 resident (a persistent grid of at most one program per SM, on a GPU running nothing else that
 holds SMs for as long). Residency decides speed, not
@@ -174,10 +174,10 @@ CE_SCHEDULES_KEPT = 64
 the driver copies a schedule's operations when they are enqueued or captured, so dropping one is
 safe at any time)."""
 
-VARIANTS = ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
+METHODS = ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
 PRODUCER_EPILOGUES = {"fused": "reduce_own", "fused_tma": "reduce_own_tma", "fused_ce": "reduce_own_ce",
                       "push": "rows_to_peer", "pull": "rows_here"}
-"""The GEMM's ``EPILOGUE`` (:data:`triton_dist.kernels.gemm.dense.EPILOGUES`) for each variant."""
+"""The GEMM's ``EPILOGUE`` (:data:`triton_dist.kernels.gemm.dense.EPILOGUES`) for each method."""
 
 gemm_rs_producer_kernel = DistributedKernel(_gemm.gemm_kernel)
 """:func:`triton_dist.kernels.gemm.dense.gemm_kernel` launched with a ReduceScatter ``EPILOGUE`` and the
@@ -262,19 +262,19 @@ class GemmReduceScatterContext(OverlappedGemmContext):
     columns, ``dtype`` bfloat16 or float16; any ``K``.
 
     Collective: every rank creates it with the same arguments, in the same order as its other
-    symmetric allocations; creating it compiles and loads every kernel (every variant's, for both GEMM
+    symmetric allocations; creating it compiles and loads every kernel (every method's, for both GEMM
     configs, since ``K`` is per call) and ends with a barrier. Symmetric memory: ``4 * max_m * n``
     elements (``partials`` and ``"fused_ce"``'s ``ce_rows``) plus ``2 * world * cdiv(max_m /
     world, 128) * cdiv(n, 128) + world`` signals. ``reduce_sms``: SMs
     left to the reduce kernel (default :data:`REDUCE_SMS`). Call with :meth:`run` (or
     :func:`triton_dist.ops.gemm_rs`); every rank makes the same calls in the same order with the
-    same ``M``, ``K`` and variant. Calls may be captured in a CUDA graph and replayed.
+    same ``M``, ``K`` and method. Calls may be captured in a CUDA graph and replayed.
 
     ``protocol_on_one_rank``: with a single rank, still run the signalling GEMM and the reduce
     kernel instead of the plain GEMM, so that one GPU can test them.
     """
 
-    VARIANTS = VARIANTS
+    METHODS = METHODS
 
     def __init__(self, max_m: int, n: int, dtype, *, reduce_sms: int | None = None,
                  protocol_on_one_rank: bool = False):
@@ -302,7 +302,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         self.partials = symm_empty((2 * self.half, ), dtype)
         self.pad = SignalPad(self.world * self.tiles_per_rank, owner="GemmReduceScatterContext")
         # "fused_ce" (module notes, "Copy-engine protocol"): its own rows and flags, so that calls
-        # of different variants never share a buffer.
+        # of different methods never share a buffer.
         self.ce_rows = symm_empty((2 * self.half, ), dtype)
         self.ce_pad = SignalPad(self.world * self.tiles_per_rank + self.world,
                                 owner="GemmReduceScatterContext fused_ce")
@@ -320,7 +320,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
             self._acks.write(self._peer_ce_pad[d], self._ack + self.rank, 1)
         self._side = side_stream(self.device)
         self._bumped = torch.cuda.Event()  # re-recorded each call: a wait takes the latest record
-        self._scratch = GlobalScratch(self.device)  # the fused_tma variant's device-built descriptors
+        self._scratch = GlobalScratch(self.device)  # the fused_tma method's device-built descriptors
         self.ready()
 
     def _reduce_meta(self, config: str, peer_epilogue: bool) -> dict:
@@ -355,15 +355,15 @@ class GemmReduceScatterContext(OverlappedGemmContext):
                                             2, 2, half_elems=2, signal_region=2, out=p, chunk_n=2,
                                             chunk_flags=self.chunk_flags, tickets=self.tickets, grid=(1, ), **meta)
 
-    def run(self, a, b, out, variant: str = "auto") -> None:
+    def run(self, a, b, out, method: str = "auto") -> None:
         """``out`` = this rank's rows of the sum over ranks of ``a @ b.T`` on the current stream.
         ``a [M, K]``, ``b [n, K]``, ``out [M / world, n]``: contiguous, 16-byte aligned CUDA
         tensors of this dtype, ``M <= max_m`` a multiple of the world size, ``K`` a multiple of 8
-        (validated by :func:`triton_dist.ops.gemm_rs`, not here). ``variant``: one of
-        :data:`VARIANTS` (see the module notes; ``"auto"``: :func:`triton_dist.kernels.gemm.policy.gemm_rs_variant`)."""
+        (validated by :func:`triton_dist.ops.gemm_rs`, not here). ``method``: one of
+        :data:`METHODS` (see the module notes; ``"auto"``: :func:`triton_dist.kernels.gemm.policy.gemm_rs_method`)."""
         import torch
 
-        self.check_variant(variant)
+        self.check_method(method)
         big_m, k = a.shape
         n = b.shape[0]
         if n != self.n or big_m > self.max_m or big_m % self.world:
@@ -371,12 +371,12 @@ class GemmReduceScatterContext(OverlappedGemmContext):
                              f"the context takes M <= {self.max_m}, a multiple of {self.world}, and N = {self.n}")
         if big_m == 0 or self.ran_plain_gemm(a, b, out):
             return
-        variant = _policy.gemm_rs_variant(big_m // self.world) if variant == "auto" else variant
-        if variant == "fused_ce":
+        method = _policy.gemm_rs_method(big_m // self.world) if method == "auto" else method
+        if method == "fused_ce":
             self._run_fused_ce(a, b, out)
             return
-        fused = variant in ("fused", "fused_tma")
-        peer = variant == "push"
+        fused = method in ("fused", "fused_tma")
+        peer = method == "push"
         m = big_m // self.world
         max_programs = self.num_sms if fused else self.max_programs
         config = _gemm.pick_config(big_m, n, k, max_programs)
@@ -384,7 +384,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         a_desc, b_desc = _gemm.operand_descriptors(a, b, config)
         tiles = triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"])
         stream = torch.cuda.current_stream()
-        # The preloaded reduce variants assume a 16-byte aligned output: another variant would load
+        # The preloaded reduce kernels assume a 16-byte aligned output: another variant would load
         # here, possibly while a peer spins.
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
         _call_counter.bump(self.calls)
@@ -397,7 +397,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
             gemm_rs_producer_kernel[grid](a_desc, b_desc, self.partials, big_m, n, k, self.pad.signals, self.calls,
                                           self.rank, m, half_elems=self.half,  # after the constexprs: by name
                                           signal_region=self.tiles_per_rank, out=target,
-                                          **_gemm.kernel_meta(config, False, epilogue=PRODUCER_EPILOGUES[variant],
+                                          **_gemm.kernel_meta(config, False, epilogue=PRODUCER_EPILOGUES[method],
                                                               world=self.world),
                                           **_timeline.kernel_args())
         if fused:

@@ -1,28 +1,28 @@
-"""What ``variant="auto"`` runs, for every overlapped GEMM: the only place that decides it. The rules
-come from the benchmarks that time every variant side by side (bench/gemm_rs.py, bench/gemm_ar.py on
-2 x H200, CUDA-graph timing). The contexts validate and run a variant; they ask this module which
+"""What ``method="auto"`` runs, for every overlapped GEMM: the only place that decides it. The rules
+come from the benchmarks that time every method side by side (bench/gemm_rs.py, bench/gemm_ar.py on
+2 x H200, CUDA-graph timing). The contexts validate and run a method; they ask this module which
 one ``"auto"`` means."""
 
 from __future__ import annotations
 
 from .dense import SKINNY_MAX_M
 
-GEMM_RS_VARIANT = "fused_ce"
+GEMM_RS_METHOD = "fused_ce"
 """``gemm_rs``: the fused producer with the peers' partial tiles moved by the copy engines, at every
-shape; bench/gemm_rs.py logs every variant's time and records this one against NCCL and torch
+shape; bench/gemm_rs.py logs every method's time and records this one against NCCL and torch
 SymmetricMemory in bench/results/h200-x2/gemm_rs.json."""
 
 
-def gemm_rs_variant(m: int) -> str:
-    """``gemm_rs(variant="auto")`` for ``m`` rows per rank."""
-    del m  # one answer at every shape measured so far (GEMM_RS_VARIANT)
-    return GEMM_RS_VARIANT
+def gemm_rs_method(m: int) -> str:
+    """``gemm_rs(method="auto")`` for ``m`` rows per rank."""
+    del m  # one answer at every shape measured so far (GEMM_RS_METHOD)
+    return GEMM_RS_METHOD
 
 
-def gemm_ar_variant(m: int, split_k_max_m: int) -> str:
-    """``gemm_ar(variant="auto")`` for ``m`` rows, where ``"split_k"`` takes at most ``split_k_max_m``:
+def gemm_ar_method(m: int, split_k_max_m: int) -> str:
+    """``gemm_ar(method="auto")`` for ``m`` rows, where ``"split_k"`` takes at most ``split_k_max_m``:
     ``"output_tiles"`` where its 64-row skinny tile is more than half full (33-64 rows) or ``m`` is
-    past ``split_k_max_m``, else ``"split_k"``. bench/gemm_ar.py's variant times: split_k ahead at
+    past ``split_k_max_m``, else ``"split_k"``. bench/gemm_ar.py's per-method times: split_k ahead at
     1 and 16 rows on the 8b, 70b and 405b shapes; output_tiles ahead at 64 rows (its tile full,
     split_k's partials four times the bytes); at 128 rows, where output_tiles has only 128x128
     tiles, split_k ahead on 70b and 405b and level on 8b."""

@@ -52,11 +52,13 @@ class AGGroupGemmOutput:
 
 class AllGatherGroupGemmContext(AllGatherGemmContext):
     """The gather (an :class:`~triton_dist.kernels.AllGatherGemmContext` of ``max_m_per_rank``
-    rows of ``k`` columns, same ``producer`` choices) and the grouped consumer for ``num_experts``
-    experts and ``topk`` experts per token. Collective to create and to call, as its base."""
+    rows of ``k`` columns, the same ``method`` choices: its producers) and the grouped consumer for
+    ``num_experts`` experts and ``topk`` experts per token. Collective to create and to call, as
+    its base."""
 
     def __init__(self, max_m_per_rank: int, k: int, dtype, num_experts: int, topk: int, *,
-                 producer: str = "ce_push", push_programs: int | None = None, protocol_on_one_rank: bool = False):
+                 method: str = "ce_push", push_programs: int | None = None, protocol_on_one_rank: bool = False,
+                 producer: str | None = None):
         for name, v in (("num_experts", num_experts), ("topk", topk)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"triton_dist AllGatherGroupGemmContext: {name} must be a positive int, got {v!r}")
@@ -64,8 +66,8 @@ class AllGatherGroupGemmContext(AllGatherGemmContext):
             raise ValueError(f"triton_dist AllGatherGroupGemmContext: topk ({topk}) exceeds num_experts "
                              f"({num_experts})")
         self.num_experts, self.topk = num_experts, topk
-        super().__init__(max_m_per_rank, k, dtype, producer=producer, push_programs=push_programs,
-                         protocol_on_one_rank=protocol_on_one_rank)
+        super().__init__(max_m_per_rank, k, dtype, method=method, push_programs=push_programs,
+                         protocol_on_one_rank=protocol_on_one_rank, producer=producer)
 
     def preload(self) -> None:
         """The gather's kernels and the grouped consumer in each config (every int unspecialised)."""
