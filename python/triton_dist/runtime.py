@@ -244,6 +244,20 @@ def local_world_size() -> int:
     return _core().local_world_size()
 
 
+def node() -> int:
+    """This rank's node: ranks ``[node * local_world_size(), (node + 1) * local_world_size())``
+    share it (contiguous blocks, as discovered from host names or as TRITON_DIST_LOCAL_WORLD_SIZE
+    declares; the same on every rank, checked at init)."""
+    _require_initialized("node")
+    return _core().node()
+
+
+def num_nodes() -> int:
+    """The number of nodes: ``world_size() // local_world_size()``."""
+    _require_initialized("num_nodes")
+    return _core().num_nodes()
+
+
 def barrier() -> None:
     """Host-side barrier across all ranks. It does not wait for GPU work; synchronize first if
     the barrier must order kernels."""

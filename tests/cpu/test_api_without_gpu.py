@@ -53,6 +53,8 @@ def _env():
     lambda: triton_dist.world_size(),
     lambda: triton_dist.local_rank(),
     lambda: triton_dist.local_world_size(),
+    lambda: triton_dist.node(),
+    lambda: triton_dist.num_nodes(),
     lambda: triton_dist.barrier(),
     lambda: triton_dist.finalize(),
     lambda: triton_dist.symm_empty((4, 4)),

@@ -173,11 +173,11 @@ def test_ext_pad_layout():
     for world, mp in ((2, 132), (4, 1), (8, 128)):
         ext = allgather._layouts(world, mp)[1]
         starts = [ext[name] for name in ("zc_ready", "zc_done", "chunk_ready", "smz_ready", "smz_done", "published",
-                                         "pulled")]
+                                         "pulled", "node_ready")]
         w = world
         assert starts == [0, w, 2 * w, 2 * w + w * c, 2 * w + w * c + w * mp, 2 * w + w * c + 2 * w * mp,
-                          3 * w + w * c + 2 * w * mp]
-        assert ext.size == 4 * w + w * c + 2 * w * mp
+                          3 * w + w * c + 2 * w * mp, 4 * w + w * c + 2 * w * mp]
+        assert ext.size == 4 * w + w * c + 3 * w * mp
 
 
 def test_signal_layout_rejects_repeated_regions():
@@ -209,7 +209,7 @@ def test_ring_signals_follow_the_ce_acks_inside_the_pad():
 
 def test_methods_and_auto_placeholders():
     assert allgather.AllGatherContext.METHODS == ("auto", "sm_push", "ce_push", "ll", "ce_chunked", "ce_zero_copy",
-                                                  "sm_zero_copy", "ring", "ce_pull")
+                                                  "sm_zero_copy", "ring", "ce_pull", "2d")
     assert set(allgather.AllGatherContext.ZERO_COPY_METHODS) < set(allgather.AllGatherContext.METHODS)
     assert policy.ALL_GATHER_LL_MAX_BYTES <= allgather.LL_MAX_BYTES < policy.ALL_GATHER_SM_MAX_BYTES
     assert allgather.CE_CHUNK_BYTES % (2048 * 4) == 0 and allgather.CE_MAX_CHUNKS >= 2
@@ -221,8 +221,9 @@ class _FakeContext:
     ll_max_bytes = allgather.LL_MAX_BYTES
     ce_chunk_bytes = allgather.CE_CHUNK_BYTES
 
-    def __init__(self, itemsize):
+    def __init__(self, itemsize, world=2, local_world=2):
         self.dtype = type("D", (), {"itemsize": itemsize})()
+        self.world, self.local_world = world, local_world
 
 
 def test_auto_picks_zero_copy_only_for_large_symmetric_out(monkeypatch):
@@ -236,6 +237,7 @@ def test_auto_picks_zero_copy_only_for_large_symmetric_out(monkeypatch):
     assert method_for(ctx, big) == ("ce_chunked" if policy.ALL_GATHER_CE_CHUNKED else "ce_push")
     monkeypatch.setattr(policy, "ALL_GATHER_ZERO_COPY", False)
     assert method_for(ctx, big, True) == method_for(ctx, big)
+    assert method_for(_FakeContext(2, world=4, local_world=2), 1024) == "2d"  # two nodes
 
 
 @pytest.mark.parametrize("itemsize", [4, 2])

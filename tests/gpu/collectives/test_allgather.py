@@ -1,6 +1,7 @@
-"""triton_dist.ops.all_gather (sm_push, ce_push, ll, ring, ce_pull, ce_chunked, ce_zero_copy,
+"""triton_dist.ops.all_gather (sm_push, ce_push, ll, ring, ce_pull, 2d, ce_chunked, ce_zero_copy,
 sm_zero_copy, auto) against torch.distributed.all_gather_into_tensor: exact equality, back-to-back
-calls, CUDA graph replay, symmetric outputs, bad inputs."""
+calls, CUDA graph replay, symmetric outputs, bad inputs. Under TRITON_DIST_LOCAL_WORLD_SIZE
+(scripts/gpu-test --local-world L) "2d" and "auto" take the inter-node path."""
 
 import gc
 import random
@@ -18,7 +19,7 @@ from triton_dist.kernels.collectives.policy import (ALL_GATHER_CE_CHUNKED, ALL_G
                                                     ALL_GATHER_ZERO_COPY)
 
 _SIZES = [1, 7, 4099 * 3, 1000003]
-_METHODS = ["sm_push", "ce_push", "ll", "ring", "ce_pull", "auto"]
+_METHODS = ["sm_push", "ce_push", "ll", "ring", "ce_pull", "2d", "auto"]  # 2d: across nodes (one at one node)
 _DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -49,6 +50,15 @@ def test_matches_torch(n, method, dtype):
     torch.cuda.synchronize()
     ref = _reference(x)
     all_ranks_agree(got is out and torch.equal(got, ref), f"all_gather {method} n={n} {dtype}")
+
+
+def test_nodes_are_the_runtimes_and_auto_crosses_them_with_2d():
+    world, me, local = dist.get_world_size(), dist.get_rank(), tdist.local_world_size()
+    topology = (tdist.num_nodes() * local == world and tdist.node() == me // local and
+                tdist.local_rank() == me % local)
+    picked = ops._cached_context("all_gather", torch.float32, 4096).method_for(4096)
+    all_ranks_agree(topology and (picked == "2d") == (tdist.num_nodes() > 1),
+                    f"{tdist.num_nodes()} nodes of {local} ranks, node {tdist.node()}: auto picked {picked!r}")
 
 
 @pytest.mark.parametrize("method", _METHODS)

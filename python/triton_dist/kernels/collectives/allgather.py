@@ -1,4 +1,4 @@
-"""AllGather over the ranks of one node: every rank's ``x`` (``n`` elements, the same ``n`` on
+"""AllGather: every rank's ``x`` (``n`` elements, the same ``n`` on
 every rank), concatenated in rank order into ``out`` (``world * n`` elements).
 
 Several ways to move the data, one context (:class:`AllGatherContext`):
@@ -152,6 +152,7 @@ from .allgather_kernels import (all_gather_ce_chunk_signal_kernel, all_gather_ce
                                 all_gather_ce_signal_kernel, all_gather_ll_kernel, all_gather_push_kernel,
                                 all_gather_zero_copy_kernel)
 from ..common.context import CollectiveContext
+from .allgather_2d import all_gather_2d_kernel, chunk_and_grid
 from ..common.ll_buffer import ll_buffer
 from ..common.ll_protocol import LL_BLOCK
 from ..common.ring import all_gather_ring_kernel
@@ -192,7 +193,8 @@ def _layouts(world: int, max_programs: int) -> tuple[SignalLayout, SignalLayout]
                        ("smz_ready", world * max_programs),  # sm_zero_copy: ready to receive
                        ("smz_done", world * max_programs),  # sm_zero_copy: done
                        ("published", world),  # ce_pull: "my data is published in my ce slot"
-                       ("pulled", world))  # ce_pull: "I have copied your data out"
+                       ("pulled", world),  # ce_pull: "I have copied your data out"
+                       ("node_ready", world * max_programs))  # 2d: (r, p), :mod:`.allgather_2d`
     return main, ext
 
 
@@ -213,7 +215,10 @@ class AllGatherContext(CollectiveContext):
     ``r -> r + 1`` through ``gathered``, :mod:`triton_dist.kernels.common.ring`: for machines without a
     full mesh; never chosen by ``"auto"``, since every machine measured so far is one),
     ``"ce_pull"`` (copy engine, each rank reads the peers' published inputs; not chosen by
-    ``"auto"`` until measured) and
+    ``"auto"`` until measured), ``"2d"`` (across nodes, then within: NVSHMEM puts to the other
+    nodes, NVLink stores in the node, :mod:`~triton_dist.kernels.collectives.allgather_2d`; the
+    only method whose loads and stores stay within a node, so ``"auto"``'s choice for a world of
+    several nodes) and
     ``"auto"`` (decided by :func:`triton_dist.kernels.collectives.policy.all_gather_method`:
     ``ll`` for small inputs, ``sm_push`` up to tens of MiB, a copy-engine method above).
     See the module notes for each protocol. ``ce_chunk_bytes``: ``ce_chunked``'s smallest chunk
@@ -224,14 +229,15 @@ class AllGatherContext(CollectiveContext):
     heap: ``gathered`` ``2 * world * max_bytes`` (sm_push, ring), ``ce`` ``world * max_bytes``
     (ce_push, ce_chunked, ce_pull), ``ll`` ``2 * world * 2 * min(max_bytes, LL_MAX_BYTES)`` (all
     rounded up to whole tiles), plus ``4 * world * max_programs`` signals and ``pad_ext``'s
-    ``2 * world * (2 + max_programs) + world * CE_MAX_CHUNKS``.
+    ``world * (4 + 3 * max_programs + CE_MAX_CHUNKS)``.
 
     Call with :meth:`run` (or :func:`triton_dist.ops.all_gather`). Every call must be made by every
     rank, in the same order, with the same ``numel`` and method. Calls may be captured in a CUDA
     graph and replayed.
     """
 
-    METHODS = ("auto", "sm_push", "ce_push", "ll", "ce_chunked", "ce_zero_copy", "sm_zero_copy", "ring", "ce_pull")
+    METHODS = ("auto", "sm_push", "ce_push", "ll", "ce_chunked", "ce_zero_copy", "sm_zero_copy", "ring", "ce_pull",
+               "2d")
     ZERO_COPY_METHODS = ("ce_zero_copy", "sm_zero_copy")
     """The methods that need a symmetric ``out`` (see :meth:`run`)."""
 
@@ -264,6 +270,8 @@ class AllGatherContext(CollectiveContext):
         same on every rank)."""
         self.layout, self.ext_layout = _layouts(self.world, self.max_programs)
         """Where each method's signals sit in ``pad`` and ``pad_ext``."""
+        self.local_world = _runtime.local_world_size()
+        """Ranks per node (``"2d"``'s ``LOCAL``; several nodes make it ``"auto"``'s choice)."""
         self.pad_ext = SignalPad(self.ext_layout.size, owner="AllGatherContext", regions=self.ext_layout)
         """Signals of ``ce_chunked``, ``ce_zero_copy``, ``sm_zero_copy`` and ``ce_pull``."""
         self.zc_calls = torch.zeros(1, dtype=torch.int64, device=self.calls.device)
@@ -303,6 +311,10 @@ class AllGatherContext(CollectiveContext):
     def _ll_meta(self) -> dict:
         return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
                     num_warps=self.NUM_WARPS)
+
+    def _2d_meta(self, aligned: bool) -> dict:
+        return self.meta(ALIGNED=aligned, LOCAL=self.local_world, READY=self.ext_layout["node_ready"],
+                         ELEMENT_BYTES=self.dtype.itemsize)
 
     def _ring_signals(self):
         return self.pad.signals[self.layout["ring"]:]
@@ -344,6 +356,8 @@ class AllGatherContext(CollectiveContext):
         for aligned in (False, True):
             all_gather_push_kernel.preload(self.gathered, self.gathered, self.gathered, self.pad.signals, n,
                                            self.calls, slot_tiles, grid=(1, ), **self._push_meta(aligned))
+            all_gather_2d_kernel.preload(self.gathered, self.gathered, self.gathered, self.pad_ext.signals, n, n,
+                                         self.calls, slot_tiles, grid=(1, ), **self._2d_meta(aligned))
             all_gather_ring_kernel.preload(self.gathered, self.gathered, self.gathered, self._ring_signals(), n,
                                            self.calls, slot_tiles, grid=(1, ), **self._push_meta(aligned))
         all_gather_ll_kernel.preload(self.gathered, self.gathered, self.ll, n, n, self.calls, grid=(1, ),
@@ -366,7 +380,7 @@ class AllGatherContext(CollectiveContext):
         """The method ``"auto"`` picks for ``nbytes`` bytes per rank
         (:func:`triton_dist.kernels.collectives.policy.all_gather_method`); ``symmetric_out``: every
         rank's ``out`` is symmetric (see :meth:`run`)."""
-        return _policy.all_gather_method(nbytes, self.ll_max_bytes, symmetric_out)
+        return _policy.all_gather_method(nbytes, self.ll_max_bytes, symmetric_out, self.world // self.local_world)
 
     def chunk_numel(self, n: int) -> int:
         """``"ce_chunked"``'s chunk (elements, a multiple of ``BLOCK``) for ``n`` elements per rank."""
@@ -431,6 +445,10 @@ class AllGatherContext(CollectiveContext):
             grid = self.grid(triton.cdiv(n, self.BLOCK))
             all_gather_push_kernel[grid](x, target, self.gathered, self.pad.signals, n, epoch_ptr,
                                          self.slot_numel // self.BLOCK, **self._push_meta(n % ALIGN_ELEMENTS == 0))
+        elif method == "2d":
+            chunk, programs = chunk_and_grid(n, self.max_programs, self.BLOCK)
+            all_gather_2d_kernel[(programs, )](x, target, self.gathered, self.pad_ext.signals, n, chunk, epoch_ptr,
+                                               self.slot_numel // self.BLOCK, **self._2d_meta(n % ALIGN_ELEMENTS == 0))
         elif method == "ring":
             grid = self.grid(triton.cdiv(n, self.BLOCK))
             all_gather_ring_kernel[grid](x, target, self.gathered, self._ring_signals(), n, epoch_ptr,

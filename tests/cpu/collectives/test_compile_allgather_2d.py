@@ -1,0 +1,56 @@
+"""AllGather across nodes, then within (method "2d", kernels/collectives/allgather_2d.py) compiles
+for sm_90 at every declared topology the GPU tests run, and only NVSHMEM's put-with-signal
+crosses nodes: NVSHMEM inlines its NVLink path and calls its transfer path (a proxy, InfiniBand)
+once per other node, never at one node; the release notifies of NVLink stores go only to the
+ranks of the node.
+"""
+
+import re
+
+import pytest
+
+from triton_dist.kernels.collectives import allgather_2d, policy
+from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls
+
+_SPIN = "ld.acquire.sys.global.u64"
+_RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
+
+
+def _ptx(world, local, dt="bf16", aligned=True):
+    return compile_for_hopper(allgather_2d.all_gather_2d_kernel,
+                              {"x": f"*{dt}", "out": f"*{dt}", "gathered": f"*{dt}", "signals": "*u64", "n": "i32",
+                               "chunk": "i32", "epoch_ptr": "*i64", "slot_tiles": "i32"},
+                              dict(WORLD=world, LOCAL=local, MAX_PROGRAMS=128, READY=64,
+                                   ELEMENT_BYTES={"bf16": 2, "fp32": 4}[dt], BLOCK=2048, ALIGNED=aligned),
+                              num_warps=8).asm["ptx"]
+
+
+@pytest.mark.parametrize("world,local", [(2, 2), (4, 2), (4, 1), (8, 4), (8, 2), (2, 1)])
+def test_only_puts_cross_nodes(world, local):
+    ptx = _ptx(world, local)
+    nodes = world // local
+    transfers = [c for c in ptx_calls(ptx) if "nvshmemi_transfer_put_signal" in c]
+    assert len(transfers) == nodes - 1, ptx_calls(ptx)
+    # Step 1 notifies the node's other ranks of this rank's chunk, step 3 of each other node's.
+    assert len(re.findall(_RELEASE, ptx)) == (local - 1) * nodes
+    # A wait (two acquire spins: the first try, the timed loop) per other rank: the counterparts
+    # on the other nodes in step 3, every rank of another local index in step 4.
+    assert ptx.count(_SPIN) == 2 * (world - 1), ptx.count(_SPIN)
+
+
+def test_fp32_and_unaligned_compile():
+    assert ".target sm_90" in _ptx(4, 2, "fp32", aligned=False)
+
+
+@pytest.mark.parametrize("n,max_programs", [(1, 128), (2048, 128), (2049, 128), (10 ** 6, 128), (10 ** 6, 7),
+                                            (5 * 2048, 3)])
+def test_chunks_cover_every_element_once(n, max_programs):
+    chunk, programs = allgather_2d.chunk_and_grid(n, max_programs, 2048)
+    assert chunk % 2048 == 0 and 1 <= programs <= max_programs
+    assert (programs - 1) * chunk < n <= programs * chunk
+
+
+def test_auto_takes_2d_across_nodes_only():
+    assert policy.all_gather_method(1 << 10, 1 << 16, nodes=2) == "2d"
+    assert policy.all_gather_method(1 << 30, 1 << 16, True, nodes=4) == "2d"
+    assert policy.all_gather_method(1 << 10, 1 << 16, nodes=1) == "ll"
