@@ -10,6 +10,7 @@ import re
 import pytest
 
 from triton_dist.kernels.collectives import allgather_2d, policy
+from triton_dist.kernels.common import chunks
 from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls
 
 _SPIN = "ld.acquire.sys.global.u64"
@@ -45,7 +46,7 @@ def test_fp32_and_unaligned_compile():
 @pytest.mark.parametrize("n,max_programs", [(1, 128), (2048, 128), (2049, 128), (10 ** 6, 128), (10 ** 6, 7),
                                             (5 * 2048, 3)])
 def test_chunks_cover_every_element_once(n, max_programs):
-    chunk, programs = allgather_2d.chunk_and_grid(n, max_programs, 2048)
+    chunk, programs = chunks.chunk_and_grid(n, max_programs, 2048)
     assert chunk % 2048 == 0 and 1 <= programs <= max_programs
     assert (programs - 1) * chunk < n <= programs * chunk
 

@@ -157,7 +157,7 @@ def test_ll_accumulates_in_fp32_like_one_shot(dt):
 
 def test_methods_and_ll_limit():
     ctx = allreduce.AllReduceContext
-    assert ctx.METHODS == ("auto", "one_shot", "two_shot", "ll", "ce_two_shot", "ring")
+    assert ctx.METHODS == ("auto", "one_shot", "two_shot", "ll", "ce_two_shot", "ring", "2d")
     assert ctx.LL_MAX_BYTES == 64 * 1024
     assert ctx.LL_MAX_BYTES < policy.ALL_REDUCE_ONE_SHOT_MAX_BYTES
 
@@ -223,7 +223,9 @@ def test_rank_barrier_notifies_then_waits():
 
 
 def test_the_context_asks_the_policy_with_its_world_and_ll_range():
-    fake = type("Ctx", (), {"world": 2, "ll_max_bytes": allreduce.AllReduceContext.LL_MAX_BYTES})()
+    fake = type("Ctx", (), {"world": 2, "local_world": 2, "ll_max_bytes": allreduce.AllReduceContext.LL_MAX_BYTES})()
     for nbytes in (8 << 10, 64 << 10, 16 << 20, 512 << 20):
         want = policy.all_reduce_method(nbytes, 2, fake.ll_max_bytes)
-        assert allreduce.AllReduceContext.method_for(fake, nbytes) == want
+        assert allreduce.AllReduceContext.method_for(fake, nbytes) == want != "2d"
+    two_nodes = type("Ctx", (), {"world": 4, "local_world": 2, "ll_max_bytes": fake.ll_max_bytes})()
+    assert allreduce.AllReduceContext.method_for(two_nodes, 8 << 10) == "2d"

@@ -77,7 +77,7 @@ def test_bf16_accumulates_in_fp32(kernel):
 def test_methods():
     from triton_dist.kernels import ReduceScatterContext
 
-    assert ReduceScatterContext.METHODS == ("auto", "push", "ring", "ll")
+    assert ReduceScatterContext.METHODS == ("auto", "push", "ring", "ll", "2d")
     # An input of LL_MAX_BYTES fits the LL slots of any world size (each holds one shard).
     assert ReduceScatterContext.LL_MAX_BYTES % (4 * 8) == 0
 

@@ -1,4 +1,6 @@
-"""triton_dist.ops.all_reduce (one-shot, two-shot, ll, ce_two_shot, ring) against torch.distributed.all_reduce."""
+"""triton_dist.ops.all_reduce (one-shot, two-shot, ll, ce_two_shot, ring, 2d) against torch.distributed.all_reduce.
+Under TRITON_DIST_LOCAL_WORLD_SIZE (scripts/gpu-test --local-world L) "2d" and "auto" take the
+inter-node path."""
 
 import random
 
@@ -13,7 +15,7 @@ from triton_dist.kernels import AllReduceContext
 
 # 4099 * 1031 elements: several ce_two_shot chunks per shard (CE_MIN_CHUNK_BYTES), a short last one.
 _SIZES = [1, 7, 4099 * 3, 1000003, 4099 * 1031]
-_METHODS = ["one_shot", "two_shot", "ll", "ce_two_shot", "ring"]
+_METHODS = ["one_shot", "two_shot", "ll", "ce_two_shot", "ring", "2d"]  # 2d: RS + AG across nodes
 _LL_MAX = AllReduceContext.LL_MAX_BYTES
 
 

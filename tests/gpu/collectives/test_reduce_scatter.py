@@ -1,4 +1,6 @@
-"""triton_dist.ops.reduce_scatter (push, ring and ll) against torch.distributed.reduce_scatter_tensor."""
+"""triton_dist.ops.reduce_scatter (push, ring, ll and 2d) against torch.distributed.reduce_scatter_tensor.
+Under TRITON_DIST_LOCAL_WORLD_SIZE (scripts/gpu-test --local-world L) "2d" and "auto" take the
+inter-node path."""
 
 import random
 
@@ -10,9 +12,19 @@ import triton_dist as tdist
 from conftest import all_ranks_agree, raises_everywhere
 from triton_dist import host_collectives, ops
 from triton_dist.kernels import ReduceScatterContext
+from triton_dist.kernels.collectives.policy import REDUCE_SCATTER_METHOD
 
 _SHARDS = [1, 7, 4099 * 3, 1_000_003]  # elements per shard
-_METHODS = ["push", "ring", "ll"]
+_METHODS = ["push", "ring", "ll", "2d"]  # 2d: across nodes (push's reduction at one node)
+
+
+def _in_rank_order(method):
+    """Whether ``method`` sums in fp32 in rank order, rounding once: push, ll, and 2d at one node
+    (across nodes 2d sums each node's partial first; "auto" is 2d there)."""
+    across = tdist.num_nodes() > 1
+    if method == "auto":
+        method = "2d" if across else REDUCE_SCATTER_METHOD
+    return method in ("push", "ll") or (method == "2d" and not across)
 
 
 def _fresh(n, dtype, seed):
@@ -61,8 +73,8 @@ def test_matches_torch(m, method, dtype):
     got = ops.reduce_scatter(x, out=out, method=method)
     torch.cuda.synchronize()
     what = f"reduce_scatter {method} m={m} {dtype}"
-    all_ranks_agree(got is out and _matches(x, got, ulps=1 if method != "ring" else 2), what)
-    if method != "ring":
+    all_ranks_agree(got is out and _matches(x, got, ulps=1 if _in_rank_order(method) else 2), what)
+    if _in_rank_order(method):
         all_ranks_agree(torch.equal(got, _rank_order_sum(x)), f"{what}: not the rank-order sum bit for bit")
 
 

@@ -147,17 +147,18 @@ from ... import runtime as _runtime
 from ...signals import SignalPad
 from ...symmetric import peer_tensor, symm_empty
 from ..common import call_counter as _call_counter
-from . import policy as _policy
-from .allgather_kernels import (all_gather_ce_chunk_signal_kernel, all_gather_ce_copy_out_kernel,
-                                all_gather_ce_signal_kernel, all_gather_ll_kernel, all_gather_push_kernel,
-                                all_gather_zero_copy_kernel)
+from ..common.chunks import chunk_and_grid
 from ..common.context import CollectiveContext
-from .allgather_2d import all_gather_2d_kernel, chunk_and_grid
 from ..common.ll_buffer import ll_buffer
 from ..common.ll_protocol import LL_BLOCK
 from ..common.ring import all_gather_ring_kernel
 from ..common.signal_layout import SignalLayout
 from ..common.streams import side_stream
+from . import policy as _policy
+from .allgather_2d import all_gather_2d_kernel
+from .allgather_kernels import (all_gather_ce_chunk_signal_kernel, all_gather_ce_copy_out_kernel,
+                                all_gather_ce_signal_kernel, all_gather_ll_kernel, all_gather_push_kernel,
+                                all_gather_zero_copy_kernel)
 
 LL_MAX_BYTES = 64 * 1024
 """The largest input (bytes per rank) the ``"ll"`` method takes."""

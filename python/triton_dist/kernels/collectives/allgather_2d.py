@@ -42,14 +42,8 @@ import triton.language as tl
 
 from ... import language as dl
 from ...distributed_jit import jit
-from ..common.tiles import copy_tile, load_tile, store_tile
-
-
-@triton.jit
-def _chunk_tiles(start, end, BLOCK: tl.constexpr):
-    """The tiles ``[first, last)`` (``BLOCK`` elements each) of the chunk ``[start, end)``;
-    ``start`` is a multiple of ``BLOCK``."""
-    return start // BLOCK, tl.cdiv(end, BLOCK)
+from ..common.chunks import copy_chunk, program_chunk
+from ..common.tiles import load_tile, store_tile
 
 
 @triton.jit
@@ -89,9 +83,7 @@ def all_gather_2d_kernel(x, out, gathered, signals, n, chunk, epoch_ptr, slot_ti
         stride = ((n // 8) * 8).to(tl.int64)  # == n; tells the compiler slots of out are aligned
     else:
         stride = n.to(tl.int64)
-    start = pid.to(tl.int64) * chunk
-    end = tl.minimum(start + chunk, n.to(tl.int64))
-    first, last = _chunk_tiles(start, end, BLOCK)
+    start, end, first, last = program_chunk(n, chunk, BLOCK)
     lanes = tl.arange(0, BLOCK)
     mine = half + me.to(tl.int64) * slot_numel
 
@@ -112,8 +104,9 @@ def all_gather_2d_kernel(x, out, gathered, signals, n, chunk, epoch_ptr, slot_ti
     _notify_node(signals + READY + me * MAX_PROGRAMS + pid, epoch, node_first, local, LOCAL)
 
     # 2. Across nodes: the chunk (from my own symmetric slot: NVSHMEM's source must be registered
-    # memory off the node) to my local index on every other node. notify's CTA barrier above
-    # ordered every thread's stores before the block-wide put reads them.
+    # memory off the node) to my local index on every other node. The CTA barrier orders every
+    # thread's stores before the block-wide put reads them (notify has one, but not at LOCAL 1).
+    tl.debug_barrier()
     for d in tl.static_range(1, NODES):
         pe = (node_first + d * LOCAL + local) % WORLD
         dl.shmem.putmem_signal_block(mine + start, mine + start, (end - start) * ELEMENT_BYTES,
@@ -142,19 +135,4 @@ def all_gather_2d_kernel(x, out, gathered, signals, n, chunk, epoch_ptr, slot_ti
             src = (node_first + d * LOCAL + (local + k) % LOCAL) % WORLD
             token = dl.wait(signals + READY + src * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
             theirs = dl.consume_token(half + src.to(tl.int64) * slot_numel, token)
-            dst = out + src.to(tl.int64) * stride
-            for t in range(first, last):
-                offs = t * BLOCK + lanes
-                if (t + 1) * BLOCK > end:
-                    copy_tile(dst + offs, theirs + offs, offs, end, True)
-                else:
-                    copy_tile(dst + offs, theirs + offs, offs, end, False)
-
-
-def chunk_and_grid(n: int, max_programs: int, block: int) -> tuple[int, int]:
-    """``(chunk, programs)`` for ``n`` elements: at most ``max_programs`` programs, each a
-    contiguous chunk of whole ``block`` tiles (the last one ends at ``n``); the same on every
-    rank, since ``n`` is."""
-    tiles = triton.cdiv(n, block)
-    chunk = triton.cdiv(tiles, max(1, min(tiles, max_programs))) * block
-    return chunk, triton.cdiv(n, chunk)
+            copy_chunk(out + src.to(tl.int64) * stride, theirs, first, last, end, BLOCK)

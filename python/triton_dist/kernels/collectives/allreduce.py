@@ -142,11 +142,13 @@ from __future__ import annotations
 
 import triton
 
+from ... import runtime as _runtime
 from ...signals import SignalPad, stream_wait_value64, stream_write_value64
 from ...symmetric import peer_tensor, symm_empty
 from .allreduce_kernels import (all_reduce_ce_reduce_kernel, all_reduce_one_shot_kernel, all_reduce_ring_kernel,
                                 all_reduce_two_shot_kernel, ll_reduce_kernel)
 from . import policy as _policy
+from .allreduce_2d import TwoLevelAllReduce
 from ..common.context import CollectiveContext
 from ..common.ll_buffer import ll_buffer
 from ..common.ll_protocol import LL_BLOCK
@@ -161,8 +163,10 @@ class AllReduceContext(CollectiveContext):
     Methods (:attr:`METHODS`; :func:`triton_dist.ops.all_reduce` resolves ``"auto"`` with :meth:`method_for`):
     ``"one_shot"``, ``"two_shot"``, ``"ll"`` (low-latency protocol, flags inside the data, up to
     :attr:`ll_max_bytes` = ``min(max_bytes, LL_MAX_BYTES)`` per rank), ``"ce_two_shot"``
-    (copy engines, in chunks) and ``"ring"`` (for machines without a full mesh; never chosen by
-    ``"auto"``). See the module notes.
+    (copy engines, in chunks), ``"ring"`` (for machines without a full mesh; never chosen by
+    ``"auto"``) and ``"2d"`` (ReduceScatter then AllGather, each within nodes and across,
+    :mod:`~triton_dist.kernels.collectives.allreduce_2d`: ``"auto"``'s choice for a world of
+    several nodes; its contexts are made by its first call). See the module notes.
 
     Collective: every rank creates it with the same arguments, in the same order as its other
     symmetric allocations; creating it compiles and loads every kernel. Ranks must have the same
@@ -179,7 +183,7 @@ class AllReduceContext(CollectiveContext):
     CUDA graph and replayed.
     """
 
-    METHODS = ("auto", "one_shot", "two_shot", "ll", "ce_two_shot", "ring")
+    METHODS = ("auto", "one_shot", "two_shot", "ll", "ce_two_shot", "ring", "2d")
 
     CE_MAX_CHUNKS = 16
     """``"ce_two_shot"``: the most chunks a shard is cut into (signals per peer)."""
@@ -216,6 +220,11 @@ class AllReduceContext(CollectiveContext):
         self._push = side_stream(self.calls.device)
         self._pull = side_stream(self.calls.device)
         self._started = torch.cuda.Event()
+        self.local_world = _runtime.local_world_size()
+        """Ranks per node (several nodes make ``"2d"`` ``"auto"``'s choice)."""
+        self.two_level = None
+        """``"2d"``'s ReduceScatter and AllGather contexts
+        (:class:`~triton_dist.kernels.collectives.allreduce_2d.TwoLevelAllReduce`), made by its first call."""
         self.ring_inbox = None
         """``"ring"``'s fp32 partials (symmetric, one region of ``world - 1`` shards), allocated by
         the first ``"ring"`` call: the other methods need no fp32 buffer."""
@@ -224,7 +233,7 @@ class AllReduceContext(CollectiveContext):
     def method_for(self, nbytes: int) -> str:
         """The method ``"auto"`` picks for ``nbytes`` bytes per rank
         (:func:`triton_dist.kernels.collectives.policy.all_reduce_method`)."""
-        return _policy.all_reduce_method(nbytes, self.world, self.ll_max_bytes)
+        return _policy.all_reduce_method(nbytes, self.world, self.ll_max_bytes, self.world // self.local_world)
 
     def _meta(self) -> dict:
         return self.meta()
@@ -269,6 +278,18 @@ class AllReduceContext(CollectiveContext):
             self.ring_inbox = symm_empty(((self.world - 1) * (self.half // self.world), ), torch.float32)
         return self.ring_inbox
 
+    def _two_level(self):
+        """:attr:`two_level`, made on first use (collective, like every call)."""
+        if self.two_level is None:
+            import torch
+
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("triton_dist all_reduce: the first method='2d' call of a context makes its "
+                                   "ReduceScatter and AllGather contexts, which cannot happen during CUDA graph "
+                                   "capture; make one uncaptured '2d' call first")
+            self.two_level = TwoLevelAllReduce(self.max_numel, self.dtype, self.world)
+        return self.two_level
+
     def _barrier_meta(self) -> dict:
         return dict(PHASE=0, PHASES=1, WORLD=self.world, num_warps=1)
 
@@ -307,6 +328,11 @@ class AllReduceContext(CollectiveContext):
         if x.data_ptr() % 16:
             x = x.clone()
         target = out if out.data_ptr() % 16 == 0 else x.new_empty(x.shape)
+        if method == "2d":
+            self._two_level().run(x.view(-1), target.view(-1))
+            if target is not out:
+                out.copy_(target)
+            return
         if method == "ce_two_shot":
             self._run_ce_two_shot(x, target, n)
             if target is not out:

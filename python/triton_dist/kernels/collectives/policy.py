@@ -64,9 +64,12 @@ def all_gather_method(nbytes: int, ll_max_bytes: int, symmetric_out: bool = Fals
     return "ce_chunked" if ALL_GATHER_CE_CHUNKED else "ce_push"
 
 
-def all_reduce_method(nbytes: int, world: int, ll_max_bytes: int) -> str:
-    """``all_reduce(method="auto")`` for ``nbytes`` per rank on ``world`` ranks, with a context whose
-    ``"ll"`` takes up to ``ll_max_bytes``."""
+def all_reduce_method(nbytes: int, world: int, ll_max_bytes: int, nodes: int = 1) -> str:
+    """``all_reduce(method="auto")`` for ``nbytes`` per rank on ``world`` ranks in ``nodes`` nodes,
+    with a context whose ``"ll"`` takes up to ``ll_max_bytes``: ``"2d"`` across nodes (the one
+    method whose loads and stores stay within a node)."""
+    if nodes > 1:
+        return "2d"
     if nbytes <= min(ALL_REDUCE_LL_MAX_BYTES, ll_max_bytes):
         return "ll"
     if nbytes <= ALL_REDUCE_ONE_SHOT_MAX_BYTES * 2 // max(2, world):
@@ -76,7 +79,9 @@ def all_reduce_method(nbytes: int, world: int, ll_max_bytes: int) -> str:
     return "two_shot"
 
 
-def reduce_scatter_method(nbytes: int, world: int) -> str:
-    """``reduce_scatter(method="auto")`` for ``nbytes`` of input per rank on ``world`` ranks."""
-    del nbytes, world  # one answer on every machine measured so far (REDUCE_SCATTER_METHOD)
-    return REDUCE_SCATTER_METHOD
+def reduce_scatter_method(nbytes: int, world: int, nodes: int = 1) -> str:
+    """``reduce_scatter(method="auto")`` for ``nbytes`` of input per rank on ``world`` ranks in
+    ``nodes`` nodes: ``"2d"`` across nodes (the one method whose loads and stores stay within a
+    node), else :data:`REDUCE_SCATTER_METHOD`."""
+    del nbytes, world  # one answer on every single-node machine measured so far
+    return "2d" if nodes > 1 else REDUCE_SCATTER_METHOD

@@ -1,4 +1,5 @@
-"""ReduceScatter (sum) over the ranks of one node: push and ring, from tiles and signals.
+"""ReduceScatter (sum): push and ring within a node, ``"2d"`` across nodes
+(:mod:`~triton_dist.kernels.collectives.reduce_scatter_2d`), from tiles and signals.
 
 The input ``x`` (``n = WORLD * m`` elements) is cut into ``WORLD`` shards of ``m`` elements; rank
 ``s`` ends with shard ``s`` of the sum over ranks, ``m`` elements. Shards are cut into
@@ -49,11 +50,14 @@ from ... import language as dl
 from ...distributed_jit import jit
 from ...symmetric import symm_empty
 from . import policy as _policy
-from .allreduce import ll_reduce_kernel
+from .allreduce_kernels import ll_reduce_kernel
+from ... import runtime as _runtime
+from ..common.chunks import chunk_and_grid
 from ..common.context import CollectiveContext
 from ..common.ll_buffer import ll_buffer
 from ..common.ll_protocol import LL_BLOCK
 from ..common.tiles import copy_program_tiles, each_tile, load_tile, store_tile
+from .reduce_scatter_2d import reduce_scatter_2d_kernel
 
 
 @triton.jit
@@ -177,20 +181,24 @@ class ReduceScatterContext(CollectiveContext):
     1`` steps around the ring ``r -> r + 1``, fp32 partials; for machines without a full NVLink
     mesh), ``"ll"`` (inputs of at most :attr:`ll_max_bytes`: the low-latency protocol of
     :func:`~triton_dist.kernels.collectives.allreduce_kernels.ll_reduce_kernel`, data and flag in 8-byte words, no
-    signals; the same bits as push), ``"auto"``: what :func:`triton_dist.kernels.collectives.policy.reduce_scatter_method`
+    signals; the same bits as push), ``"2d"`` (within nodes, then across: NVSHMEM puts of fp32
+    partials between nodes, :mod:`~triton_dist.kernels.collectives.reduce_scatter_2d`; the only
+    method whose loads and stores stay within a node, so ``"auto"``'s choice across nodes; at one
+    node the same bits as push), ``"auto"``: what :func:`triton_dist.kernels.collectives.policy.reduce_scatter_method`
     decides (push at every size on the full-mesh machines measured so far).
 
     Collective: every rank creates it with the same arguments, in the same order as its other
     symmetric allocations; creating it compiles and loads every kernel variant. Memory on the
     symmetric heap: ``2 * max_bytes`` (staging) plus ``8 (w-1)/w * max_numel`` bytes (fp32 ring
     inbox), each rounded up to whole tiles, plus ``(2w - 1) * max_programs`` signals, plus the LL
-    buffer (``4 * ll_max_bytes``, rounded up to whole LL tiles per rank).
+    buffer (``4 * ll_max_bytes``, rounded up to whole LL tiles per rank), plus across nodes
+    ``"2d"``'s fp32 partials (``8 (nodes - 1)`` bytes per element of the largest shard).
 
     Every call must be made by every rank, in the same order, with the same ``numel`` and method.
     Calls may be captured in a CUDA graph and replayed.
     """
 
-    METHODS = ("auto", "push", "ring", "ll")
+    METHODS = ("auto", "push", "ring", "ll", "2d")
 
     LL_MAX_BYTES = 1 << 20
     """The largest input (bytes, all ``world`` shards) the ``"ll"`` method takes."""
@@ -209,12 +217,19 @@ class ReduceScatterContext(CollectiveContext):
         self.ll_max_bytes = min(self.max_bytes, self.LL_MAX_BYTES)
         """The largest input (bytes, all shards) this context's ``"ll"`` method takes."""
         self.ll, self.ll_slot = ll_buffer("ReduceScatterContext", world, triton.cdiv(self.ll_max_bytes, world))
+        self.local_world = _runtime.local_world_size()
+        """Ranks per node (``"2d"``'s ``LOCAL``; several nodes make it ``"auto"``'s choice)."""
+        self.partials = symm_empty((max(1, 2 * (world // self.local_world - 1) * slot), ), torch.float32)
+        """``"2d"``'s fp32 partials for the other nodes (two halves of ``nodes - 1`` shards)."""
         """The LL buffer (:func:`~triton_dist.kernels.common.ll_buffer.ll_buffer`) and its 8-byte
         words per rank slot (one shard's payload)."""
         self.ready()
 
     def _meta(self, vec: int) -> dict:
         return self.meta(VEC=vec)
+
+    def _2d_meta(self, vec: int) -> dict:
+        return self.meta(VEC=vec, LOCAL=self.local_world, INTER=self.world * self.max_programs)
 
     def _ll_meta(self) -> dict:
         return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
@@ -230,6 +245,9 @@ class ReduceScatterContext(CollectiveContext):
                                                self.calls, self.half // self.BLOCK, grid=(1, ), **self._meta(vec))
             reduce_scatter_ring_kernel.preload(self.stage, self.stage, self.inbox, self.pad.signals, count, 3,
                                                self.calls, self.ring_half // self.BLOCK, grid=(1, ), **self._meta(vec))
+            reduce_scatter_2d_kernel.preload(self.stage, self.stage, self.stage, self.inbox, self.partials,
+                                             self.pad.signals, count, count, 3, self.calls, self.half // self.BLOCK,
+                                             self.ring_half // self.BLOCK, grid=(1, ), **self._2d_meta(vec))
         ll_reduce_kernel.preload(self.stage, self.stage, self.ll, count, count, self.calls, grid=(1, ),
                                  **self._ll_meta())
 
@@ -255,7 +273,8 @@ class ReduceScatterContext(CollectiveContext):
         if self.ran_on_one_rank(x, out):
             return
         if method == "auto":
-            method = _policy.reduce_scatter_method(n * self.dtype.itemsize, self.world)
+            method = _policy.reduce_scatter_method(n * self.dtype.itemsize, self.world,
+                                                   self.world // self.local_world)
         m = n // self.world
         vec = self.vec if m % self.vec == 0 else 1
         # The preloaded variants assume 16-byte aligned pointers: a misaligned tensor would
@@ -270,6 +289,14 @@ class ReduceScatterContext(CollectiveContext):
                 out.copy_(target)
             return
         shard_tiles = triton.cdiv(m, self.BLOCK)
+        if method == "2d":
+            chunk, programs = chunk_and_grid(m, self.max_programs, self.BLOCK)
+            reduce_scatter_2d_kernel[(programs, )](x, target, self.stage, self.inbox, self.partials, self.pad.signals,
+                                                   m // vec, chunk, shard_tiles, epoch_ptr, self.half // self.BLOCK,
+                                                   self.ring_half // self.BLOCK, **self._2d_meta(vec))
+            if target is not out:
+                out.copy_(target)
+            return
         grid = self.grid(shard_tiles)
         if method == "push":
             reduce_scatter_push_kernel[grid](x, target, self.stage, self.pad.signals, m // vec, shard_tiles, epoch_ptr,

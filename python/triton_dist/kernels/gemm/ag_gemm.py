@@ -2,8 +2,8 @@
 by tile. Every rank holds ``A_shard [m, K]`` (the same ``m`` on every rank) and ``B [N, K]``; the
 result is ``C [world * m, N]``, rank ``r``'s rows ``[r * m, (r + 1) * m)`` computed from its shard.
 
-Three producers, the context's ``method`` (:data:`METHODS`); ``"ce_push"``, the default, first. Producer (copy engine, on
-the context's side stream) and consumer (the persistent GEMM of
+Three producers, the context's ``method`` (:data:`METHODS`); ``"ce_push"``, the default, first.
+Producer (copy engine, on the context's side stream) and consumer (the persistent GEMM of
 :mod:`triton_dist.kernels.gemm.dense` with ``WAIT_FOR_ROWS``, on the caller's stream) share one
 symmetric buffer ``gathered`` (``world * max_m * K`` elements; a call uses its first
 ``world * m`` rows, rank ``r``'s shard at rows ``[r * m, (r + 1) * m)``) which the GEMM reads

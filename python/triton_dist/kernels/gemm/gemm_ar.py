@@ -79,7 +79,8 @@ of registers per thread (ptxas, sm_90a). Calls with fewer rows take ``gemm.pick_
 (64-row tiles that spread the read of B over every SM: decode shapes are bound by that read)."""
 
 METHODS = ("auto", "split_k", "output_tiles")
-"""``method=`` of :meth:`GemmAllReduceContext.run` (module notes); ``"auto"``: :func:`triton_dist.kernels.gemm.policy.gemm_ar_method`."""
+"""``method=`` of :meth:`GemmAllReduceContext.run` (module notes); ``"auto"``:
+:func:`triton_dist.kernels.gemm.policy.gemm_ar_method`."""
 
 SPLIT_K_MAX_M = 128
 """The most rows ``"split_k"`` takes: ``BM`` (``out``'s rows, wgmma's N side) up to 128."""

@@ -1,0 +1,46 @@
+"""AllReduce across nodes as ReduceScatter then AllGather, each within nodes and across (method
+``"2d"`` of :class:`~triton_dist.kernels.collectives.allreduce.AllReduceContext`): the hierarchical
+ReduceScatter of :mod:`~triton_dist.kernels.collectives.reduce_scatter_2d` leaves each rank the
+sum of one shard, rounded once to the dtype, and the AllGather of
+:mod:`~triton_dist.kernels.collectives.allgather_2d` gives every rank every shard: the same bits
+on every rank. Inputs whose size the world does not divide are zero-padded to whole shards.
+
+The two contexts are made by the first ``"2d"`` call of an AllReduceContext (collective, like every
+call; not during CUDA graph capture), so contexts that never take this method pay nothing."""
+
+from __future__ import annotations
+
+import triton
+
+from .allgather import AllGatherContext
+from .reduce_scatter import ReduceScatterContext
+
+
+class TwoLevelAllReduce:
+    """The ReduceScatter and AllGather contexts of ``"2d"`` for inputs of up to ``max_numel``
+    elements of ``dtype`` on ``world`` ranks (collective to create)."""
+
+    def __init__(self, max_numel: int, dtype, world: int):
+        self.world = world
+        self.shard_numel = triton.cdiv(max_numel, world)
+        """Elements of the largest shard (the padded input is ``world`` of them)."""
+        self.reduce_scatter = ReduceScatterContext(world * self.shard_numel * dtype.itemsize, dtype)
+        self.all_gather = AllGatherContext(self.shard_numel * dtype.itemsize, dtype)
+
+    def run(self, x, out) -> None:
+        """``out = sum over ranks of x`` (1-D, contiguous, ``x.numel() <= max_numel``; ``out`` may
+        be ``x``) on the current stream."""
+        import torch
+
+        n = x.numel()
+        m = triton.cdiv(n, self.world)
+        padded = x
+        if n != self.world * m:
+            padded = torch.zeros(self.world * m, dtype=x.dtype, device=x.device)
+            padded[:n].copy_(x)
+        shard = torch.empty(m, dtype=x.dtype, device=x.device)
+        self.reduce_scatter.run(padded, shard, "2d")
+        gathered = out if n == self.world * m else torch.empty(self.world * m, dtype=x.dtype, device=x.device)
+        self.all_gather.run(shard, gathered, "2d")
+        if gathered is not out:
+            out.copy_(gathered[:n])
