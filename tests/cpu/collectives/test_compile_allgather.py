@@ -209,7 +209,7 @@ def test_ring_signals_follow_the_ce_acks_inside_the_pad():
 
 def test_methods_and_auto_placeholders():
     assert allgather.AllGatherContext.METHODS == ("auto", "sm_push", "ce_push", "ll", "ce_chunked", "ce_zero_copy",
-                                                  "sm_zero_copy", "ring", "ce_pull", "2d")
+                                                  "sm_zero_copy", "ring", "ce_pull", "2d", "ll_2d")
     assert set(allgather.AllGatherContext.ZERO_COPY_METHODS) < set(allgather.AllGatherContext.METHODS)
     assert policy.ALL_GATHER_LL_MAX_BYTES <= allgather.LL_MAX_BYTES < policy.ALL_GATHER_SM_MAX_BYTES
     assert allgather.CE_CHUNK_BYTES % (2048 * 4) == 0 and allgather.CE_MAX_CHUNKS >= 2
@@ -237,7 +237,8 @@ def test_auto_picks_zero_copy_only_for_large_symmetric_out(monkeypatch):
     assert method_for(ctx, big) == ("ce_chunked" if policy.ALL_GATHER_CE_CHUNKED else "ce_push")
     monkeypatch.setattr(policy, "ALL_GATHER_ZERO_COPY", False)
     assert method_for(ctx, big, True) == method_for(ctx, big)
-    assert method_for(_FakeContext(2, world=4, local_world=2), 1024) == "2d"  # two nodes
+    assert method_for(_FakeContext(2, world=4, local_world=2), 1024) == "ll_2d"  # two nodes
+    assert method_for(_FakeContext(2, world=4, local_world=2), big, True) == "2d"
 
 
 @pytest.mark.parametrize("itemsize", [4, 2])

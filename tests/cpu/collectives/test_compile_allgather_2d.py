@@ -52,6 +52,28 @@ def test_chunks_cover_every_element_once(n, max_programs):
 
 
 def test_auto_takes_2d_across_nodes_only():
-    assert policy.all_gather_method(1 << 10, 1 << 16, nodes=2) == "2d"
+    assert policy.all_gather_method(1 << 10, 1 << 16, nodes=2) == "ll_2d"
     assert policy.all_gather_method(1 << 30, 1 << 16, True, nodes=4) == "2d"
     assert policy.all_gather_method(1 << 10, 1 << 16, nodes=1) == "ll"
+
+
+def _ll_ptx(world, local, dt="bf16"):
+    return compile_for_hopper(allgather_2d.all_gather_ll_2d_kernel,
+                              {"x": f"*{dt}", "out": f"*{dt}", "ll": "*i64", "n": "i32", "words": "i32",
+                               "epoch_ptr": "*i64"},
+                              dict(WORLD=world, LOCAL=local, LL_SLOT=4 * 512, BLOCK_W=512,
+                                   ELEMS={"bf16": 2, "fp32": 1}[dt]), num_warps=8).asm["ptx"]
+
+
+@pytest.mark.parametrize("world,local", [(2, 2), (4, 2), (4, 1), (8, 4), (8, 2)])
+@pytest.mark.parametrize("dt", ["bf16", "fp32"])
+def test_ll_2d_crosses_nodes_only_by_puts_and_has_no_signals(world, local, dt):
+    """LL across nodes: NVSHMEM's transfer path once per other node (the put loop), no signal
+    atomic of ours, no acquire spin (the flags are in the words: relaxed system-scope loads)."""
+    ptx = _ll_ptx(world, local, dt)
+    nodes = world // local
+    transfers = [c for c in ptx_calls(ptx) if "nvshmemi_transfer" in c]
+    assert len(transfers) == nodes - 1, ptx_calls(ptx)
+    assert not re.findall(_RELEASE, ptx)
+    assert _SPIN not in ptx
+    assert "ld.relaxed.sys.global" in ptx

@@ -1,7 +1,7 @@
-"""triton_dist.ops.all_gather (sm_push, ce_push, ll, ring, ce_pull, 2d, ce_chunked, ce_zero_copy,
+"""triton_dist.ops.all_gather (sm_push, ce_push, ll, ring, ce_pull, 2d, ll_2d, ce_chunked, ce_zero_copy,
 sm_zero_copy, auto) against torch.distributed.all_gather_into_tensor: exact equality, back-to-back
 calls, CUDA graph replay, symmetric outputs, bad inputs. Under TRITON_DIST_LOCAL_WORLD_SIZE
-(scripts/gpu-test --local-world L) "2d" and "auto" take the inter-node path."""
+(scripts/gpu-test --local-world L) "2d", "ll_2d" and "auto" take the inter-node path."""
 
 import gc
 import random
@@ -19,7 +19,7 @@ from triton_dist.kernels.collectives.policy import (ALL_GATHER_CE_CHUNKED, ALL_G
                                                     ALL_GATHER_ZERO_COPY)
 
 _SIZES = [1, 7, 4099 * 3, 1000003]
-_METHODS = ["sm_push", "ce_push", "ll", "ring", "ce_pull", "2d", "auto"]  # 2d: across nodes (one at one node)
+_METHODS = ["sm_push", "ce_push", "ll", "ring", "ce_pull", "2d", "ll_2d", "auto"]  # *2d: across nodes
 _DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -35,7 +35,7 @@ def _reference(x):
 
 
 def _fits(method, n, dtype):
-    return method != "ll" or n * dtype.itemsize <= LL_MAX_BYTES
+    return method not in ("ll", "ll_2d") or n * dtype.itemsize <= LL_MAX_BYTES
 
 
 @pytest.mark.parametrize("dtype", _DTYPES, ids=["fp32", "bf16"])
@@ -57,7 +57,7 @@ def test_nodes_are_the_runtimes_and_auto_crosses_them_with_2d():
     topology = (tdist.num_nodes() * local == world and tdist.node() == me // local and
                 tdist.local_rank() == me % local)
     picked = ops._cached_context("all_gather", torch.float32, 4096).method_for(4096)
-    all_ranks_agree(topology and (picked == "2d") == (tdist.num_nodes() > 1),
+    all_ranks_agree(topology and (picked == "ll_2d") == (tdist.num_nodes() > 1),
                     f"{tdist.num_nodes()} nodes of {local} ranks, node {tdist.node()}: auto picked {picked!r}")
 
 

@@ -155,7 +155,7 @@ from ..common.ring import all_gather_ring_kernel
 from ..common.signal_layout import SignalLayout
 from ..common.streams import side_stream
 from . import policy as _policy
-from .allgather_2d import all_gather_2d_kernel
+from .allgather_2d import all_gather_2d_kernel, all_gather_ll_2d_kernel
 from .allgather_kernels import (all_gather_ce_chunk_signal_kernel, all_gather_ce_copy_out_kernel,
                                 all_gather_ce_signal_kernel, all_gather_ll_kernel, all_gather_push_kernel,
                                 all_gather_zero_copy_kernel)
@@ -219,7 +219,8 @@ class AllGatherContext(CollectiveContext):
     ``"auto"`` until measured), ``"2d"`` (across nodes, then within: NVSHMEM puts to the other
     nodes, NVLink stores in the node, :mod:`~triton_dist.kernels.collectives.allgather_2d`; the
     only method whose loads and stores stay within a node, so ``"auto"``'s choice for a world of
-    several nodes) and
+    several nodes), ``"ll_2d"`` (the same schedule through the LL protocol, up to
+    :data:`LL_MAX_BYTES` per rank: ``"auto"``'s choice across nodes for small inputs) and
     ``"auto"`` (decided by :func:`triton_dist.kernels.collectives.policy.all_gather_method`:
     ``ll`` for small inputs, ``sm_push`` up to tens of MiB, a copy-engine method above).
     See the module notes for each protocol. ``ce_chunk_bytes``: ``ce_chunked``'s smallest chunk
@@ -238,7 +239,7 @@ class AllGatherContext(CollectiveContext):
     """
 
     METHODS = ("auto", "sm_push", "ce_push", "ll", "ce_chunked", "ce_zero_copy", "sm_zero_copy", "ring", "ce_pull",
-               "2d")
+               "2d", "ll_2d")
     ZERO_COPY_METHODS = ("ce_zero_copy", "sm_zero_copy")
     """The methods that need a symmetric ``out`` (see :meth:`run`)."""
 
@@ -309,9 +310,9 @@ class AllGatherContext(CollectiveContext):
     def _push_meta(self, aligned: bool) -> dict:
         return self.meta(ALIGNED=aligned)
 
-    def _ll_meta(self) -> dict:
+    def _ll_meta(self, **extra) -> dict:
         return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
-                    num_warps=self.NUM_WARPS)
+                    num_warps=self.NUM_WARPS, **extra)
 
     def _2d_meta(self, aligned: bool) -> dict:
         return self.meta(ALIGNED=aligned, LOCAL=self.local_world, READY=self.ext_layout["node_ready"],
@@ -363,6 +364,8 @@ class AllGatherContext(CollectiveContext):
                                            self.calls, slot_tiles, grid=(1, ), **self._push_meta(aligned))
         all_gather_ll_kernel.preload(self.gathered, self.gathered, self.ll, n, n, self.calls, grid=(1, ),
                                      **self._ll_meta())
+        all_gather_ll_2d_kernel.preload(self.gathered, self.gathered, self.ll, n, n, self.calls, grid=(1, ),
+                                        **self._ll_meta(LOCAL=self.local_world))
         for phase in (0, 1, 2):
             all_gather_ce_signal_kernel.preload(self.pad.signals, self.ce_calls, grid=(1, ), **self._ce_meta(phase))
         ext = self.pad_ext.signals
@@ -404,9 +407,9 @@ class AllGatherContext(CollectiveContext):
         nbytes = n * self.dtype.itemsize
         if method == "auto":
             method = self.method_for(nbytes, nbytes > _policy.ALL_GATHER_SM_MAX_BYTES and _symmetric_span(out))
-        if method == "ll" and nbytes > self.ll_max_bytes:
-            raise ValueError(f"triton_dist all_gather: method 'll' takes at most {self.ll_max_bytes} bytes per rank, "
-                             f"got {nbytes}; use 'sm_push', 'ce_push' or 'auto'")
+        if method in ("ll", "ll_2d") and nbytes > self.ll_max_bytes:
+            raise ValueError(f"triton_dist all_gather: method {method!r} takes at most {self.ll_max_bytes} bytes per "
+                             f"rank, got {nbytes}; use 'sm_push', 'ce_push', '2d' or 'auto'")
         if method in self.ZERO_COPY_METHODS:
             if not _symmetric_span(out):
                 raise ValueError(f"triton_dist all_gather: method {method!r} needs a symmetric out (allocated with "
@@ -454,6 +457,8 @@ class AllGatherContext(CollectiveContext):
             grid = self.grid(triton.cdiv(n, self.BLOCK))
             all_gather_ring_kernel[grid](x, target, self.gathered, self._ring_signals(), n, epoch_ptr,
                                          self.slot_numel // self.BLOCK, **self._push_meta(n % ALIGN_ELEMENTS == 0))
+        elif method == "ll_2d":
+            self.launch_ll(all_gather_ll_2d_kernel, x, target, n, epoch_ptr, self._ll_meta(LOCAL=self.local_world))
         else:
             self.launch_ll(all_gather_ll_kernel, x, target, n, epoch_ptr, self._ll_meta())
         if target is not out:

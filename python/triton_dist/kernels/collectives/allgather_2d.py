@@ -42,7 +42,9 @@ import triton.language as tl
 
 from ... import language as dl
 from ...distributed_jit import jit
+from ...language.signals import _settings
 from ..common.chunks import copy_chunk, program_chunk
+from ..common.ll_protocol import ll_call, ll_own_copy, ll_receive, ll_store, ll_words
 from ..common.tiles import load_tile, store_tile
 
 
@@ -136,3 +138,65 @@ def all_gather_2d_kernel(x, out, gathered, signals, n, chunk, epoch_ptr, slot_ti
             token = dl.wait(signals + READY + src * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
             theirs = dl.consume_token(half + src.to(tl.int64) * slot_numel, token)
             copy_chunk(out + src.to(tl.int64) * stride, theirs, first, last, end, BLOCK)
+
+
+@jit(do_not_specialize=["n", "words"])
+def all_gather_ll_2d_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LOCAL: tl.constexpr,
+                            LL_SLOT: tl.constexpr, BLOCK_W: tl.constexpr, ELEMS: tl.constexpr):
+    """``out[r * n:(r + 1) * n] = x of rank r`` through the LL protocol
+    (:mod:`~triton_dist.kernels.common.ll_protocol`: payload and flag in each 8-byte word, no
+    signal), across nodes then within, for small inputs: the schedule of
+    :func:`all_gather_2d_kernel` with words in place of chunks and signals. Program ``p`` takes
+    tiles ``p, p + G, ...`` of ``BLOCK_W`` words. It writes its words into slot ``me`` of its own
+    ``ll`` half and of every rank of its node (64-bit system-scope stores), puts them
+    (``putmem_block``: a word arrives whole, its flag with its payload) into slot ``me`` of its
+    local index on every other node, receives and forwards within the node what those send, then
+    receives the node's other ranks' and their forwards. ``ll``: symmetric int64, ``2 * WORLD *
+    LL_SLOT`` words, zeroed at creation."""
+    TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
+    NODES: tl.constexpr = WORLD // LOCAL
+    flag, high, half, tiles, lanes = ll_call(epoch_ptr, words, WORLD, LL_SLOT, BLOCK_W)
+    me = dl.rank()
+    node_first = (me // LOCAL) * LOCAL
+    local = me % LOCAL
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    n64 = n.to(tl.int64)
+    mine = ll + half + me.to(tl.int64) * LL_SLOT
+
+    # 1. My words: to out (no flag), my own slot (the put's source) and every node peer's slot.
+    for t in range(pid, tiles, grid):
+        w = t.to(tl.int64) * BLOCK_W + lanes
+        packed = ll_words(x, w, n, ELEMS) | high
+        ll_own_copy(x, out + me.to(tl.int64) * n64, w, n, ELEMS)
+        dl.st(mine + w, packed, "sys", "relaxed")
+        for k in tl.static_range(1, LOCAL):
+            dl.st(dl.symm_at(mine, node_first + (local + k) % LOCAL) + w, packed, "sys", "relaxed")
+    # 2. Across nodes: each tile of my slot to my local index on every other node.
+    tl.debug_barrier()  # every thread's words stored before the block-wide puts read them
+    for d in tl.static_range(1, NODES):
+        pe = (node_first + d * LOCAL + local) % WORLD
+        for t in range(pid, tiles, grid):
+            first = t.to(tl.int64) * BLOCK_W
+            dl.shmem.putmem_block(mine + first, mine + first, BLOCK_W * 8, pe)
+
+    # 3. What my local index on every other node sent: to out, and forwarded within the node.
+    for d in tl.static_range(1, NODES):
+        src = (node_first + d * LOCAL + local) % WORLD
+        slot = ll + half + src.to(tl.int64) * LL_SLOT
+        for t in range(pid, tiles, grid):
+            w = t.to(tl.int64) * BLOCK_W + lanes
+            vals = ll_receive(slot + w, (w < words).to(tl.int32), flag, lanes, TIMEOUT_NS)
+            ll_store(out + src.to(tl.int64) * n64, w, n, vals & 0xFFFFFFFF, ELEMS)
+            for k in tl.static_range(1, LOCAL):
+                dl.st(dl.symm_at(slot, node_first + (local + k) % LOCAL) + w, vals, "sys", "relaxed")
+
+    # 4. Every rank of another local index: stored or forwarded by my node's rank of it.
+    for k in tl.static_range(1, LOCAL):
+        for d in tl.static_range(NODES):
+            src = (node_first + d * LOCAL + (local + k) % LOCAL) % WORLD
+            slot = ll + half + src.to(tl.int64) * LL_SLOT
+            for t in range(pid, tiles, grid):
+                w = t.to(tl.int64) * BLOCK_W + lanes
+                vals = ll_receive(slot + w, (w < words).to(tl.int32), flag, lanes, TIMEOUT_NS)
+                ll_store(out + src.to(tl.int64) * n64, w, n, vals & 0xFFFFFFFF, ELEMS)

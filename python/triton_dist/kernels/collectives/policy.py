@@ -52,10 +52,12 @@ run-to-run spread up to 128 KiB (bench/results/h200-x2/reduce_scatter.json), so 
 def all_gather_method(nbytes: int, ll_max_bytes: int, symmetric_out: bool = False, nodes: int = 1) -> str:
     """``all_gather(method="auto")`` for ``nbytes`` per rank, with a context whose ``"ll"`` takes up
     to ``ll_max_bytes``; ``symmetric_out``: every rank's ``out`` is symmetric. A world of several
-    ``nodes`` takes ``"2d"``, the one method whose loads and stores stay within a node."""
+    ``nodes`` takes ``"ll_2d"`` (small inputs) or ``"2d"``, the methods whose loads and stores stay
+    within a node."""
+    small = nbytes <= min(ALL_GATHER_LL_MAX_BYTES, ll_max_bytes)
     if nodes > 1:
-        return "2d"
-    if nbytes <= min(ALL_GATHER_LL_MAX_BYTES, ll_max_bytes):
+        return "ll_2d" if small else "2d"
+    if small:
         return "ll"
     if nbytes <= ALL_GATHER_SM_MAX_BYTES:
         return "sm_push"
