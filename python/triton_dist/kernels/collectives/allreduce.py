@@ -176,7 +176,8 @@ class AllReduceContext(CollectiveContext):
     and ``2 * world * CE_MAX_CHUNKS + world`` more (``ce_pad``); the first ``"ring"`` call adds the
     ring's fp32 inbox, ``4 (world - 1) / world * max_numel`` bytes (rounded up to whole tiles),
     a symmetric allocation like the ones above: collective, in the same order on every rank, which
-    holds because every rank makes the same calls in the same order.
+    holds because every rank makes the same calls in the same order; ``"2d"``'s two contexts add
+    theirs (:mod:`~triton_dist.kernels.collectives.allreduce_2d`), at creation across nodes.
 
     Call with :meth:`run` (or use :func:`triton_dist.ops.all_reduce`). Every call must be made by
     every rank, in the same order, with the same ``numel`` and method. Calls may be captured in a
@@ -224,10 +225,13 @@ class AllReduceContext(CollectiveContext):
         """Ranks per node (several nodes make ``"2d"`` ``"auto"``'s choice)."""
         self.two_level = None
         """``"2d"``'s ReduceScatter and AllGather contexts
-        (:class:`~triton_dist.kernels.collectives.allreduce_2d.TwoLevelAllReduce`), made by its first call."""
+        (:class:`~triton_dist.kernels.collectives.allreduce_2d.TwoLevelAllReduce`): made here across
+        several nodes, else by the first ``"2d"`` call."""
         self.ring_inbox = None
         """``"ring"``'s fp32 partials (symmetric, one region of ``world - 1`` shards), allocated by
         the first ``"ring"`` call: the other methods need no fp32 buffer."""
+        if self.world > self.local_world:
+            self._two_level()
         self.ready()
 
     def method_for(self, nbytes: int) -> str:
@@ -287,7 +291,7 @@ class AllReduceContext(CollectiveContext):
                 raise RuntimeError("triton_dist all_reduce: the first method='2d' call of a context makes its "
                                    "ReduceScatter and AllGather contexts, which cannot happen during CUDA graph "
                                    "capture; make one uncaptured '2d' call first")
-            self.two_level = TwoLevelAllReduce(self.max_numel, self.dtype, self.world)
+            self.two_level = TwoLevelAllReduce(self.max_numel, self.dtype, self.world, self.max_programs)
         return self.two_level
 
     def _barrier_meta(self) -> dict:

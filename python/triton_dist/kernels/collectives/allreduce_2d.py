@@ -5,27 +5,39 @@ sum of one shard, rounded once to the dtype, and the AllGather of
 :mod:`~triton_dist.kernels.collectives.allgather_2d` gives every rank every shard: the same bits
 on every rank. Inputs whose size the world does not divide are zero-padded to whole shards.
 
-The two contexts are made by the first ``"2d"`` call of an AllReduceContext (collective, like every
-call; not during CUDA graph capture), so contexts that never take this method pay nothing."""
+Across several nodes an AllReduceContext makes the two contexts when it is created (``"auto"``
+takes ``"2d"`` there, and a first call may be captured in a CUDA graph); at one node its first
+``"2d"`` call makes them (collective, like every call; not during capture), so contexts that never
+take the method pay nothing. Their symmetric memory, for ``B`` bytes of input: the ReduceScatter's
+staging ``2B``, fp32 inbox and partials (``8 (w - 1) / w`` and ``4 (nodes - 1) / w`` bytes per
+element) and LL buffer; the AllGather's ``gathered`` ``2B`` and ``ce`` ``B`` (which this method
+does not use) and LL buffer."""
 
 from __future__ import annotations
 
 import triton
 
+from ..common.context import MAX_NUMEL
 from .allgather import AllGatherContext
 from .reduce_scatter import ReduceScatterContext
 
 
 class TwoLevelAllReduce:
     """The ReduceScatter and AllGather contexts of ``"2d"`` for inputs of up to ``max_numel``
-    elements of ``dtype`` on ``world`` ranks (collective to create)."""
+    elements of ``dtype`` on ``world`` ranks, with the AllReduceContext's ``max_programs``
+    (collective to create)."""
 
-    def __init__(self, max_numel: int, dtype, world: int):
+    def __init__(self, max_numel: int, dtype, world: int, max_programs: int):
         self.world = world
         self.shard_numel = triton.cdiv(max_numel, world)
         """Elements of the largest shard (the padded input is ``world`` of them)."""
-        self.reduce_scatter = ReduceScatterContext(world * self.shard_numel * dtype.itemsize, dtype)
-        self.all_gather = AllGatherContext(self.shard_numel * dtype.itemsize, dtype)
+        if world * self.shard_numel >= MAX_NUMEL:
+            raise ValueError(f"triton_dist AllReduceContext: method '2d' pads {max_numel} elements to "
+                             f"{world * self.shard_numel}, past the largest context ({MAX_NUMEL - 1} elements); "
+                             f"make contexts of at most {(MAX_NUMEL - 1) // world * world} elements")
+        self.reduce_scatter = ReduceScatterContext(world * self.shard_numel * dtype.itemsize, dtype,
+                                                   max_programs=max_programs)
+        self.all_gather = AllGatherContext(self.shard_numel * dtype.itemsize, dtype, max_programs=max_programs)
 
     def run(self, x, out) -> None:
         """``out = sum over ranks of x`` (1-D, contiguous, ``x.numel() <= max_numel``; ``out`` may

@@ -192,7 +192,7 @@ class ReduceScatterContext(CollectiveContext):
     symmetric heap: ``2 * max_bytes`` (staging) plus ``8 (w-1)/w * max_numel`` bytes (fp32 ring
     inbox), each rounded up to whole tiles, plus ``(2w - 1) * max_programs`` signals, plus the LL
     buffer (``4 * ll_max_bytes``, rounded up to whole LL tiles per rank), plus across nodes
-    ``"2d"``'s fp32 partials (``8 (nodes - 1)`` bytes per element of the largest shard).
+    ``"2d"``'s fp32 partials (``4 (nodes - 1)`` bytes per element of the largest shard).
 
     Every call must be made by every rank, in the same order, with the same ``numel`` and method.
     Calls may be captured in a CUDA graph and replayed.
@@ -219,8 +219,8 @@ class ReduceScatterContext(CollectiveContext):
         self.ll, self.ll_slot = ll_buffer("ReduceScatterContext", world, triton.cdiv(self.ll_max_bytes, world))
         self.local_world = _runtime.local_world_size()
         """Ranks per node (``"2d"``'s ``LOCAL``; several nodes make it ``"auto"``'s choice)."""
-        self.partials = symm_empty((max(1, 2 * (world // self.local_world - 1) * slot), ), torch.float32)
-        """``"2d"``'s fp32 partials for the other nodes (two halves of ``nodes - 1`` shards)."""
+        self.partials = symm_empty((max(1, (world // self.local_world - 1) * slot), ), torch.float32)
+        """``"2d"``'s fp32 partials for the other nodes (``nodes - 1`` shards)."""
         """The LL buffer (:func:`~triton_dist.kernels.common.ll_buffer.ll_buffer`) and its 8-byte
         words per rank slot (one shard's payload)."""
         self.ready()
@@ -229,7 +229,7 @@ class ReduceScatterContext(CollectiveContext):
         return self.meta(VEC=vec)
 
     def _2d_meta(self, vec: int) -> dict:
-        return self.meta(VEC=vec, LOCAL=self.local_world, INTER=self.world * self.max_programs)
+        return self.meta(VEC=vec, LOCAL=self.local_world)
 
     def _ll_meta(self) -> dict:
         return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=LL_BLOCK, ELEMS=4 // self.dtype.itemsize,

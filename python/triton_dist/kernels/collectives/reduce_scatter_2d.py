@@ -13,8 +13,9 @@ Program ``p`` owns the contiguous elements ``[p * chunk, (p + 1) * chunk)`` of e
 2. waits for ``(r, p)`` of every other rank ``r`` of its node, then for every other node ``d``
    sums its chunk of shard ``(d, local)`` over the node's ranks (fp32, local-rank order) into its
    ``partials`` slot and sends it to rank ``(d, local)``: one ``putmem_signal_block`` into that
-   rank's ``inbox`` slot ``(node - d - 1) % NODES``, signal ``INTER + that slot * MAX_PROGRAMS + p``;
-3. waits for those signals of every other node and writes ``out``: the sum over nodes in node
+   rank's ``inbox`` slot ``(node - d - 1) % NODES``, setting ``(me, p)`` there;
+3. waits for ``(r, p)`` of the rank ``r`` of its local index on every other node and writes
+   ``out``: the sum over nodes in node
    order of each node's partial (its own node's summed here, in local-rank order, from ``x`` and
    ``stage``), in fp32, rounded once.
 
@@ -24,14 +25,20 @@ differ from push's in the last place. No deadlock: step 1 waits for nothing, ste
 the node's ranks, step 3 for step 2 of the other nodes' ranks of this local index; programs of one
 index only wait for programs of that index, and the grid is within the co-resident limit.
 
-Reuse: the epoch and halves of ``push`` and ``ring`` (the context's call counter; ``stage`` and
-the push signals ``(r, p)``, ``inbox`` and the ring's signal region for the inter-node slots). A
+Signal ``(r, p)`` (pad index ``r * MAX_PROGRAMS + p``, push's region) is set only by rank ``r``,
+as in push: a rank sends to another either within its node (step 1) or across (step 2), never
+both, so every signal keeps one writer whatever the mix of methods (the ring's region has other
+writers: sharing it let a ring call's signal pass for a 2d call's).
+
+Reuse: the epoch and halves of ``push`` and ``ring`` (the context's call counter; ``stage``,
+``inbox``). A
 rank that finishes call ``e + 1`` has seen a signal sent in call ``e + 1`` by every rank: directly
 from its node's ranks, and from each other node's ranks through that node's rank of its local
 index (whose partial waited for them), so every rank has finished call ``e`` before anything of
 call ``e + 2`` writes its half ``e % 2``: the argument of the module notes of
 :mod:`~triton_dist.kernels.collectives.reduce_scatter`, for any mix of the methods. ``partials``
-is the sender's own (written and put in one call), in halves too.
+is the sender's own and needs no halves: the put is blocking, so the next call's program finds
+its source free.
 
 ``out`` may be this rank's shard of ``x``: step 3 reads each of its elements in the program that
 writes it, just before.
@@ -83,14 +90,12 @@ def _result_tile(out, x, stage, half, inbox_half, slot, m, offs, end, me, node, 
 @jit(do_not_specialize=["shard_vecs", "chunk", "shard_tiles", "half_tiles", "inbox_half_tiles"])
 def reduce_scatter_2d_kernel(x, out, stage, inbox, partials, signals, shard_vecs, chunk, shard_tiles, epoch_ptr,
                              half_tiles, inbox_half_tiles, WORLD: tl.constexpr, LOCAL: tl.constexpr,
-                             MAX_PROGRAMS: tl.constexpr, INTER: tl.constexpr, BLOCK: tl.constexpr,
-                             VEC: tl.constexpr):
+                             MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):
     """``out = shard me of (sum over ranks of x)``, within nodes then across (module notes).
     ``stage``: symmetric, x's dtype, halves of ``half_tiles * BLOCK`` (``WORLD`` slots of
     ``shard_tiles * BLOCK``); ``inbox``: symmetric fp32, halves of ``inbox_half_tiles * BLOCK``
-    (``NODES - 1`` slots used); ``partials``: symmetric fp32, two halves of ``NODES - 1`` slots;
-    ``signals``: the pad, ``(r, p)`` at ``r * MAX_PROGRAMS + p``, the inter-node slots' at
-    ``INTER``. Shards of ``m = shard_vecs * VEC`` elements; ``chunk``: elements per program, a
+    (``NODES - 1`` slots used); ``partials``: symmetric fp32, ``NODES - 1`` slots; ``signals``:
+    the pad, ``(r, p)`` at ``r * MAX_PROGRAMS + p``. Shards of ``m = shard_vecs * VEC`` elements; ``chunk``: elements per program, a
     multiple of ``BLOCK``. ``LOCAL``: ranks per node (dividing ``WORLD``)."""
     NODES: tl.constexpr = WORLD // LOCAL
     epoch = tl.load(epoch_ptr)
@@ -104,7 +109,6 @@ def reduce_scatter_2d_kernel(x, out, stage, inbox, partials, signals, shard_vecs
     inbox_half = inbox + parity * inbox_half_tiles * BLOCK
     m = shard_vecs.to(tl.int64) * VEC  # VEC: the divisibility fact that lets x's shards vectorise
     slot = shard_tiles.to(tl.int64) * BLOCK
-    partials_half = partials + parity * (NODES - 1) * slot
     start, end, first, last = program_chunk(m, chunk, BLOCK)
     lanes = tl.arange(0, BLOCK)
 
@@ -123,7 +127,7 @@ def reduce_scatter_2d_kernel(x, out, stage, inbox, partials, signals, shard_vecs
     # 2. Across nodes: this node's partial of each other node's shard of my local index, sent there.
     for j in tl.static_range(1, NODES):
         d = (node + j) % NODES
-        mine = partials_half + (j - 1) * slot
+        mine = partials + (j - 1) * slot
         for t in range(first, last):
             offs = t * BLOCK + lanes
             if (t + 1) * BLOCK > end:
@@ -137,12 +141,12 @@ def reduce_scatter_2d_kernel(x, out, stage, inbox, partials, signals, shard_vecs
         tl.debug_barrier()  # every thread's partial stored before the block-wide put reads it
         theirs = (node - d - 1 + NODES) % NODES  # my slot in the receiver's inbox
         dl.shmem.putmem_signal_block(inbox_half + theirs * slot + start, mine + start, (end - start) * 4,
-                                     signals + INTER + theirs * MAX_PROGRAMS + pid, epoch, dl.shmem.SIGNAL_SET,
-                                     d * LOCAL + local)
+                                     signals + me * MAX_PROGRAMS + pid, epoch, dl.shmem.SIGNAL_SET, d * LOCAL + local)
 
     # 3. The result: every node's partial, in node order.
     for j in tl.static_range(1, NODES):
-        token = token + dl.wait(signals + INTER + (j - 1) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+        sender = ((node + j) % NODES) * LOCAL + local
+        token = token + dl.wait(signals + sender * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
     for t in range(first, last):
         offs = t * BLOCK + lanes
         if (t + 1) * BLOCK > end:
