@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from . import call_agreement as _call_agreement
 from . import torch_library as _torch_library
+from .renamed import method_or_old_name
 from .runtime import _require_initialized
 
 MIN_CONTEXT_BYTES = 1 << 20
@@ -119,19 +120,6 @@ def _output(op: str, x, out, shape):
 def _check_method(op: str, method: str, methods: tuple[str, ...]) -> None:
     if method not in methods:
         raise ValueError(f"triton_dist {op}: method must be one of {methods}, got {method!r}")
-
-
-def _method_named_variant(op: str, method: str, variant: str | None) -> str:
-    """``method``, or ``variant``: the overlapped GEMMs' name for it before every op said ``method``
-    (2026-12), still accepted with a DeprecationWarning."""
-    if variant is None:
-        return method
-    import warnings
-
-    warnings.warn(f"triton_dist {op}: variant= is now called method=", DeprecationWarning, stacklevel=3)
-    if method not in ("auto", variant):
-        raise ValueError(f"triton_dist {op}: method={method!r} and variant={variant!r} disagree; pass method= only")
-    return variant
 
 
 def _resolve_context(op: str, x, context):
@@ -411,7 +399,7 @@ def gemm_rs(a, b, *, out=None, method: str = "auto", context=None, variant: str 
     to capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes,
     same method. ``variant``: the name ``method`` had before (deprecated).
     """
-    method = _method_named_variant("gemm_rs", method, variant)
+    method = method_or_old_name("gemm_rs", method, "auto", "variant", variant)
     if _torch_library.compiling():
         _torch_library.eager_only("gemm_rs", out=out, context=context)
         return _torch_library.op("gemm_rs")(a, b, method)
@@ -456,7 +444,7 @@ def gemm_ar(a, b, *, out=None, method: str = "auto", context=None, variant: str 
     capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes.
     ``variant``: the name ``method`` had before (deprecated).
     """
-    method = _method_named_variant("gemm_ar", method, variant)
+    method = method_or_old_name("gemm_ar", method, "auto", "variant", variant)
     if _torch_library.compiling():
         _torch_library.eager_only("gemm_ar", out=out, context=context)
         return _torch_library.op("gemm_ar")(a, b, method)

@@ -156,6 +156,15 @@ from ..common.rank_barrier import rank_barrier_kernel
 from ..common.streams import side_stream
 
 
+def _refuse_during_capture(method: str, what: str) -> None:
+    """A method's first call that allocates (collective, symmetric) cannot be captured."""
+    import torch
+
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"triton_dist all_reduce: the first method={method!r} call of a context {what}, which "
+                           f"cannot happen during CUDA graph capture; make one uncaptured {method!r} call first")
+
+
 class AllReduceContext(CollectiveContext):
     """Symmetric staging, gather and LL buffers and signals for AllReduce (sum) of up to
     ``max_bytes`` bytes of ``dtype`` (float32, bfloat16 or float16), reused across calls.
@@ -275,22 +284,14 @@ class AllReduceContext(CollectiveContext):
         if self.ring_inbox is None:
             import torch
 
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("triton_dist all_reduce: the first method='ring' call of a context allocates its "
-                                   "symmetric inbox, which cannot happen during CUDA graph capture; make one "
-                                   "uncaptured 'ring' call first")
+            _refuse_during_capture("ring", "allocates its symmetric inbox")
             self.ring_inbox = symm_empty(((self.world - 1) * (self.half // self.world), ), torch.float32)
         return self.ring_inbox
 
     def _two_level(self):
         """:attr:`two_level`, made on first use (collective, like every call)."""
         if self.two_level is None:
-            import torch
-
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("triton_dist all_reduce: the first method='2d' call of a context makes its "
-                                   "ReduceScatter and AllGather contexts, which cannot happen during CUDA graph "
-                                   "capture; make one uncaptured '2d' call first")
+            _refuse_during_capture("2d", "makes its ReduceScatter and AllGather contexts")
             self.two_level = TwoLevelAllReduce(self.max_numel, self.dtype, self.world, self.max_programs)
         return self.two_level
 

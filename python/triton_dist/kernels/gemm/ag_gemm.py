@@ -107,6 +107,7 @@ from ... import config as _config
 from ... import language as dl
 from ... import residency as _residency
 from ...distributed_jit import DistributedKernel, jit
+from ...renamed import method_or_old_name
 from ...signals import SignalPad
 from ...symmetric import peer_tensor, symm_empty
 from . import dense as _gemm
@@ -208,19 +209,6 @@ def ag_gemm_signal_kernel(signals, calls, peer, PHASE: tl.constexpr, WORLD: tl.c
         dl.notify(signals + WORLD + me, peer, k, "set", "intra_node")
 
 
-def method_named_producer(op: str, method: str, producer: str | None) -> str:
-    """``method``, or ``producer``: its name before every op said ``method`` (2026-12), still
-    accepted with a DeprecationWarning."""
-    if producer is None:
-        return method
-    import warnings
-
-    warnings.warn(f"triton_dist {op}: producer= is now called method=", DeprecationWarning, stacklevel=3)
-    if method not in ("ce_push", producer):
-        raise ValueError(f"triton_dist {op}: method={method!r} and producer={producer!r} disagree; pass method= only")
-    return producer
-
-
 class AllGatherGemmContext(OverlappedGemmContext):
     """Symmetric buffer, signals, side stream and loaded kernels for AllGather+GEMM of up to
     ``max_m_per_rank`` rows of ``k`` columns per rank, ``dtype`` bfloat16 or float16.
@@ -250,7 +238,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
                  push_programs: int | None = None, protocol_on_one_rank: bool = False, producer: str | None = None):
         import torch
 
-        method = method_named_producer(type(self).__name__, method, producer)
+        method = method_or_old_name(type(self).__name__, method, "ce_push", "producer", producer)
 
         super().__init__("AllGatherGemmContext", dtype, aligned="k", protocol_on_one_rank=protocol_on_one_rank,
                          max_m_per_rank=max_m_per_rank, k=k)
