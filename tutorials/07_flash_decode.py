@@ -1,6 +1,6 @@
 """Tutorial 07: long-context decode over ranks (distributed flash decoding).
 
-    torchrun --nproc-per-node=2 tutorials/07_flash_decode.py
+    torchrun --nproc-per-node=2 tutorials/07_flash_decode.py [--tokens N]   (default 262144)
 
 One sequence of 256K tokens is too long for one GPU's decode step to be fast: its KV cache is cut
 along the sequence, rank ``r`` holding tokens ``[r * L / world, (r + 1) * L / world)`` in its own
@@ -10,7 +10,11 @@ ranks' partial outputs by their log-sum-exp, on the GPU, through symmetric memor
 every rank ends with the attention over the whole sequence.
 
 The check: every rank rebuilds the whole KV from seeds and computes the attention in fp32.
+``--tokens`` shortens the sequence (the same kernels on smaller shapes: what compute-sanitizer runs,
+scripts/gpu-test --parts faults).
 """
+
+import argparse
 
 import torch
 
@@ -60,8 +64,11 @@ def check(length: int = 256 * 1024, q_heads: int = 32, kv_heads: int = 8, head_d
 
 
 def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=256 * 1024, help="sequence length (default 262144)")
+    args = parser.parse_args()
     tdist.init()
-    ok = check()
+    ok = check(length=args.tokens)
     print(f"rank {tdist.rank()}: distributed flash decoding {'matches' if ok else 'DIFFERS FROM'} the reference")
     tdist.finalize()
     if not ok:
