@@ -3,7 +3,8 @@
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py exit-without-finalize
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py finalize
     torchrun --nproc-per-node=N tests/gpu/lifecycle.py world-size-mismatch
-    torchrun --nproc-per-node=N tests/gpu/lifecycle.py init-finalize-cycles [C] (phases of C/2, C, C rounds; C = 100)
+    torchrun --nproc-per-node=N tests/gpu/lifecycle.py init-finalize-cycles [C]   (C kept, C/2 bare,
+        C/2 NVSHMEM alone, C with ops; C = 100)
     RANK=0 WORLD_SIZE=1 ... python tests/gpu/lifecycle.py wait-timeout   (one rank; test_language runs it)
     torchrun --nproc-per-node=2 tests/gpu/lifecycle.py mps-shared-fault   (two ranks sharing a GPU under MPS)
     torchrun --nproc-per-node=1 tests/gpu/lifecycle.py shared-without-mps (no MPS daemon)

@@ -81,10 +81,13 @@ def measure_nvshmem_cycles(cycles: int, heap_bytes: int = 256 << 20) -> float:
     torch.cuda.set_device(device)
     torch.empty(1, device=f"cuda:{device}")
     lib = _library()
-    # The settings the runtime makes (nvshmem_backend.cc), restored afterwards so that the
-    # runtime's own bring-up sets them again as it would in a fresh process.
-    settings = {"NVSHMEM_SYMMETRIC_SIZE": str(heap_bytes + (256 << 20)), "NVSHMEM_DISABLE_NVLS": "1",
-                "NVSHMEM_DISABLE_NCCL": "1"}
+    # The settings the runtime makes (nvshmem_backend.cc: it overrides NVLS, keeps a caller's NCCL
+    # switch and a caller's larger heap), restored afterwards so that the runtime's own bring-up
+    # sets them again as it would in a fresh process.
+    wanted = heap_bytes + (256 << 20)
+    given = os.environ.get("NVSHMEM_SYMMETRIC_SIZE", "")
+    settings = {"NVSHMEM_SYMMETRIC_SIZE": given if given.isdigit() and int(given) >= wanted else str(wanted),
+                "NVSHMEM_DISABLE_NVLS": "1", "NVSHMEM_DISABLE_NCCL": os.environ.get("NVSHMEM_DISABLE_NCCL", "1")}
     before = {name: os.environ.get(name) for name in settings}
     os.environ.update(settings)
     seen = {}
