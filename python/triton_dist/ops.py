@@ -238,7 +238,7 @@ def reduce_scatter(x, *, out=None, method: str = "auto", context=None):
 
 def _ag_gemm_context(a_shard, context, method: str):
     """A cached :class:`~triton_dist.kernels.AllGatherGemmContext` of ``method`` (``"auto"``:
-    ``"ce_push"``) that fits ``a_shard``, else a new one (collective; ``max_m_per_rank`` rounded up
+    :func:`~triton_dist.kernels.gemm.policy.ag_gemm_method`) that fits ``a_shard``, else a new one (collective; ``max_m_per_rank`` rounded up
     to a power of two, at least 128); ``context``, when given, checked instead."""
     from .kernels import AllGatherGemmContext
 
@@ -256,7 +256,11 @@ def _ag_gemm_context(a_shard, context, method: str):
             raise ValueError(f"triton_dist ag_gemm: method={method!r}, but the context's producer is "
                              f"{context.method!r} (chosen when it was made); pass method='auto' or another context")
         return context
-    method = "ce_push" if method == "auto" else method
+    if method == "auto":
+        from .kernels.gemm.policy import ag_gemm_method
+        from .runtime import num_nodes
+
+        method = ag_gemm_method(num_nodes())
     fitting = [ctx for (o, dt, key), ctx in _CONTEXTS.items() if o == "ag_gemm" and dt == a_shard.dtype and
                key[0] == k and key[1] >= m and key[2] == method]
     if fitting:
@@ -309,8 +313,11 @@ def ag_gemm(a_shard, b, *, out=None, method: str = "auto", context=None):
 
     ``method``: the producer, one of :data:`~triton_dist.kernels.gemm.ag_gemm.METHODS`:
     ``"ce_push"`` (copy engines push each shard to every peer), ``"ce_pull"`` (copy engines pull
-    the peers' shards into ordinary memory), ``"sm_push"`` (a kernel of a few SMs pushes), or
-    ``"auto"`` (``context``'s producer, else ``"ce_push"``). A context is made for one producer.
+    the peers' shards into ordinary memory), ``"sm_push"`` (a kernel of a few SMs pushes),
+    ``"sm_2d"`` (that kernel across nodes: NVSHMEM puts between nodes, forwarding within), or
+    ``"auto"`` (``context``'s producer, else ``"ce_push"`` within a node and ``"sm_2d"`` across
+    nodes: :func:`~triton_dist.kernels.gemm.policy.ag_gemm_method`). A context is made for one
+    producer.
 
     ``a_shard``: ``[m, K]``, the same ``m`` on every rank; ``b``: ``[N, K]`` (the weight of a
     linear layer: ``y = x @ W.T``); both contiguous, bfloat16 or float16 (the same), on the current

@@ -93,7 +93,7 @@ def test_signal_kernels_release_and_acquire_at_the_right_scopes(world):
         gpu = re.findall(r"atom\.global\.gpu\.release|atom\.release\.gpu\.global", ptx)
         assert len(gpu) == gpu_releases[phase], phase
         assert ptx.count(_SPIN) == 2 * waits[phase], phase
-    assert allgather_gemm.METHODS == ("ce_push", "ce_pull", "sm_push")
+    assert allgather_gemm.METHODS == ("ce_push", "ce_pull", "sm_push", "sm_2d")
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])

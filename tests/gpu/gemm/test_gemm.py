@@ -1,4 +1,5 @@
-"""The persistent GEMM against torch (fp32 reference), and triton_dist.ops.ag_gemm against
+"""The persistent GEMM against torch (fp32 reference), and triton_dist.ops.ag_gemm (every producer;
+under TRITON_DIST_LOCAL_WORLD_SIZE "sm_2d" crosses declared nodes) against
 torch.distributed.all_gather_into_tensor + matmul: back-to-back calls with fresh inputs (a tile read
 before its rows landed, or from a previous call, shows up as a large error or a NaN from the
 poisoned output), CUDA graph replay, bad inputs."""
@@ -47,12 +48,12 @@ def test_skinny_gemm_matches_torch(m, n, k):
     _check_gemm(m, n, k, torch.bfloat16, None, seed=5)
 
 
-@pytest.mark.parametrize("producer", ["ce_push", "sm_push"])
+@pytest.mark.parametrize("producer", ["ce_push", "sm_push", "sm_2d"])
 @pytest.mark.parametrize("m,n,calls", [(1000, 1024, 500), (1024, 1024, 500), (2048, 4096, 100)])
 def test_ag_gemm_back_to_back(m, n, calls, producer):
     k, dtype = 1024, torch.bfloat16
-    # The op's cached contexts: "auto" (ce_push, the default producer) and one made for sm_push.
-    method = "auto" if producer == "ce_push" else producer
+    # The op's cached context of each producer ("auto", its choice by topology, in test_ag_gemm_new_tensor).
+    method = producer
     b = rank_randn((n, k), dtype, 100 + m)  # a different weight shard on every rank, as in tensor parallelism
     inputs = [rank_randn((m, k), dtype, 1000 * m + i) for i in range(calls)]
     checked = [i for i in range(calls) if i % 10 == 0 or i == calls - 1]
@@ -109,7 +110,7 @@ def test_ag_gemm_bad_inputs():
     all_ranks_agree(tuple(got.shape) == (world * 32, 64) and err < _REL_TOL, f"ag_gemm after errors: {err}")
 
 
-@pytest.mark.parametrize("producer", ["ce_push", "ce_pull", "sm_push"])
+@pytest.mark.parametrize("producer", ["ce_push", "ce_pull", "sm_push", "sm_2d"])
 def test_ag_gemm_cuda_graph_replay(producer):
     m, n, k, dtype = 512, 1024, 1024, torch.bfloat16
     ctx = AllGatherGemmContext(m, k, dtype, method=producer)
@@ -136,7 +137,7 @@ def test_ag_gemm_cuda_graph_replay(producer):
     all_ranks_agree(all(e < _REL_TOL for e in errors), f"ag_gemm {producer} graph replays: rel errors {errors}")
 
 
-@pytest.mark.parametrize("producer", ["ce_push", "ce_pull", "sm_push"])
+@pytest.mark.parametrize("producer", ["ce_push", "ce_pull", "sm_push", "sm_2d"])
 def test_ag_gemm_protocol_on_one_rank(producer):
     """The gather-and-signal protocol at any world size, including one rank (where ag_gemm is
     otherwise the plain GEMM): preload, the signal kernels and the waiting GEMM run on one GPU."""
@@ -155,7 +156,7 @@ def test_ag_gemm_protocol_on_one_rank(producer):
     all_ranks_agree(not bad, f"ag_gemm {producer} with the protocol forced on: wrong calls (call, rel error) {bad}")
 
 
-@pytest.mark.parametrize("producer", ["ce_pull", "sm_push"])
+@pytest.mark.parametrize("producer", ["ce_pull", "sm_push", "sm_2d"])
 @pytest.mark.parametrize("m", [1000, 40])
 def test_ag_gemm_back_to_back_with_changing_rows(m, producer):
     """60 unsynchronised calls on one context, m changing between calls (m = 40 < BM: tiles hold

@@ -106,11 +106,13 @@ import triton.language as tl
 from ... import config as _config
 from ... import language as dl
 from ... import residency as _residency
+from ... import runtime as _runtime
 from ...distributed_jit import DistributedKernel, jit
 from ...renamed import method_or_old_name
 from ...signals import SignalPad
 from ...symmetric import peer_tensor, symm_empty
 from . import dense as _gemm
+from .ag_gemm_2d import ag_gemm_push_2d_kernel
 from .context import OverlappedGemmContext
 from ..common import call_counter as _call_counter
 from ..common.streams import side_stream
@@ -121,8 +123,9 @@ from ..common.tiles import copy_program_tiles
 RESERVED_SMS = 1
 """SMs the consumer GEMM leaves free for the producer's signal kernels (see the module notes)."""
 
-METHODS = ("ce_push", "ce_pull", "sm_push")
-"""The producers a context may use (``method=``; the module notes)."""
+METHODS = ("ce_push", "ce_pull", "sm_push", "sm_2d")
+"""The producers a context may use (``method=``; the module notes; ``"sm_2d"``: across nodes,
+:mod:`~triton_dist.kernels.gemm.ag_gemm_2d`)."""
 """How the shards travel: ``"ce_push"`` (each rank's copy engine writes its shard into every peer's
 symmetric ``gathered``, which the GEMM reads) or ``"ce_pull"`` (each rank publishes its shard in
 a symmetric ``shard`` buffer, and every rank's copy engine copies the peers' shards into an
@@ -258,7 +261,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
             raise ValueError(f"triton_dist AllGatherGemmContext: push_programs must be an int in [1, "
                              f"{self.num_sms - 1}], got {push_programs!r}")
         self.push_programs = push_programs
-        if method == "sm_push":  # the GEMM waits on the push kernel's programs beside it
+        if method in ("sm_push", "sm_2d"):  # the GEMM waits on the push kernel's programs beside it
             self.max_programs = _residency.max_waiting_programs(self.device, reserved=push_programs,
                                                                 what="AllGatherGemmContext")
         else:  # the GEMM waits for copies, which need SMs of their own when ranks share a GPU
@@ -275,15 +278,18 @@ class AllGatherGemmContext(OverlappedGemmContext):
         w = self.world
         self.pad = SignalPad(3 * w, owner="AllGatherGemmContext",
                              regions=[("ready", 0, w), ("ack or pulled", w, w), ("published", 2 * w, w)])
-        self.tickets = torch.zeros(self.world, dtype=torch.int32, device=self.device)
-        """``"sm_push"``: per peer, the push programs that finished their share (zero between calls)."""
+        self.tickets = torch.zeros(self.world * self.world, dtype=torch.int32, device=self.device)
+        """``"sm_push"``: per peer, ``"sm_2d"``: per (rows of rank, peer), the push programs that
+        finished their share (zero between calls)."""
+        self.local_world = _runtime.local_world_size()
+        """Ranks per node (``"sm_2d"``'s ``LOCAL``)."""
         exposed = self.shard if pull else self.gathered
         self._peers = [peer_tensor(exposed, r) if r != self.rank else exposed for r in range(self.world)]
         self._side = side_stream(self.device)
         # Where ranks share a GPU, the caller's stream waits for the copy-engine producers' first
         # signal kernel (phase 0 or 2) before the GEMM (start_gather says why); None elsewhere.
-        self._first_signal = torch.cuda.Event() if method != "sm_push" and _config.get().ranks_per_gpu > 1 \
-            else None
+        copy_engine = method in ("ce_push", "ce_pull")
+        self._first_signal = torch.cuda.Event() if copy_engine and _config.get().ranks_per_gpu > 1 else None
         if pull:  # ordinary memory written on the side stream: its release must wait for that stream too
             self.gathered.record_stream(self._side)
         self.ready()
@@ -304,6 +310,10 @@ class AllGatherGemmContext(OverlappedGemmContext):
         if self.method == "sm_push":
             ag_gemm_push_kernel.preload(self.gathered, self.pad.signals, self.calls, self.tickets, 2, grid=(1, ),
                                         **self._push_meta())
+            return
+        if self.method == "sm_2d":
+            ag_gemm_push_2d_kernel.preload(self.gathered, self.pad.signals, self.calls, self.tickets, 2, grid=(1, ),
+                                           **self._push_2d_meta())
             return
         for phase in ((2, 3, 4, 5) if self.method == "ce_pull" else (0, 1)):
             ag_gemm_signal_kernel.preload(self.pad.signals, self.calls, 2, grid=(1, ), PHASE=phase,
@@ -347,6 +357,9 @@ class AllGatherGemmContext(OverlappedGemmContext):
             elif self.method == "sm_push":
                 ag_gemm_push_kernel[(self.push_programs, )](self.gathered, self.pad.signals, self.calls, self.tickets,
                                                             m * k, **self._push_meta())
+            elif self.method == "sm_2d":
+                ag_gemm_push_2d_kernel[(self.push_programs, )](self.gathered, self.pad.signals, self.calls,
+                                                               self.tickets, m * k, **self._push_2d_meta())
             else:
                 self._push(x, m)
         if self._first_signal is not None:
@@ -360,6 +373,9 @@ class AllGatherGemmContext(OverlappedGemmContext):
 
     def _push_meta(self) -> dict:
         return dict(WORLD=self.world, BLOCK=PUSH_BLOCK, num_warps=8)
+
+    def _push_2d_meta(self) -> dict:
+        return dict(self._push_meta(), LOCAL=self.local_world, ELEMENT_BYTES=self.dtype.itemsize)
 
     def _signal(self, phase: int, peer: int = 0) -> None:
         ag_gemm_signal_kernel[(1, )](self.pad.signals, self.calls, peer, PHASE=phase, WORLD=self.world, num_warps=1)

@@ -13,6 +13,13 @@ shape; bench/gemm_rs.py logs every method's time and records this one against NC
 SymmetricMemory in bench/results/h200-x2/gemm_rs.json."""
 
 
+def ag_gemm_method(nodes: int) -> str:
+    """``ag_gemm(method="auto")``'s producer for a world of ``nodes`` nodes: the copy engine's
+    ``"ce_push"`` within one node (bench/results/h200-x2/ag_gemm.json), ``"sm_2d"`` across nodes
+    (the one producer whose loads and stores stay within a node; not timed across nodes)."""
+    return "sm_2d" if nodes > 1 else "ce_push"
+
+
 def gemm_rs_method(m: int) -> str:
     """``gemm_rs(method="auto")`` for ``m`` rows per rank."""
     del m  # one answer at every shape measured so far (GEMM_RS_METHOD)

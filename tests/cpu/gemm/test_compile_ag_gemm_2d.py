@@ -1,0 +1,37 @@
+"""AllGather+GEMM's producer across nodes ("sm_2d", kernels/gemm/ag_gemm_2d.py) compiles for sm_90
+at the declared topologies the GPU tests run, with the protocol's shape: one NVSHMEM put-with-signal
+per other node (its transfer path called once each), NVLink releases only to the node's ranks (the
+acks, and each forwarded or own block of rows' ready), a ticket per (rows, node peer), and one wait
+per ack or landed block."""
+
+import re
+
+import pytest
+
+from triton_dist.kernels.gemm import ag_gemm, ag_gemm_2d, policy
+from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls
+
+_SPIN = "ld.acquire.sys.global.u64"
+_RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
+_TICKET = r"atom\.(?:global\.)?(?:sys\.)?acq_rel\.(?:sys\.)?(?:global\.)?add"
+
+
+@pytest.mark.parametrize("world,local", [(2, 2), (2, 1), (4, 2), (4, 1), (8, 4), (8, 2)])
+def test_producer_protocol_per_topology(world, local):
+    ptx = compile_for_hopper(ag_gemm_2d.ag_gemm_push_2d_kernel,
+                             {"gathered": "*bf16", "signals": "*u64", "calls": "*i64", "tickets": "*i32", "n": "i32"},
+                             dict(WORLD=world, LOCAL=local, ELEMENT_BYTES=2, BLOCK=ag_gemm.PUSH_BLOCK),
+                             num_warps=8).asm["ptx"]
+    nodes = world // local
+    assert len([c for c in ptx_calls(ptx) if "nvshmemi_transfer_put_signal" in c]) == nodes - 1
+    # Acks to the node's other ranks, then a ready per block of rows (own + one per other node) and peer.
+    assert len(re.findall(_RELEASE, ptx)) == (local - 1) * (1 + nodes)
+    assert len(re.findall(_TICKET, ptx)) == (local - 1) * nodes
+    # Waits: an ack per other node (the put), per node peer (own rows), and per other node one
+    # landed block plus an ack per node peer (forwarding); each is two acquire spins.
+    assert ptx.count(_SPIN) == 2 * ((nodes - 1) + (local - 1) + (nodes - 1) * local)
+
+
+def test_auto_producer_across_nodes():
+    assert policy.ag_gemm_method(1) == "ce_push"
+    assert policy.ag_gemm_method(2) == "sm_2d"
