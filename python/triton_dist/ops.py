@@ -238,8 +238,9 @@ def reduce_scatter(x, *, out=None, method: str = "auto", context=None):
 
 def _ag_gemm_context(a_shard, context, method: str):
     """A cached :class:`~triton_dist.kernels.AllGatherGemmContext` of ``method`` (``"auto"``:
-    :func:`~triton_dist.kernels.gemm.policy.ag_gemm_method`) that fits ``a_shard``, else a new one (collective; ``max_m_per_rank`` rounded up
-    to a power of two, at least 128); ``context``, when given, checked instead."""
+    :func:`~triton_dist.kernels.gemm.policy.ag_gemm_method`) that fits ``a_shard``, else a new one
+    (collective; ``max_m_per_rank`` rounded up to a power of two, at least 128); ``context``, when
+    given, checked instead."""
     from .kernels import AllGatherGemmContext
 
     m, k = a_shard.shape
