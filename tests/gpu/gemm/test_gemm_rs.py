@@ -15,7 +15,7 @@ from triton_dist.bench.script import relative_error as _rel_error
 from triton_dist.kernels import GemmReduceScatterContext
 
 _REL_TOL = 1e-2  # bf16/fp16 output rounding is 2**-8 relative; a missing or stale partial is O(1)
-_METHODS = ["fused", "fused_tma", "fused_ce", "push", "pull"]
+_METHODS = ["fused", "fused_tma", "fused_ce", "push", "pull", "2d"]  # 2d: GEMM then RS across nodes
 
 
 def _reference(a, b):

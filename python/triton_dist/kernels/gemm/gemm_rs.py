@@ -136,12 +136,14 @@ import triton.language as tl
 from ... import language as dl
 from ... import config as _config
 from ... import residency as _residency
+from ... import runtime as _runtime
 from ...distributed_jit import DistributedKernel, jit
 from ...signals import SignalPad
 from ...stream_schedule import StreamSchedule
 from ...symmetric import peer_tensor, symm_empty
 from . import dense as _gemm
 from .context import OverlappedGemmContext
+from .gemm_rs_2d import GemmThenReduceScatter
 from . import policy as _policy
 from . import tile as _gemm_tile
 from ..common import call_counter as _call_counter
@@ -174,7 +176,9 @@ CE_SCHEDULES_KEPT = 64
 the driver copies a schedule's operations when they are enqueued or captured, so dropping one is
 safe at any time)."""
 
-METHODS = ("auto", "fused", "fused_tma", "fused_ce", "push", "pull")
+METHODS = ("auto", "fused", "fused_tma", "fused_ce", "push", "pull", "2d")
+"""``"2d"``: across nodes, the plain GEMM then the hierarchical ReduceScatter
+(:mod:`~triton_dist.kernels.gemm.gemm_rs_2d`; not overlapped yet)."""
 PRODUCER_EPILOGUES = {"fused": "reduce_own", "fused_tma": "reduce_own_tma", "fused_ce": "reduce_own_ce",
                       "push": "rows_to_peer", "pull": "rows_here"}
 """The GEMM's ``EPILOGUE`` (:data:`triton_dist.kernels.gemm.dense.EPILOGUES`) for each method."""
@@ -321,6 +325,12 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         self._side = side_stream(self.device)
         self._bumped = torch.cuda.Event()  # re-recorded each call: a wait takes the latest record
         self._scratch = GlobalScratch(self.device)  # the fused_tma method's device-built descriptors
+        self.gemm_then_reduce_scatter = None
+        """``"2d"``'s ReduceScatter (:class:`~triton_dist.kernels.gemm.gemm_rs_2d.GemmThenReduceScatter`):
+        made here across several nodes, else by the first ``"2d"`` call."""
+        self.nodes = self.world // _runtime.local_world_size()
+        if self.nodes > 1:
+            self._across_nodes()
         self.ready()
 
     def _reduce_meta(self, config: str, peer_epilogue: bool) -> dict:
@@ -371,7 +381,10 @@ class GemmReduceScatterContext(OverlappedGemmContext):
                              f"the context takes M <= {self.max_m}, a multiple of {self.world}, and N = {self.n}")
         if big_m == 0 or self.ran_plain_gemm(a, b, out):
             return
-        method = _policy.gemm_rs_method(big_m // self.world) if method == "auto" else method
+        method = _policy.gemm_rs_method(big_m // self.world, self.nodes) if method == "auto" else method
+        if method == "2d":
+            self._across_nodes().run(a, b, out)
+            return
         if method == "fused_ce":
             self._run_fused_ce(a, b, out)
             return
@@ -432,6 +445,18 @@ class GemmReduceScatterContext(OverlappedGemmContext):
                 schedule.copy_2d(incoming[d][me * m + r0:me * m + r1, c0:c1], outgoing[d * m + r0:d * m + r1, c0:c1])
                 schedule.write(self._peer_ce_pad[d], me * region + chunk, 1)
         return schedule
+
+    def _across_nodes(self):
+        """:attr:`gemm_then_reduce_scatter`, made on first use (collective, like every call)."""
+        if self.gemm_then_reduce_scatter is None:
+            import torch
+
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("triton_dist gemm_rs: the first method='2d' call of a context makes its "
+                                   "ReduceScatter context, which cannot happen during CUDA graph capture; make one "
+                                   "uncaptured '2d' call first")
+            self.gemm_then_reduce_scatter = GemmThenReduceScatter(self.max_m, self.n, self.dtype)
+        return self.gemm_then_reduce_scatter
 
     def _run_fused_ce(self, a, b, out) -> None:
         """``"fused_ce"`` (module notes, "Copy-engine protocol"); arguments as :meth:`run`."""

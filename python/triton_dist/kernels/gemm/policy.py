@@ -20,10 +20,12 @@ def ag_gemm_method(nodes: int) -> str:
     return "sm_2d" if nodes > 1 else "ce_push"
 
 
-def gemm_rs_method(m: int) -> str:
-    """``gemm_rs(method="auto")`` for ``m`` rows per rank."""
+def gemm_rs_method(m: int, nodes: int = 1) -> str:
+    """``gemm_rs(method="auto")`` for ``m`` rows per rank in a world of ``nodes`` nodes: ``"2d"``
+    across nodes (the one method whose loads and stores stay within a node), else
+    :data:`GEMM_RS_METHOD`."""
     del m  # one answer at every shape measured so far (GEMM_RS_METHOD)
-    return GEMM_RS_METHOD
+    return "2d" if nodes > 1 else GEMM_RS_METHOD
 
 
 def gemm_ar_method(m: int, split_k_max_m: int) -> str:
