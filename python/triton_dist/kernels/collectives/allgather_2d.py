@@ -45,6 +45,7 @@ from ...distributed_jit import jit
 from ...language.signals import _settings
 from ..common.chunks import copy_chunk, program_chunk
 from ..common.ll_protocol import ll_call, ll_own_copy, ll_receive, ll_store, ll_words
+from ..common.nodes import node_position, same_local_rank
 from ..common.tiles import load_tile, store_tile
 
 
@@ -75,9 +76,7 @@ def all_gather_2d_kernel(x, out, gathered, signals, n, chunk, epoch_ptr, slot_ti
     counter. ``LOCAL``: ranks per node (dividing ``WORLD``). ``ALIGNED``: ``n % 8 == 0``."""
     NODES: tl.constexpr = WORLD // LOCAL
     epoch = tl.load(epoch_ptr)
-    me = dl.rank()
-    node_first = (me // LOCAL) * LOCAL
-    local = me % LOCAL
+    me, node_first, local = node_position(LOCAL)
     pid = tl.program_id(0)
     slot_numel = slot_tiles.to(tl.int64) * BLOCK
     half = gathered + (epoch % 2).to(tl.int64) * WORLD * slot_numel
@@ -110,13 +109,13 @@ def all_gather_2d_kernel(x, out, gathered, signals, n, chunk, epoch_ptr, slot_ti
     # thread's stores before the block-wide put reads them (notify has one, but not at LOCAL 1).
     tl.debug_barrier()
     for d in tl.static_range(1, NODES):
-        pe = (node_first + d * LOCAL + local) % WORLD
+        pe = same_local_rank(node_first, d, local, LOCAL, WORLD)
         dl.shmem.putmem_signal_block(mine + start, mine + start, (end - start) * ELEMENT_BYTES,
                                      signals + READY + me * MAX_PROGRAMS + pid, epoch, dl.shmem.SIGNAL_SET, pe)
 
     # 3. What my local index on every other node sent me: to out, and forwarded within the node.
     for d in tl.static_range(1, NODES):
-        src = (node_first + d * LOCAL + local) % WORLD
+        src = same_local_rank(node_first, d, local, LOCAL, WORLD)
         token = dl.wait(signals + READY + src * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
         theirs = dl.consume_token(half + src.to(tl.int64) * slot_numel, token)
         for t in range(first, last):
@@ -156,9 +155,7 @@ def all_gather_ll_2d_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr
     TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
     NODES: tl.constexpr = WORLD // LOCAL
     flag, high, half, tiles, lanes = ll_call(epoch_ptr, words, WORLD, LL_SLOT, BLOCK_W)
-    me = dl.rank()
-    node_first = (me // LOCAL) * LOCAL
-    local = me % LOCAL
+    me, node_first, local = node_position(LOCAL)
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     n64 = n.to(tl.int64)
@@ -175,14 +172,14 @@ def all_gather_ll_2d_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr
     # 2. Across nodes: each tile of my slot to my local index on every other node.
     tl.debug_barrier()  # every thread's words stored before the block-wide puts read them
     for d in tl.static_range(1, NODES):
-        pe = (node_first + d * LOCAL + local) % WORLD
+        pe = same_local_rank(node_first, d, local, LOCAL, WORLD)
         for t in range(pid, tiles, grid):
             first = t.to(tl.int64) * BLOCK_W
             dl.shmem.putmem_block(mine + first, mine + first, BLOCK_W * 8, pe)
 
     # 3. What my local index on every other node sent: to out, and forwarded within the node.
     for d in tl.static_range(1, NODES):
-        src = (node_first + d * LOCAL + local) % WORLD
+        src = same_local_rank(node_first, d, local, LOCAL, WORLD)
         slot = ll + half + src.to(tl.int64) * LL_SLOT
         for t in range(pid, tiles, grid):
             w = t.to(tl.int64) * BLOCK_W + lanes

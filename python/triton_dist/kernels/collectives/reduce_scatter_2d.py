@@ -52,6 +52,7 @@ import triton.language as tl
 from ... import language as dl
 from ...distributed_jit import jit
 from ..common.chunks import copy_chunk, program_chunk
+from ..common.nodes import node_position
 from ..common.tiles import load_tile, store_tile
 
 
@@ -95,14 +96,13 @@ def reduce_scatter_2d_kernel(x, out, stage, inbox, partials, signals, shard_vecs
     ``stage``: symmetric, x's dtype, halves of ``half_tiles * BLOCK`` (``WORLD`` slots of
     ``shard_tiles * BLOCK``); ``inbox``: symmetric fp32, halves of ``inbox_half_tiles * BLOCK``
     (``NODES - 1`` slots used); ``partials``: symmetric fp32, ``NODES - 1`` slots; ``signals``:
-    the pad, ``(r, p)`` at ``r * MAX_PROGRAMS + p``. Shards of ``m = shard_vecs * VEC`` elements; ``chunk``: elements per program, a
-    multiple of ``BLOCK``. ``LOCAL``: ranks per node (dividing ``WORLD``)."""
+    the pad, ``(r, p)`` at ``r * MAX_PROGRAMS + p``. Shards of ``m = shard_vecs * VEC`` elements;
+    ``chunk``: elements per program, a multiple of ``BLOCK``. ``LOCAL``: ranks per node (dividing
+    ``WORLD``)."""
     NODES: tl.constexpr = WORLD // LOCAL
     epoch = tl.load(epoch_ptr)
-    me = dl.rank()
-    node = me // LOCAL
-    node_first = node * LOCAL
-    local = me % LOCAL
+    me, node_first, local = node_position(LOCAL)
+    node = node_first // LOCAL
     pid = tl.program_id(0)
     parity = (epoch % 2).to(tl.int64)
     half = parity * half_tiles * BLOCK

@@ -37,6 +37,7 @@ import triton.language as tl
 
 from ... import language as dl
 from ...distributed_jit import jit
+from ..common.nodes import node_position, same_local_rank
 from ..common.tickets import last_to_finish
 from ..common.tiles import copy_program_tiles
 
@@ -67,9 +68,7 @@ def ag_gemm_push_2d_kernel(gathered, signals, calls, tickets, n, WORLD: tl.const
     ``tickets``: ``WORLD * WORLD`` int32 counters, zero between calls. ``n``: a multiple of 8."""
     NODES: tl.constexpr = WORLD // LOCAL
     k = tl.load(calls)
-    me = dl.rank()
-    node_first = (me // LOCAL) * LOCAL
-    local = me % LOCAL
+    me, node_first, local = node_position(LOCAL)
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     stride = ((n // 8) * 8).to(tl.int64)  # == n, with the divisibility fact for 16-byte vectors
@@ -80,13 +79,14 @@ def ag_gemm_push_2d_kernel(gathered, signals, calls, tickets, n, WORLD: tl.const
         for i in tl.static_range(1, LOCAL):
             dl.notify(signals + WORLD + me, node_first + (local + i) % LOCAL, k - 1, "set", "intra_node")
         for d in tl.static_range(1, NODES):
-            dl.notify(signals + WORLD + me, (node_first + d * LOCAL + local) % WORLD, k - 1, "set", "inter_node")
+            c = same_local_rank(node_first, d, local, LOCAL, WORLD)
+            dl.notify(signals + WORLD + me, c, k - 1, "set", "inter_node")
 
     # 2. Across nodes: all my rows in one put per node, its signal set after the data.
     mine = gathered + me.to(tl.int64) * stride
     for d in tl.static_range(1, NODES):
         if pid == (d - 1) % grid:
-            c = (node_first + d * LOCAL + local) % WORLD
+            c = same_local_rank(node_first, d, local, LOCAL, WORLD)
             token = dl.wait(signals + WORLD + c, 1, "sys", "acquire", k - 1)
             src = dl.consume_token(mine, token)
             dl.shmem.putmem_signal_block(src, src, n.to(tl.int64) * ELEMENT_BYTES, signals + me, k,
@@ -97,6 +97,6 @@ def ag_gemm_push_2d_kernel(gathered, signals, calls, tickets, n, WORLD: tl.const
 
     # 4. Forwarding: each other node's rows of my local index, once landed here.
     for d in tl.static_range(1, NODES):
-        c = (node_first + d * LOCAL + local) % WORLD
+        c = same_local_rank(node_first, d, local, LOCAL, WORLD)
         dl.wait(signals + c, 1, "sys", "acquire", k)
         _share_to_node(gathered, c, signals, tickets, n, k, node_first, local, stride, grid, WORLD, LOCAL, BLOCK)
