@@ -183,12 +183,12 @@ def _join(process_group, cfg, device: int | None) -> tuple[int, str]:
 def finalize() -> None:
     """Collective: tear triton_dist down on every rank (after which init() may run again).
 
-    Symmetric tensors that are still alive must not be used afterwards. A process that exits
-    without calling this does not hang: nothing collective runs at interpreter exit. (A process
-    whose NVSHMEM was taken down once and brought up again should finalize before it exits:
-    NVSHMEM 3.4.5 left up a second time segfaulted at exit on one H200.) NVSHMEM is
-    taken down too (its heap's GPU memory is returned, less the 1.1 MiB that each NVSHMEM
-    bring-up leaves behind, NVSHMEM's own), unless init() was given ``keep_nvshmem``.
+    Symmetric tensors that are still alive must not be used afterwards. NVSHMEM is taken down too
+    (its heap's GPU memory is returned, less the 1.1 MiB that each NVSHMEM bring-up leaves behind,
+    NVSHMEM's own), unless init() was given ``keep_nvshmem``. A process that exits without calling
+    this does not hang: nothing collective runs at interpreter exit. (One whose NVSHMEM was taken
+    down once and brought up again should finalize before it exits: NVSHMEM 3.4.5 left up a second
+    time segfaulted at exit on one H200.)
 
     The default process group that init() created (none was passed, none existed) is destroyed
     here. A second init() in the same torchrun job then creates it again, and torch's second

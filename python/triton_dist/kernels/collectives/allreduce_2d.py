@@ -11,7 +11,8 @@ takes ``"2d"`` there, and a first call may be captured in a CUDA graph); at one 
 take the method pay nothing. Their symmetric memory, for ``B`` bytes of input: the ReduceScatter's
 staging ``2B``, fp32 inbox and partials (``8 (w - 1) / w`` and ``4 (nodes - 1) / w`` bytes per
 element) and LL buffer; the AllGather's ``gathered`` ``2B`` and ``ce`` ``B`` (which this method
-does not use) and LL buffer."""
+does not use) and LL buffer; and ordinary memory for a padded input and one shard
+(``B (w + 1) / w``)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ class TwoLevelAllReduce:
     (collective to create)."""
 
     def __init__(self, max_numel: int, dtype, world: int, max_programs: int):
+        import torch
+
         self.world = world
         self.shard_numel = triton.cdiv(max_numel, world)
         """Elements of the largest shard (the padded input is ``world`` of them)."""
@@ -38,21 +41,23 @@ class TwoLevelAllReduce:
         self.reduce_scatter = ReduceScatterContext(world * self.shard_numel * dtype.itemsize, dtype,
                                                    max_programs=max_programs)
         self.all_gather = AllGatherContext(self.shard_numel * dtype.itemsize, dtype, max_programs=max_programs)
+        device = self.all_gather.calls.device
+        self._padded = torch.empty(world * self.shard_numel, dtype=dtype, device=device)
+        """A padded input, then the gathered result (the ReduceScatter has read it by then: stream order)."""
+        self._shard = torch.empty(self.shard_numel, dtype=dtype, device=device)
 
     def run(self, x, out) -> None:
         """``out = sum over ranks of x`` (1-D, contiguous, ``x.numel() <= max_numel``; ``out`` may
         be ``x``) on the current stream."""
-        import torch
-
         n = x.numel()
         m = triton.cdiv(n, self.world)
-        padded = x
-        if n != self.world * m:
-            padded = torch.zeros(self.world * m, dtype=x.dtype, device=x.device)
+        whole = n == self.world * m
+        padded = x if whole else self._padded[:self.world * m]
+        if not whole:
+            padded[n:].zero_()
             padded[:n].copy_(x)
-        shard = torch.empty(m, dtype=x.dtype, device=x.device)
+        shard = self._shard[:m]
         self.reduce_scatter.run(padded, shard, "2d")
-        gathered = out if n == self.world * m else torch.empty(self.world * m, dtype=x.dtype, device=x.device)
-        self.all_gather.run(shard, gathered, "2d")
-        if gathered is not out:
-            out.copy_(gathered[:n])
+        self.all_gather.run(shard, out if whole else padded, "2d")
+        if not whole:
+            out.copy_(padded[:n])

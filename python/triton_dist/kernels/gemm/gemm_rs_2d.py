@@ -20,13 +20,15 @@ class GemmThenReduceScatter:
     (collective to create)."""
 
     def __init__(self, max_m: int, n: int, dtype):
+        import torch
+
         self.reduce_scatter = ReduceScatterContext(max_m * n * dtype.itemsize, dtype)
+        self._partials = torch.empty(max_m * n, dtype=dtype, device=self.reduce_scatter.calls.device)
+        """This rank's GEMM of every row (``[M, n]`` in its first ``M * n`` elements)."""
 
     def run(self, a, b, out) -> None:
         """``out`` = this rank's rows of the sum over ranks of ``a @ b.T`` (``a [M, K]``, ``M`` a
         multiple of the world size; ``out [M / world, n]``), on the current stream."""
-        import torch
-
-        partial = torch.empty((a.shape[0], b.shape[0]), dtype=a.dtype, device=a.device)
+        partial = self._partials[:a.shape[0] * b.shape[0]].view(a.shape[0], b.shape[0])
         _gemm.gemm(a, b, out=partial)
         self.reduce_scatter.run(partial.view(-1), out.view(-1), "2d")
