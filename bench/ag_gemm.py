@@ -81,7 +81,7 @@ def _consumer_only(ctx, m, b, out):
     config = gemm_module.pick_config(rows, n, k, ctx.max_programs)
     descs = gemm_module.descriptors(ctx.gathered[:rows * k].view(rows, k), b, out, config)
     allgather_gemm.ag_gemm_consumer_kernel[gemm_module.grid_for(rows, n, config, ctx.max_programs)](
-        *descs, rows, n, k, ctx.pad.signals, ctx.calls, ctx.rank, m, **gemm_module.kernel_meta(config, True))
+        *descs, rows, n, k, ctx.pad.signals, ctx.calls, ctx.rank, m, **ctx.consumer_meta(config))
 
 
 def main() -> int:

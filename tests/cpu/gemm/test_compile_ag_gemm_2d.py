@@ -35,3 +35,37 @@ def test_producer_protocol_per_topology(world, local):
 def test_auto_producer_across_nodes():
     assert policy.ag_gemm_method(1) == "ce_push"
     assert policy.ag_gemm_method(2) == "sm_2d"
+
+
+def _own_node_first(pid_m, num_m, rank, m, bm, local):
+    """kernels/gemm/tile.py's own_node_first, mirrored (Triton's integer ops on non-negative ints)."""
+    node_rows = local * m
+    own_start = -(-(rank // local) * node_rows // bm)
+    p = (pid_m + own_start) % num_m
+    node = p * bm // node_rows
+    start = -(-node * node_rows // bm)
+    end = min(-(-(node + 1) * node_rows // bm), num_m)
+    first = (node * local + rank % local) * m // bm
+    return start + (p - start + max(first - start, 0)) % (end - start)
+
+
+@pytest.mark.parametrize("world,local", [(2, 2), (2, 1), (4, 2), (4, 1), (8, 4), (8, 2), (16, 4)])
+def test_consumer_walks_own_node_first(world, local):
+    """The consumer's m-tile order across nodes: every m-tile once; this node's tiles (a tile is
+    the node's of its first row) first, then the other nodes in order from the next; within a
+    node, from the tile of the rank at this rank's local index; at one node the plain rotation."""
+    for bm in (64, 128):
+        for m in (1, 7, 64, 100, 128, 129, 256, 1000, 4096):
+            num_m = -(-world * m // bm)
+            for rank in range(world):
+                order = [_own_node_first(i, num_m, rank, m, bm, local) for i in range(num_m)]
+                assert sorted(order) == list(range(num_m)), (world, local, m, bm, rank)
+                if local == world:
+                    assert order == [(i + rank * m // bm) % num_m for i in range(num_m)]
+                nodes = [(t * bm // (local * m) - rank // local) % (world // local) for t in order]
+                assert nodes == sorted(nodes), (world, local, m, bm, rank, order)
+                for d in sorted(set(nodes)):
+                    tiles = [t for t, n in zip(order, nodes) if n == d]
+                    source = ((rank // local + d) % (world // local)) * local + rank % local
+                    if m % bm == 0:  # tiles align with ranks' rows: the walk starts at that rank's first tile
+                        assert tiles[0] == source * m // bm, (world, local, m, bm, rank, d, tiles)

@@ -16,9 +16,9 @@ _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.e
 _SMEM_LIMIT = 232448  # bytes of shared memory one program may use on sm_90
 
 
-def _compile(config, dtype, wait_for_rows):
+def _compile(config, dtype, wait_for_rows, node_ranks=0):
     c = gemm_module.config_params(config)
-    meta = gemm_module.kernel_meta(config, wait_for_rows)
+    meta = gemm_module.kernel_meta(config, wait_for_rows, node_ranks=node_ranks)
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
     signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
                  "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>",
@@ -49,9 +49,10 @@ def test_plain_gemm_uses_wgmma_and_tma(config, dtype):
 
 
 
+@pytest.mark.parametrize("node_ranks", [0, 2])  # 2: the walk across nodes of two ranks ("sm_2d")
 @pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
-def test_consumer_loads_of_a_depend_on_the_wait(config):
-    compiled = _compile(config, "bf16", True)
+def test_consumer_loads_of_a_depend_on_the_wait(config, node_ranks):
+    compiled = _compile(config, "bf16", True, node_ranks)
     ptx = compiled.asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     assert not wgmma_serialized(ptx)  # the wait's timeout path must not make a call

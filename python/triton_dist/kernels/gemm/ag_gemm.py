@@ -301,7 +301,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
         for config in _gemm.CONFIGS:
             a_desc, b_desc, c_desc = _gemm.descriptors(a, a, a, config)  # only types and blocks matter
             ag_gemm_consumer_kernel.preload(a_desc, b_desc, c_desc, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
-                                            grid=(1, ), **_gemm.kernel_meta(config, True))
+                                            grid=(1, ), **self.consumer_meta(config))
         self.preload_producer()
 
     def preload_producer(self) -> None:
@@ -335,8 +335,15 @@ class AllGatherGemmContext(OverlappedGemmContext):
         a_desc, b_desc, c_desc = _gemm.descriptors(a, b, out, config)
         ag_gemm_consumer_kernel[_gemm.grid_for(rows, n, config, self.max_programs)](
             a_desc, b_desc, c_desc, rows, n, k, self.pad.signals, self.calls, self.rank, m,
-            **_gemm.kernel_meta(config, True), **_timeline.kernel_args())
+            **self.consumer_meta(config), **_timeline.kernel_args())
         stream.wait_stream(self._side)
+
+    def consumer_meta(self, config: str) -> dict:
+        """The GEMM consumer's constexprs and options for ``config``: with ``"sm_2d"`` across nodes,
+        its tiles of this rank's node first (rows of the rest arrive later: put across, then
+        forwarded within), else rotated to start at this rank's rows."""
+        across = self.method == "sm_2d" and self.local_world < self.world
+        return _gemm.kernel_meta(config, True, node_ranks=self.local_world if across else 0)
 
     def start_gather(self, a_shard):
         """The gather's half of a call (module notes): bump the call counter, this rank's rows into

@@ -27,7 +27,9 @@ for its owner's ack of the previous call, which the owner sends after its GEMM a
 that call are done (the next call's producer waits for the caller's stream, which waited for the
 producer): no write lands where a GEMM or a forward still reads. No cycle: acks need only the
 previous call; step 2 waits for acks, step 4 for step 2 of other ranks. The GEMM leaves the
-kernel's programs their SMs, as for ``"sm_push"``.
+kernel's programs their SMs, as for ``"sm_push"``, and walks its m-tiles in the order rows arrive:
+this node's first (from this rank's own), then each other node's from its rank at this rank's
+local index, whose rows come straight across (:func:`~triton_dist.kernels.gemm.tile.own_node_first`).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ import triton.language as tl
 from ... import language as dl
 from ... import residency as _residency
 from ...language import timeline as _timeline
-from .tile import tile_coords, tile_product
+from .tile import own_node_first, tile_coords, tile_product
 from ..common.tickets import last_to_finish
 
 DTYPES = ("bfloat16", "float16")
@@ -110,11 +110,12 @@ destination (``"push"``), or summing its own tiles in the epilogue with the peer
 GEMM+AllReduce."""
 
 
-def kernel_meta(config: str, wait_for_rows: bool, *, epilogue: str = "store", world: int = 1) -> dict:
+def kernel_meta(config: str, wait_for_rows: bool, *, epilogue: str = "store", world: int = 1,
+                node_ranks: int = 0) -> dict:
     """Launch keyword arguments (constexprs and options) of :func:`gemm_kernel` for ``config``, with
     the ``epilogue`` of :data:`EPILOGUES` (for ``world`` ranks) and ``wait_for_rows`` (the
-    AllGather+GEMM consumer's wait). The plain store passes no ``EPILOGUE``, so the plain GEMM's
-    launch keeps its key."""
+    AllGather+GEMM consumer's wait; ``node_ranks`` > 0: its walk across nodes of that many ranks).
+    The plain store passes no ``EPILOGUE``, so the plain GEMM's launch keeps its key."""
     if epilogue not in EPILOGUES:
         raise ValueError(f"triton_dist gemm: epilogue must be one of {EPILOGUES}, got {epilogue!r}")
     c = config_params(config)
@@ -122,6 +123,8 @@ def kernel_meta(config: str, wait_for_rows: bool, *, epilogue: str = "store", wo
                 WAIT_FOR_ROWS=wait_for_rows, num_warps=c["num_warps"], num_stages=c["NUM_STAGES"])
     if epilogue != "store":
         meta.update(EPILOGUE=epilogue, WORLD=world)
+    if node_ranks:
+        meta.update(NODE_RANKS=node_ranks)
     return meta
 
 
@@ -248,7 +251,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
                 WAIT_FOR_ROWS: tl.constexpr, half_elems=0, EPILOGUE: tl.constexpr = "store",
                 WORLD: tl.constexpr = 1, signal_region=0, out=None, chunk_n=1,
-                chunk_flags=None, tickets=None, timeline=None, TIMELINE: tl.constexpr = False):
+                chunk_flags=None, tickets=None, timeline=None, TIMELINE: tl.constexpr = False,
+                NODE_RANKS: tl.constexpr = 0):
     """``C = A @ B^T`` over a persistent grid. ``a_desc``: ``[M, K]`` block ``[BM, BK]``;
     ``b_desc``: ``[N, K]`` block ``[BN, BK]``; ``c_desc``: ``[M, N]`` block ``[BM, BN]``.
 
@@ -261,7 +265,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     ``WAIT_FOR_ROWS`` (the AllGather+GEMM consumer): rows ``[r * m_per_rank, (r + 1) * m_per_rank)``
     of A are rank ``r``'s and may be read once ``signals[r] >= *calls`` (uint64 signals on this
     GPU, published with release semantics at system scope); this program's rank is ``rank``.
-    Unused otherwise (pass None).
+    ``NODE_RANKS`` > 0: the world is nodes of that many ranks, walked own node first
+    (:func:`~triton_dist.kernels.gemm.tile.own_node_first`). Unused otherwise (pass None).
 
     ``SIGNAL_ROWS`` (the GEMM+ReduceScatter producer, :mod:`~triton_dist.kernels.gemm.gemm_rs`):
     ``M = WORLD * m_per_rank``, rows ``[d * m_per_rank, (d + 1) * m_per_rank)`` of C go to rank
@@ -405,7 +410,10 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             if tiles_per_rank >= GROUP_M // 2:
                 group_size = tl.minimum(tiles_per_rank, GROUP_M)
             pid_m, pid_n = tile_coords(tile, num_m, num_n, group_size)
-            pid_m = (pid_m + shift) % num_m
+            if NODE_RANKS:  # a constexpr; None where a compile check leaves it out
+                pid_m = own_node_first(pid_m, num_m, rank, m_per_rank, BM, NODE_RANKS)
+            else:
+                pid_m = (pid_m + shift) % num_m
             off_m = pid_m * BM
         else:
             pid_m, pid_n = tile_coords(tile, num_m, num_n, GROUP_M)

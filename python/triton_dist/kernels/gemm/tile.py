@@ -1,4 +1,5 @@
-"""One output tile of a Hopper GEMM: where it sits in a grouped walk (:func:`tile_coords`) and its
+"""One output tile of a Hopper GEMM: where it sits in a grouped walk (:func:`tile_coords`; across
+nodes, AllGather+GEMM's node order :func:`own_node_first`) and its
 software-pipelined K loop (:func:`tile_product`), shared by every GEMM kernel of the library (the
 dense :func:`~triton_dist.kernels.gemm.dense.gemm_kernel` with its overlapped epilogues, and the MoE
 grouped GEMM of :mod:`triton_dist.kernels.moe.group_gemm`), so that there is one K loop to tune."""
@@ -56,3 +57,23 @@ def tile_product(a_desc, b_desc, off_m, off_n, k_tiles, token, BM: tl.constexpr,
         b = b_desc.load([off_n, k * BK])
         acc = tl.dot(a, b.T, acc)
     return acc
+
+
+@triton.jit
+def own_node_first(pid_m, num_m, rank, m_per_rank, BM: tl.constexpr, LOCAL: tl.constexpr):
+    """The m-tile at place ``pid_m`` of AllGather+GEMM's walk across nodes of ``LOCAL`` ranks (rank
+    ``r``'s rows at ``[r * m_per_rank, (r + 1) * m_per_rank)``, node ``r // LOCAL``): first this
+    rank's node, from this rank's own rows on; then the following nodes in order, each from the
+    rows of its rank at this rank's local index, which come straight across (``"sm_2d"``; the
+    node's other ranks' rows are forwarded after them). A tile belongs to the node of its first
+    row. A bijection of ``[0, num_m)``: a rotation that puts this node first, then a rotation
+    inside the node the tile belongs to. At one node (``LOCAL`` = world) it is the rotation by the
+    tile of this rank's first row, the one-node walk."""
+    node_rows = LOCAL * m_per_rank
+    own_start = tl.cdiv((rank // LOCAL) * node_rows, BM)
+    p = (pid_m + own_start) % num_m
+    node = (p * BM) // node_rows
+    start = tl.cdiv(node * node_rows, BM)
+    end = tl.minimum(tl.cdiv((node + 1) * node_rows, BM), num_m)
+    first = ((node * LOCAL + rank % LOCAL) * m_per_rank) // BM  # the tile of that rank's first row
+    return start + (p - start + tl.maximum(first - start, 0)) % (end - start)
