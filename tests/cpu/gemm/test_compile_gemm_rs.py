@@ -209,7 +209,7 @@ def test_fused_ce_producer_stages_locally_and_counts_chunks(config, world):
 @pytest.mark.parametrize("m", [1, 100, 512, 4096, 8192])
 def test_fused_ce_chunks_cover_every_tile_once(m):
     """The host's chunks (count and copy regions) and the kernel's chunk numbering
-    (:func:`gemm._copy_chunk`, mirrored here) agree: every tile of a destination falls in exactly one
+    (:func:`triton_dist.kernels.gemm.epilogues.copy_chunk`, mirrored here) agree: every tile of a destination falls in exactly one
     chunk, whose copy region holds exactly that chunk's tiles; the regions tile ``[0, m) x [0, n)``;
     each chunk holds the tile count the kernel expects; there are at least ``CE_MIN_CHUNKS`` of
     them where there are that many tiles, and never more than the signal region has room for."""

@@ -20,7 +20,7 @@ Methods (``method=``):
   64 KiB tile has drained at its ~1/132 share of the link; measured, the op ran 8-21 % over the
   GEMM alone on 2 x H200, about half of the transfer's time. Here the GEMM stores a peer's tile in
   local memory (fast) and counts it in its *chunk* (a group of ``GROUP_M`` m-tiles times
-  ``chunk_n`` n-tiles, :func:`~triton_dist.kernels.gemm.dense._copy_chunk`); the program that stores
+  ``chunk_n`` n-tiles, :func:`~triton_dist.kernels.gemm.epilogues.copy_chunk`); the program that stores
   a chunk's last tile raises the chunk's flag. The context's copy stream ``P`` holds on that flag
   (``cuStreamWaitValue64``, no SM), copies the chunk into the destination's *incoming* rows
   (one 2-D copy-engine copy, :func:`triton_dist.stream_copy_2d`) and sets the destination's
@@ -234,7 +234,7 @@ def copy_engine_chunking(m: int, n: int, itemsize: int, config: str) -> tuple[in
     """``(chunk_n, chunks)`` of ``"fused_ce"`` for ``m`` rows per rank and ``n`` columns: n-tiles
     per chunk (a fixed rule, the same on every rank: about :data:`CE_CHUNK_BYTES` a chunk, and at
     least :data:`CE_MIN_CHUNKS` chunks per destination where there are that many tiles) and the
-    chunks per destination, numbered as :func:`~triton_dist.kernels.gemm.dense._copy_chunk` does."""
+    chunks per destination, numbered as :func:`~triton_dist.kernels.gemm.epilogues.copy_chunk` does."""
     c = _gemm.CONFIGS[config]
     num_n = triton.cdiv(n, c["BN"])
     groups = triton.cdiv(triton.cdiv(m, c["BM"]), c["GROUP_M"])
@@ -245,7 +245,7 @@ def copy_engine_chunking(m: int, n: int, itemsize: int, config: str) -> tuple[in
 
 def copy_engine_chunk_region(chunk: int, m: int, n: int, chunk_n: int, config: str) -> tuple[int, int, int, int]:
     """Rows ``[r0, r1)`` and columns ``[c0, c1)`` (within a destination's ``m x n`` rows) of
-    ``"fused_ce"`` chunk ``chunk``: the tiles :func:`~triton_dist.kernels.gemm.dense._copy_chunk` numbers
+    ``"fused_ce"`` chunk ``chunk``: the tiles :func:`~triton_dist.kernels.gemm.epilogues.copy_chunk` numbers
     so, clipped to ``m`` and ``n``."""
     c = _gemm.CONFIGS[config]
     per_group = triton.cdiv(triton.cdiv(n, c["BN"]), chunk_n)
