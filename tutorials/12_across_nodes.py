@@ -12,9 +12,14 @@ methods then keep every load and store inside a node and send across nodes only 
   other node, then every rank forwards what it received to the ranks of its node;
 - ``reduce_scatter(method="2d")``: the ranks of a node first sum each shard among themselves,
   then each rank puts its node's fp32 partial of the other nodes' shards to their owners;
-- ``all_reduce(method="2d")``: the two above, one after the other.
+- ``all_reduce(method="2d")``: the two above, one after the other;
+- ``ag_gemm(method="sm_2d")``: the AllGather across nodes feeding the GEMM as rows land, which
+  walks its own node's tiles first;
+- ``gemm_rs(method="push_2d")``: each GEMM tile stored in the node rank that gathers its
+  destination's node partial, whose reduce kernel sums and puts it across, tile by tile, while
+  the GEMM runs (``"2d"``: the GEMM, then ``reduce_scatter`` ``"2d"``).
 
-Across several nodes ``"auto"`` picks them. At one node they are the push methods. On one host
+Across several nodes ``"auto"`` picks the ``"2d"`` collectives, ``"sm_2d"`` and ``gemm_rs``'s ``"2d"``. At one node they are the push methods. On one host
 the puts travel over NVLink like everything else, so this proves the protocols (and runs with
 several ranks per GPU under MPS, scripts/gpu-test --local-world L --ranks-per-gpu K), not the
 speed across real nodes, which nothing here has measured.
@@ -64,10 +69,43 @@ def run_all() -> bool:
             same = host_collectives.same_on_every_rank(total)
             ok &= _report(same and torch.allclose(total.float(), want.float(), rtol=2e-2, atol=1e-2),
                           f"all_reduce {method} n={n} (the same bits on every rank: {same})")
+    ok &= _overlapped_gemms(world)
     torch.cuda.synchronize()
     tdist.barrier()
     ops.clear_contexts()
     return ok
+
+
+def _overlapped_gemms(world: int) -> bool:
+    """AllGather+GEMM and GEMM+ReduceScatter across nodes against fp32 references through host
+    memory (bf16 output: a relative tolerance per element)."""
+    ok = True
+    m, n, k = 1000, 1024, 512  # m: not a multiple of the 128-row tile
+    b = _fresh(n * k, 7).view(n, k)
+    for method in ("sm_2d", "auto"):
+        for call in range(3):
+            a_shard = _fresh(m * k, 100 + call).view(m, k)
+            out = torch.full((world * m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            ops.ag_gemm(a_shard, b, out=out, method=method)
+            ref = host_collectives.all_gather(a_shard).float() @ b.float().T
+            ok &= _report(_close(out, ref), f"ag_gemm {method} call {call}")
+    for method in ("push_2d", "2d", "auto"):
+        for call in range(3):
+            a = _fresh(world * m * k, 200 + call).view(world * m, k)
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            ops.gemm_rs(a, b, out=out, method=method)
+            ref = host_collectives.reduce_scatter(a.float() @ b.float().T)
+            ok &= _report(_close(out, ref), f"gemm_rs {method} call {call}")
+    return ok
+
+
+def _close(out, ref) -> bool:
+    """Every element within the rounding of bf16 partials and output of the fp32 reference (1 %
+    of the element, plus 2 % of the reference's RMS for elements near zero, whose error is the
+    partials' rounding), and no NaN left; a missing or stale partial is off by about one RMS."""
+    torch.cuda.synchronize()
+    rms = ref.pow(2).mean().sqrt()
+    return bool(((out.float() - ref).abs() <= 1e-2 * ref.abs() + 2e-2 * rms).all())
 
 
 def main():

@@ -403,7 +403,9 @@ def gemm_rs(a, b, *, out=None, method: str = "auto", context=None, variant: str 
     staged locally and sent by the copy engine in chunks, no SM stalled on NVLink), ``"push"`` or ``"pull"`` (a
     separate reduce kernel on a side stream reads the partials that the GEMM stored into the
     destination's buffer, or into its own), ``"2d"`` (across nodes: the GEMM, then the hierarchical
-    ReduceScatter; not overlapped yet), or ``"auto"`` (fused_ce within a node, 2d across nodes).
+    ReduceScatter), ``"push_2d"`` (across nodes, overlapped: ``"push"`` within each node, then each
+    node's fp32 partial sent across by the reduce kernel), or ``"auto"`` (fused_ce within a node,
+    2d across nodes).
     ``context``: a :class:`~triton_dist.kernels.GemmReduceScatterContext` to use instead of a
     cached one (needed to capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes,
     same method. ``variant``: the name ``method`` had before (deprecated).

@@ -109,3 +109,26 @@ def rank_randn(shape, dtype, seed: int, rank: int | None = None) -> torch.Tensor
     another's by passing its ``rank``."""
     g = rank_generator(seed, dist.get_rank() if rank is None else rank)
     return torch.randn(shape, device="cuda", dtype=torch.float32, generator=g).to(dtype)
+
+
+ELEMENT_RTOL = 2**-7
+"""Of an element's own size: a bf16 output's rounding (half an ulp is at most ``2**-8``) with room
+for fp32 sums taken in another order than the reference's."""
+
+ELEMENT_RMS_TOL = 2**-5
+"""Of the reference's RMS, for every element: the rounding of the bf16/fp16 partials that are
+summed (each up to ``2**-8`` of its own size, which cancellation may leave larger than the sum).
+At eight ranks of random data their summed rounding stays below about a third of this; a missing
+or stale partial is off by about ``1 / sqrt(world)`` of the RMS, ten times more or over."""
+
+
+def tolerance_ratio(got, ref) -> float:
+    """The worst element's error over its own tolerance, ``max |got - ref| / (ELEMENT_RTOL * |ref|
+    + ELEMENT_RMS_TOL * rms(ref))`` in fp32 (at most 1 passes); infinite when ``got`` holds a NaN
+    or an Inf. Every element is held to its own bound: a check normalised by the largest element
+    passes wrong elements that are small."""
+    got, ref = got.float(), ref.float()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    bound = ELEMENT_RTOL * ref.abs() + ELEMENT_RMS_TOL * ref.pow(2).mean().sqrt().clamp_min(1e-30)
+    return float(((got - ref).abs() / bound).max())

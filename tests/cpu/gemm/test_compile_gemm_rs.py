@@ -118,10 +118,10 @@ def test_meta_and_blocks():
     assert "EPILOGUE" not in gemm_module.kernel_meta("large", False)  # the plain GEMM's launch is unchanged
     bm, bn = grs._config_blocks()
     assert bm == 128 and bn == min(c["BN"] for c in gemm_module.CONFIGS.values())
-    assert grs.METHODS == ("auto", "fused", "fused_tma", "fused_ce", "push", "pull", "2d")
+    assert grs.METHODS == ("auto", "fused", "fused_tma", "fused_ce", "push", "pull", "2d", "push_2d")
     assert gemm_policy.GEMM_RS_METHOD in grs.METHODS[1:]
     assert gemm_policy.gemm_rs_method(64, nodes=2) == "2d" and gemm_policy.gemm_rs_method(64) != "2d"
-    assert set(grs.PRODUCER_EPILOGUES) == set(grs.METHODS[1:-1])  # every method but auto and 2d (the plain GEMM)
+    assert set(grs.PRODUCER_EPILOGUES) == set(grs.METHODS) - {"auto", "2d"}  # 2d: the plain GEMM
     assert set(grs.PRODUCER_EPILOGUES.values()) < set(gemm_module.EPILOGUES)
     with pytest.raises(ValueError, match="epilogue must be one of"):
         gemm_module.kernel_meta("large", False, epilogue="reduce_own_nvlink")

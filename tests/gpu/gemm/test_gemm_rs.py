@@ -1,4 +1,4 @@
-"""triton_dist.ops.gemm_rs (GEMM+ReduceScatter), both methods, against torch: the fp32 sum over
+"""triton_dist.ops.gemm_rs (GEMM+ReduceScatter), every method, against torch: the fp32 sum over
 ranks of ``a @ b.T`` (the host all-reduce of each rank's fp32 product), this rank's rows. Back-to-
 back calls with fresh inputs and a NaN-poisoned output (a tile reduced before a rank's partial
 landed, or from the previous call's half, shows up as a large error or a NaN), M not a multiple of
@@ -9,13 +9,12 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as tdist
-from conftest import all_ranks_agree, raises_everywhere, rank_randn
+from conftest import all_ranks_agree, raises_everywhere, rank_randn, tolerance_ratio
 from triton_dist import host_collectives, ops
-from triton_dist.bench.script import relative_error as _rel_error
 from triton_dist.kernels import GemmReduceScatterContext
 
-_REL_TOL = 1e-2  # bf16/fp16 output rounding is 2**-8 relative; a missing or stale partial is O(1)
-_METHODS = ["fused", "fused_tma", "fused_ce", "push", "pull", "2d"]  # 2d: GEMM then RS across nodes
+_TOL = 1.0  # tolerance_ratio: every element within its own bound (conftest)
+_METHODS = ["fused", "fused_tma", "fused_ce", "push", "pull", "2d", "push_2d"]  # *2d: across nodes
 
 
 def _reference(a, b):
@@ -33,8 +32,8 @@ def test_gemm_rs_matches_torch(method, m, n, k):
     out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
     got = ops.gemm_rs(a, b, out=out, method=method)
     torch.cuda.synchronize()
-    err = _rel_error(got, _reference(a, b))
-    all_ranks_agree(got is out and err < _REL_TOL, f"gemm_rs {method} M={world * m} N={n} K={k}: rel error {err}")
+    err = tolerance_ratio(got, _reference(a, b))
+    all_ranks_agree(got is out and err < _TOL, f"gemm_rs {method} M={world * m} N={n} K={k}: error/tolerance {err}")
 
 
 @pytest.mark.parametrize("method", _METHODS + ["auto"])
@@ -51,9 +50,9 @@ def test_gemm_rs_back_to_back(method):
         got = ops.gemm_rs(inputs[i], b, out=outs.get(i, scratch), method=method)
         assert got is outs.get(i, scratch)
     torch.cuda.synchronize()
-    errors = {i: _rel_error(outs[i], _reference(inputs[i], b)) for i in checked}
-    bad = {i: e for i, e in errors.items() if not e < _REL_TOL}
-    all_ranks_agree(not bad, f"gemm_rs {method} back to back: calls with wrong results (call: rel error) {bad}")
+    errors = {i: tolerance_ratio(outs[i], _reference(inputs[i], b)) for i in checked}
+    bad = {i: e for i, e in errors.items() if not e < _TOL}
+    all_ranks_agree(not bad, f"gemm_rs {method} back to back: calls with wrong results (call: error/tolerance) {bad}")
 
 
 def test_fused_ce_with_serialised_launches_queues_copies_first(monkeypatch):
@@ -73,8 +72,8 @@ def test_fused_ce_with_serialised_launches_queues_copies_first(monkeypatch):
     for i in range(calls):
         ops.gemm_rs(inputs[i], b, out=outs[i], method="fused_ce")
     torch.cuda.synchronize()
-    bad = {i: e for i in range(calls) if not (e := _rel_error(outs[i], _reference(inputs[i], b))) < _REL_TOL}
-    all_ranks_agree(not bad, f"gemm_rs fused_ce, copies queued first: wrong results (call: rel error) {bad}")
+    bad = {i: e for i in range(calls) if not (e := tolerance_ratio(outs[i], _reference(inputs[i], b))) < _TOL}
+    all_ranks_agree(not bad, f"gemm_rs fused_ce, copies queued first: wrong results (call: error/tolerance) {bad}")
 
 
 @pytest.mark.parametrize("method", _METHODS)
@@ -93,8 +92,23 @@ def test_gemm_rs_back_to_back_with_changing_rows(method):
         ops.gemm_rs(x, b, out=out, method=method, context=context)
     torch.cuda.synchronize()
     bad = {i: e for i, (x, out) in enumerate(zip(inputs, outs))
-           if not (e := _rel_error(out, _reference(x, b))) < _REL_TOL}
-    all_ranks_agree(not bad, f"gemm_rs {method} with changing M: wrong calls (call: rel error) {bad}")
+           if not (e := tolerance_ratio(out, _reference(x, b))) < _TOL}
+    all_ranks_agree(not bad, f"gemm_rs {method} with changing M: wrong calls (call: error/tolerance) {bad}")
+
+
+def test_push_2d_sums_like_push_at_one_node_and_like_2d_across():
+    """At one node "push_2d" is push's reduction (the same order, the same bits); across nodes it
+    sums each node first, in fp32, then the nodes in order, as "2d" does: within rounding of push."""
+    world, dtype, m, n, k = dist.get_world_size(), torch.bfloat16, 1000, 1024, 512
+    a, b = rank_randn((world * m, k), dtype, 61), rank_randn((n, k), dtype, 62)
+    push = ops.gemm_rs(a, b, method="push")
+    push_2d = ops.gemm_rs(a, b, method="push_2d")
+    torch.cuda.synchronize()
+    if tdist.num_nodes() == 1:
+        all_ranks_agree(torch.equal(push, push_2d), "gemm_rs push_2d at one node: bits differ from push")
+    else:
+        err = tolerance_ratio(push_2d, _reference(a, b))
+        all_ranks_agree(err < _TOL, f"gemm_rs push_2d across {tdist.num_nodes()} nodes: error/tolerance {err}")
 
 
 def test_gemm_rs_alternating_variants_and_fp16():
@@ -106,8 +120,8 @@ def test_gemm_rs_alternating_variants_and_fp16():
     for i, x in enumerate(inputs):
         ops.gemm_rs(x, b, out=outs[i], method=_METHODS[i % len(_METHODS)])
     torch.cuda.synchronize()
-    errors = [_rel_error(o, _reference(x, b)) for o, x in zip(outs, inputs)]
-    all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_rs alternating methods fp16: rel errors {errors}")
+    errors = [tolerance_ratio(o, _reference(x, b)) for o, x in zip(outs, inputs)]
+    all_ranks_agree(all(e < _TOL for e in errors), f"gemm_rs alternating methods fp16: error/tolerance {errors}")
 
 
 def test_gemm_rs_new_tensor():
@@ -116,8 +130,8 @@ def test_gemm_rs_new_tensor():
     got = ops.gemm_rs(a, b)
     torch.cuda.synchronize()
     ok = tuple(got.shape) == (64, 256) and got.dtype == torch.bfloat16
-    err = _rel_error(got, _reference(a, b))
-    all_ranks_agree(ok and err < _REL_TOL, f"gemm_rs new tensor: shape {tuple(got.shape)}, rel error {err}")
+    err = tolerance_ratio(got, _reference(a, b))
+    all_ranks_agree(ok and err < _TOL, f"gemm_rs new tensor: shape {tuple(got.shape)}, error/tolerance {err}")
 
 
 def test_gemm_rs_bad_inputs():
@@ -147,14 +161,14 @@ def test_gemm_rs_bad_inputs():
     # The op still works after the errors.
     got = ops.gemm_rs(a[:world * 32], b, context=small)
     torch.cuda.synchronize()
-    err = _rel_error(got, _reference(a[:world * 32], b))
-    all_ranks_agree(tuple(got.shape) == (32, 64) and err < _REL_TOL, f"gemm_rs after errors: {err}")
+    err = tolerance_ratio(got, _reference(a[:world * 32], b))
+    all_ranks_agree(tuple(got.shape) == (32, 64) and err < _TOL, f"gemm_rs after errors: {err}")
     # variant=, the name method= had before, still works and says so.
     with pytest.warns(DeprecationWarning, match="method="):
         old = ops.gemm_rs(a[:world * 32], b, variant="fused", context=small)
     torch.cuda.synchronize()
-    err = _rel_error(old, _reference(a[:world * 32], b))
-    all_ranks_agree(err < _REL_TOL, f"gemm_rs(variant='fused'): rel error {err}")
+    err = tolerance_ratio(old, _reference(a[:world * 32], b))
+    all_ranks_agree(err < _TOL, f"gemm_rs(variant='fused'): error/tolerance {err}")
 
 
 @pytest.mark.parametrize("method", _METHODS)
@@ -182,8 +196,8 @@ def test_gemm_rs_cuda_graph_replay(method):
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        errors.append(_rel_error(out, _reference(a, b)))
-    all_ranks_agree(all(e < _REL_TOL for e in errors), f"gemm_rs {method} graph replays: rel errors {errors}")
+        errors.append(tolerance_ratio(out, _reference(a, b)))
+    all_ranks_agree(all(e < _TOL for e in errors), f"gemm_rs {method} graph replays: error/tolerance {errors}")
 
 
 @pytest.mark.parametrize("method", _METHODS)
@@ -199,7 +213,7 @@ def test_gemm_rs_protocol_on_one_rank(method):
         out = torch.full((1000, n), float("nan"), device="cuda", dtype=dtype)
         ops.gemm_rs(a, b, out=out, method=method, context=context)
         torch.cuda.synchronize()
-        err = _rel_error(out, _reference(a, b))
-        if not err < _REL_TOL:
+        err = tolerance_ratio(out, _reference(a, b))
+        if not err < _TOL:
             bad.append((i, err))
-    all_ranks_agree(not bad, f"gemm_rs {method} with the protocol forced on: wrong calls (call, rel error) {bad}")
+    all_ranks_agree(not bad, f"gemm_rs {method} with the protocol forced on: wrong calls (call, error/tolerance) {bad}")

@@ -44,7 +44,7 @@ from ... import language as dl
 from ... import residency as _residency
 from ...language import timeline as _timeline
 from .tile import own_node_first, tile_coords, tile_product
-from .epilogues import all_reduce_tile, copy_chunk, publish_pending, sum_own_tile
+from .epilogues import all_reduce_tile, copy_chunk, partial_destination, publish_pending, sum_own_tile
 
 DTYPES = ("bfloat16", "float16")
 
@@ -115,7 +115,8 @@ def kernel_meta(config: str, wait_for_rows: bool, *, epilogue: str = "store", wo
                 node_ranks: int = 0) -> dict:
     """Launch keyword arguments (constexprs and options) of :func:`gemm_kernel` for ``config``, with
     the ``epilogue`` of :data:`EPILOGUES` (for ``world`` ranks) and ``wait_for_rows`` (the
-    AllGather+GEMM consumer's wait; ``node_ranks`` > 0: its walk across nodes of that many ranks).
+    AllGather+GEMM consumer's wait; ``node_ranks`` > 0: its walk, or ``"rows_to_peer"``'s
+    destinations, across nodes of that many ranks).
     The plain store passes no ``EPILOGUE``, so the plain GEMM's launch keeps its key."""
     if epilogue not in EPILOGUES:
         raise ValueError(f"triton_dist gemm: epilogue must be one of {EPILOGUES}, got {epilogue!r}")
@@ -125,6 +126,9 @@ def kernel_meta(config: str, wait_for_rows: bool, *, epilogue: str = "store", wo
     if epilogue != "store":
         meta.update(EPILOGUE=epilogue, WORLD=world)
     if node_ranks:
+        if not wait_for_rows and epilogue != "rows_to_peer":
+            raise ValueError(f"triton_dist gemm: node_ranks walks AllGather+GEMM's consumer or sends "
+                             f"'rows_to_peer' partials across nodes, not epilogue {epilogue!r}")
         meta.update(NODE_RANKS=node_ranks)
     return meta
 
@@ -172,6 +176,10 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     ``signal_region``: signals per source rank, fixed for the context (not ``T``, which depends on
     the call's M: a region that moved with M would let a peer already on the next call set the
     signals of tiles this rank's reduce still waits for in this one).
+    With ``NODE_RANKS`` (``"rows_to_peer"`` across nodes, :mod:`~triton_dist.kernels.gemm.gemm_rs_2d`)
+    a tile of destination ``d`` goes to this node's rank of ``d``'s local index instead, in slot
+    ``local * NODES + d // NODE_RANKS`` of its rows and signals
+    (:func:`~triton_dist.kernels.gemm.epilogues.partial_destination`).
 
     ``REDUCE_OWN`` (with ``SIGNAL_ROWS``, the ``"fused"`` GEMM+ReduceScatter): the peers' tiles come
     first (``(WORLD - 1) * T`` of them, destinations interleaved from ``rank + 1``), stored into the
@@ -279,6 +287,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 local_tile = tile // WORLD
             pid_m, pid_n = tile_coords(local_tile, local_m, num_n, GROUP_M)
             off_m = dest * m_per_rank + pid_m * BM
+            target, target_slot = partial_destination(rank, dest, WORLD, NODE_RANKS)
         elif WAIT_FOR_ROWS:
             # Groups no taller than one rank's rows: the first group is then this rank's own rows
             # for every n, as the rotation by `shift` intends. A group spanning two ranks' rows
@@ -319,8 +328,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             cols = off_n + tl.arange(0, BN)
             mask = (rows < m_per_rank)[:, None] & (cols < stride)[None, :]
             if PEER_EPILOGUE:
-                base = tl.multiple_of(dl.symm_at(c_desc, dest), 16) + half  # symm_at loses alignment
-                first = rank * m_per_rank
+                base = tl.multiple_of(dl.symm_at(c_desc, target), 16) + half  # symm_at loses alignment
+                first = target_slot * m_per_rank
             elif PEER_COPY_ENGINE:
                 base = c_desc + outgoing
                 first = dest * m_per_rank
@@ -331,7 +340,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             # Before any wait below: a program never waits while holding back a signal.
             publish_pending(signals, chunk_flags, tickets, pending_tile, pending_dest, pending_count, epoch,
                              PEER_TMA, PEER_COPY_ENGINE)
-            signal = rank * signal_region + local_tile
+            signal = target_slot * signal_region + local_tile
             if REDUCE_OWN:
                 if PEER_COPY_ENGINE:
                     chunk, chunk_tiles = copy_chunk(pid_m, pid_n, local_m, num_n, chunk_n, GROUP_M)
@@ -359,7 +368,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             else:
                 tl.store(ptrs, acc.to(c_desc.dtype.element_ty), mask=mask)
                 pending_tile = signal
-            pending_dest = dest
+            pending_dest = target
         elif ALL_REDUCE:
             all_reduce_tile(acc, c_desc + half, c_desc, half, out, signals, off_m, off_n, M, stride, rank, tile,
                              signal_region, epoch, WORLD, BM, BN)

@@ -1,5 +1,5 @@
 """The epilogues of :func:`~triton_dist.kernels.gemm.dense.gemm_kernel` beyond the plain store, one
-tile at a time: GEMM+ReduceScatter's signals (sent one tile late) and copy-engine chunk counts,
+tile at a time: GEMM+ReduceScatter's destinations, signals (sent one tile late) and copy-engine chunk counts,
 the fused method's sum of an own tile, and GEMM+AllReduce's push, signal and sum. The tile loop and
 its notes (what each ``EPILOGUE`` means, the orders, why nothing deadlocks) stay in
 :mod:`~triton_dist.kernels.gemm.dense`."""
@@ -11,6 +11,21 @@ import triton.language as tl
 
 from ... import language as dl
 from ..common.tickets import last_to_finish
+
+
+@triton.jit
+def partial_destination(rank, dest, WORLD: tl.constexpr, NODE_RANKS: tl.constexpr):
+    """``(target, slot)``: the rank whose buffer takes this rank's partial of destination
+    ``dest``'s rows, and the slot (of rows and of signal regions) there. At one node (``NODE_RANKS``
+    0 or None): ``dest`` itself, slot ``rank``. Across nodes of ``NODE_RANKS`` ranks: the rank of
+    this node at ``dest``'s local index, slot ``local * NODES + dest's node``, where the node's
+    partials of ``dest``'s rows meet to be summed and sent across once
+    (:mod:`~triton_dist.kernels.gemm.gemm_rs_2d`)."""
+    if NODE_RANKS:
+        NODES: tl.constexpr = WORLD // NODE_RANKS
+        return (rank // NODE_RANKS) * NODE_RANKS + dest % NODE_RANKS, (rank % NODE_RANKS) * NODES + dest // NODE_RANKS
+    else:
+        return dest, rank
 
 
 @triton.jit

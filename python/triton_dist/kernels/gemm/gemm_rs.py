@@ -143,7 +143,7 @@ from ...stream_schedule import StreamSchedule
 from ...symmetric import peer_tensor, symm_empty
 from . import dense as _gemm
 from .context import OverlappedGemmContext
-from .gemm_rs_2d import GemmThenReduceScatter
+from .gemm_rs_2d import GemmThenReduceScatter, PushAcrossNodes
 from . import policy as _policy
 from . import tile as _gemm_tile
 from ..common import call_counter as _call_counter
@@ -176,11 +176,11 @@ CE_SCHEDULES_KEPT = 64
 the driver copies a schedule's operations when they are enqueued or captured, so dropping one is
 safe at any time)."""
 
-METHODS = ("auto", "fused", "fused_tma", "fused_ce", "push", "pull", "2d")
-"""``"2d"``: across nodes, the plain GEMM then the hierarchical ReduceScatter
-(:mod:`~triton_dist.kernels.gemm.gemm_rs_2d`; not overlapped yet)."""
+METHODS = ("auto", "fused", "fused_tma", "fused_ce", "push", "pull", "2d", "push_2d")
+"""Across nodes (:mod:`~triton_dist.kernels.gemm.gemm_rs_2d`): ``"2d"``, the plain GEMM then the
+hierarchical ReduceScatter; ``"push_2d"``, ``"push"`` made node-aware, overlapped."""
 PRODUCER_EPILOGUES = {"fused": "reduce_own", "fused_tma": "reduce_own_tma", "fused_ce": "reduce_own_ce",
-                      "push": "rows_to_peer", "pull": "rows_here"}
+                      "push": "rows_to_peer", "pull": "rows_here", "push_2d": "rows_to_peer"}
 """The GEMM's ``EPILOGUE`` (:data:`triton_dist.kernels.gemm.dense.EPILOGUES`) for each method."""
 
 gemm_rs_producer_kernel = DistributedKernel(_gemm.gemm_kernel)
@@ -328,12 +328,17 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         self.gemm_then_reduce_scatter = None
         """``"2d"``'s ReduceScatter (:class:`~triton_dist.kernels.gemm.gemm_rs_2d.GemmThenReduceScatter`):
         made here across several nodes, else by the first ``"2d"`` call."""
+        self.push_across_nodes = None
+        """``"push_2d"``'s buffers (:class:`~triton_dist.kernels.gemm.gemm_rs_2d.PushAcrossNodes`):
+        made here across several nodes, else by the first ``"push_2d"`` call."""
         self.nodes = self.world // _runtime.local_world_size()
         if self.nodes > 1:
-            self._across_nodes()
+            self._across_nodes("2d")
+            self._across_nodes("push_2d")
         self.ready()
 
-    def _reduce_meta(self, config: str, peer_epilogue: bool) -> dict:
+    def reduce_meta(self, config: str, peer_epilogue: bool) -> dict:
+        """The reduce kernel's constexprs and options for GEMM ``config``."""
         c = _gemm.CONFIGS[config]
         return dict(WORLD=self.world, BM=c["BM"], BN=c["BN"], GROUP_M=c["GROUP_M"],
                     ROWS=max(1, REDUCE_TILE_ELEMS // c["BN"]), PEER_EPILOGUE=peer_epilogue, num_warps=8)
@@ -352,7 +357,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
                 gemm_rs_producer_kernel.preload(a_desc, b_desc, p, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
                                                 half_elems=2, signal_region=2, out=p, grid=(1, ), **meta)
                 gemm_rs_reduce_kernel.preload(p, p, self.pad.signals, self.calls, 2, self.n, 2, 2, grid=(1, ),
-                                              **self._reduce_meta(config, peer))
+                                              **self.reduce_meta(config, peer))
             for epilogue in ("reduce_own", "reduce_own_tma"):
                 meta = _gemm.kernel_meta(config, False, epilogue=epilogue, world=self.world)
                 compiled = gemm_rs_producer_kernel.preload(a_desc, b_desc, p, 2, 2, 2, self.pad.signals, self.calls,
@@ -383,13 +388,15 @@ class GemmReduceScatterContext(OverlappedGemmContext):
             return
         method = _policy.gemm_rs_method(big_m // self.world, self.nodes) if method == "auto" else method
         if method == "2d":
-            self._across_nodes().run(a, b, out)
+            self._across_nodes("2d").run(a, b, out)
             return
         if method == "fused_ce":
             self._run_fused_ce(a, b, out)
             return
         fused = method in ("fused", "fused_tma")
-        peer = method == "push"
+        peer = method in ("push", "push_2d")
+        across = self._across_nodes("push_2d") if method == "push_2d" else None
+        signals = across.pad.signals if across else self.pad.signals
         m = big_m // self.world
         max_programs = self.num_sms if fused else self.max_programs
         config = _gemm.pick_config(big_m, n, k, max_programs)
@@ -407,11 +414,11 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         self._bumped.record(stream)
         grid = (max(1, min(self.world * tiles, max_programs)), )
         with self._scratch.installed():
-            gemm_rs_producer_kernel[grid](a_desc, b_desc, self.partials, big_m, n, k, self.pad.signals, self.calls,
+            meta = (across.producer_meta(self, config) if across else
+                    _gemm.kernel_meta(config, False, epilogue=PRODUCER_EPILOGUES[method], world=self.world))
+            gemm_rs_producer_kernel[grid](a_desc, b_desc, self.partials, big_m, n, k, signals, self.calls,
                                           self.rank, m, half_elems=self.half,  # after the constexprs: by name
-                                          signal_region=self.tiles_per_rank, out=target,
-                                          **_gemm.kernel_meta(config, False, epilogue=PRODUCER_EPILOGUES[method],
-                                                              world=self.world),
+                                          signal_region=self.tiles_per_rank, out=target, **meta,
                                           **_timeline.kernel_args())
         if fused:
             if target is not out:
@@ -419,9 +426,13 @@ class GemmReduceScatterContext(OverlappedGemmContext):
             return
         self._side.wait_event(self._bumped)
         with torch.cuda.stream(self._side):
-            gemm_rs_reduce_kernel[(min(tiles, self.reduce_sms), )](self.partials, target, self.pad.signals,
-                                                                   self.calls, m, n, self.half, self.tiles_per_rank,
-                                                                   **self._reduce_meta(config, peer))
+            if across:
+                across.reduce(self, config, target, m, min(tiles, self.reduce_sms))
+            else:
+                gemm_rs_reduce_kernel[(min(tiles, self.reduce_sms), )](self.partials, target, self.pad.signals,
+                                                                       self.calls, m, n, self.half,
+                                                                       self.tiles_per_rank,
+                                                                       **self.reduce_meta(config, peer))
         stream.wait_stream(self._side)
         if target is not out:
             out.copy_(target)
@@ -446,17 +457,22 @@ class GemmReduceScatterContext(OverlappedGemmContext):
                 schedule.write(self._peer_ce_pad[d], me * region + chunk, 1)
         return schedule
 
-    def _across_nodes(self):
-        """:attr:`gemm_then_reduce_scatter`, made on first use (collective, like every call)."""
-        if self.gemm_then_reduce_scatter is None:
+    def _across_nodes(self, method: str):
+        """:attr:`gemm_then_reduce_scatter` (``"2d"``) or :attr:`push_across_nodes` (``"push_2d"``),
+        made on first use (collective, like every call)."""
+        made = self.gemm_then_reduce_scatter if method == "2d" else self.push_across_nodes
+        if made is None:
             import torch
 
             if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError("triton_dist gemm_rs: the first method='2d' call of a context makes its "
-                                   "ReduceScatter context, which cannot happen during CUDA graph capture; make one "
-                                   "uncaptured '2d' call first")
-            self.gemm_then_reduce_scatter = GemmThenReduceScatter(self.max_m, self.n, self.dtype)
-        return self.gemm_then_reduce_scatter
+                raise RuntimeError(f"triton_dist gemm_rs: the first method={method!r} call of a context makes its "
+                                   "buffers across nodes, which cannot happen during CUDA graph capture; make one "
+                                   f"uncaptured {method!r} call first")
+            if method == "2d":
+                made = self.gemm_then_reduce_scatter = GemmThenReduceScatter(self.max_m, self.n, self.dtype)
+            else:
+                made = self.push_across_nodes = PushAcrossNodes(self, gemm_rs_producer_kernel)
+        return made
 
     def _run_fused_ce(self, a, b, out) -> None:
         """``"fused_ce"`` (module notes, "Copy-engine protocol"); arguments as :meth:`run`."""
