@@ -269,7 +269,11 @@ class GemmReduceScatterContext(OverlappedGemmContext):
     symmetric allocations; creating it compiles and loads every kernel (every method's, for both GEMM
     configs, since ``K`` is per call) and ends with a barrier. Symmetric memory: ``4 * max_m * n``
     elements (``partials`` and ``"fused_ce"``'s ``ce_rows``) plus ``2 * world * cdiv(max_m /
-    world, 128) * cdiv(n, 128) + world`` signals. ``reduce_sms``: SMs
+    world, 128) * cdiv(n, 128) + world`` signals; across nodes (or from the first call of either
+    method at one node) also ``"2d"``'s ReduceScatter context and ``"push_2d"``'s pad (``(world +
+    nodes - 1) * cdiv(max_m / world, 128) * cdiv(n, 128)`` signals), fp32 inbox (two halves of
+    ``nodes - 1`` slots of about ``max_m / world * n``) and staging tiles (``reduce_sms * 128 *
+    256`` fp32, :class:`~triton_dist.kernels.gemm.gemm_rs_2d.PushAcrossNodes`). ``reduce_sms``: SMs
     left to the reduce kernel (default :data:`REDUCE_SMS`). Call with :meth:`run` (or
     :func:`triton_dist.ops.gemm_rs`); every rank makes the same calls in the same order with the
     same ``M``, ``K`` and method. Calls may be captured in a CUDA graph and replayed.

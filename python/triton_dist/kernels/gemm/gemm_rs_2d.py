@@ -192,6 +192,10 @@ class PushAcrossNodes:
         self.inbox = symm_empty((max(1, 2 * (self.nodes - 1) * self.inbox_slot), ), torch.float32)
         self.staging = symm_empty((ctx.reduce_sms * bm * bn_max, ), torch.float32)
         self.preload(ctx, producer)
+        # The pad was zeroed on this rank's stream: made by a first call (at one node), a faster
+        # rank's GEMM could otherwise set signals here that the zeroing, still queued, then wipes.
+        torch.cuda.synchronize()
+        _runtime.barrier()
 
     def producer_meta(self, ctx, config: str) -> dict:
         """The producer GEMM's constexprs and options (``"push"``'s, node-aware)."""
