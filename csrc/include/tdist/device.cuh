@@ -80,140 +80,111 @@ struct Bits {
 
 // One PTX instruction per (scope, semantic) pair: PTX takes them as part of the opcode, so the
 // string must be a literal; these macros spell each combination once.
-#define TDIST_SCOPED(MACRO, SEM, ...)     \
-  if constexpr (S == Scope::cta) {        \
-    MACRO(SEM ".cta", __VA_ARGS__);       \
-  } else if constexpr (S == Scope::gpu) { \
-    MACRO(SEM ".gpu", __VA_ARGS__);       \
-  } else {                                \
-    MACRO(SEM ".sys", __VA_ARGS__);       \
+#define TDIST_SCOPED(MACRO, SEM, ...)            \
+  if constexpr (S == Scope::cta) {               \
+    MACRO(SEM ".cta" __VA_OPT__(, ) __VA_ARGS__) \
+  } else if constexpr (S == Scope::gpu) {        \
+    MACRO(SEM ".gpu" __VA_OPT__(, ) __VA_ARGS__) \
+  } else {                                       \
+    MACRO(SEM ".sys" __VA_OPT__(, ) __VA_ARGS__) \
   }
 
-#define TDIST_LD_ASM(QUAL, BITS, C) \
-  asm volatile("ld." QUAL ".global.b" #BITS " %0, [%1];" : "=" C(v) : "l"(p) : "memory")
-#define TDIST_ST_ASM(QUAL, BITS, C) \
-  asm volatile("st." QUAL ".global.b" #BITS " [%0], %1;" : : "l"(p), C(v) : "memory")
-#define TDIST_ATOM_ASM(QUAL, OP, TYPE, C)                           \
-  asm volatile("atom." QUAL ".global." OP "." TYPE " %0, [%1], %2;" \
-               : "=" C(old)                                         \
-               : "l"(p), C(v)                                       \
-               : "memory")
-#define TDIST_CAS_ASM(QUAL, TYPE, C)                                 \
-  asm volatile("atom." QUAL ".global.cas." TYPE " %0, [%1], %2, %3;" \
-               : "=" C(old)                                          \
-               : "l"(p), C(cmp), C(v)                                \
-               : "memory")
+// B (std::uint32_t or std::uint64_t) picks the width; the register constraint ("r" or "l") must
+// be a literal too, so each macro spells both widths once.
+#define TDIST_LD_ASM(QUAL)                                                          \
+  if constexpr (sizeof(B) == 4) {                                                   \
+    asm volatile("ld." QUAL ".global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); \
+  } else {                                                                          \
+    asm volatile("ld." QUAL ".global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); \
+  }
+#define TDIST_ST_ASM(QUAL)                                                          \
+  if constexpr (sizeof(B) == 4) {                                                   \
+    asm volatile("st." QUAL ".global.b32 [%0], %1;" : : "l"(p), "r"(v) : "memory"); \
+  } else {                                                                          \
+    asm volatile("st." QUAL ".global.b64 [%0], %1;" : : "l"(p), "l"(v) : "memory"); \
+  }
+// OP is "add" (KIND "u") or "exch" (KIND "b").
+#define TDIST_ATOM_ASM(QUAL, OP, KIND)                                  \
+  if constexpr (sizeof(B) == 4) {                                       \
+    asm volatile("atom." QUAL ".global." OP "." KIND "32 %0, [%1], %2;" \
+                 : "=r"(old)                                            \
+                 : "l"(p), "r"(v)                                       \
+                 : "memory");                                           \
+  } else {                                                              \
+    asm volatile("atom." QUAL ".global." OP "." KIND "64 %0, [%1], %2;" \
+                 : "=l"(old)                                            \
+                 : "l"(p), "l"(v)                                       \
+                 : "memory");                                           \
+  }
+#define TDIST_CAS_ASM(QUAL)                                       \
+  if constexpr (sizeof(B) == 4) {                                 \
+    asm volatile("atom." QUAL ".global.cas.b32 %0, [%1], %2, %3;" \
+                 : "=r"(old)                                      \
+                 : "l"(p), "r"(cmp), "r"(v)                       \
+                 : "memory");                                     \
+  } else {                                                        \
+    asm volatile("atom." QUAL ".global.cas.b64 %0, [%1], %2, %3;" \
+                 : "=l"(old)                                      \
+                 : "l"(p), "l"(cmp), "l"(v)                       \
+                 : "memory");                                     \
+  }
 
-template <Scope S, Semantic M>
-__device__ __forceinline__ std::uint32_t ld32(const void* p) {
-  std::uint32_t v;
+template <Scope S, Semantic M, class B>
+__device__ __forceinline__ B ld_bits(const void* p) {
+  B v;
   if constexpr (M == Semantic::volatile_) {
-    TDIST_LD_ASM("volatile", 32, "r");
+    TDIST_LD_ASM("volatile")
   } else if constexpr (M == Semantic::relaxed) {
-    TDIST_SCOPED(TDIST_LD_ASM, "relaxed", 32, "r")
+    TDIST_SCOPED(TDIST_LD_ASM, "relaxed")
   } else {
-    TDIST_SCOPED(TDIST_LD_ASM, "acquire", 32, "r")
+    TDIST_SCOPED(TDIST_LD_ASM, "acquire")
   }
   return v;
 }
 
-template <Scope S, Semantic M>
-__device__ __forceinline__ std::uint64_t ld64(const void* p) {
-  std::uint64_t v;
+template <Scope S, Semantic M, class B>
+__device__ __forceinline__ void st_bits(void* p, B v) {
   if constexpr (M == Semantic::volatile_) {
-    TDIST_LD_ASM("volatile", 64, "l");
+    TDIST_ST_ASM("volatile")
   } else if constexpr (M == Semantic::relaxed) {
-    TDIST_SCOPED(TDIST_LD_ASM, "relaxed", 64, "l")
+    TDIST_SCOPED(TDIST_ST_ASM, "relaxed")
   } else {
-    TDIST_SCOPED(TDIST_LD_ASM, "acquire", 64, "l")
-  }
-  return v;
-}
-
-template <Scope S, Semantic M>
-__device__ __forceinline__ void st32(void* p, std::uint32_t v) {
-  if constexpr (M == Semantic::volatile_) {
-    TDIST_ST_ASM("volatile", 32, "r");
-  } else if constexpr (M == Semantic::relaxed) {
-    TDIST_SCOPED(TDIST_ST_ASM, "relaxed", 32, "r")
-  } else {
-    TDIST_SCOPED(TDIST_ST_ASM, "release", 32, "r")
+    TDIST_SCOPED(TDIST_ST_ASM, "release")
   }
 }
 
-template <Scope S, Semantic M>
-__device__ __forceinline__ void st64(void* p, std::uint64_t v) {
-  if constexpr (M == Semantic::volatile_) {
-    TDIST_ST_ASM("volatile", 64, "l");
-  } else if constexpr (M == Semantic::relaxed) {
-    TDIST_SCOPED(TDIST_ST_ASM, "relaxed", 64, "l")
-  } else {
-    TDIST_SCOPED(TDIST_ST_ASM, "release", 64, "l")
-  }
-}
-
-// OP is "add" (TYPE u32/u64) or "exch" (TYPE b32/b64).
-#define TDIST_ATOM_BODY(OP, TYPE, C)                     \
-  if constexpr (M == Semantic::relaxed) {                \
-    TDIST_SCOPED(TDIST_ATOM_ASM, "relaxed", OP, TYPE, C) \
-  } else if constexpr (M == Semantic::acquire) {         \
-    TDIST_SCOPED(TDIST_ATOM_ASM, "acquire", OP, TYPE, C) \
-  } else if constexpr (M == Semantic::release) {         \
-    TDIST_SCOPED(TDIST_ATOM_ASM, "release", OP, TYPE, C) \
-  } else {                                               \
-    TDIST_SCOPED(TDIST_ATOM_ASM, "acq_rel", OP, TYPE, C) \
+// Every atomic semantic; MACRO is TDIST_ATOM_ASM or TDIST_CAS_ASM.
+#define TDIST_ATOMIC_BODY(MACRO, ...)                         \
+  if constexpr (M == Semantic::relaxed) {                     \
+    TDIST_SCOPED(MACRO, "relaxed" __VA_OPT__(, ) __VA_ARGS__) \
+  } else if constexpr (M == Semantic::acquire) {              \
+    TDIST_SCOPED(MACRO, "acquire" __VA_OPT__(, ) __VA_ARGS__) \
+  } else if constexpr (M == Semantic::release) {              \
+    TDIST_SCOPED(MACRO, "release" __VA_OPT__(, ) __VA_ARGS__) \
+  } else {                                                    \
+    TDIST_SCOPED(MACRO, "acq_rel" __VA_OPT__(, ) __VA_ARGS__) \
   }
 
-#define TDIST_CAS_BODY(TYPE, C)                     \
-  if constexpr (M == Semantic::relaxed) {           \
-    TDIST_SCOPED(TDIST_CAS_ASM, "relaxed", TYPE, C) \
-  } else if constexpr (M == Semantic::acquire) {    \
-    TDIST_SCOPED(TDIST_CAS_ASM, "acquire", TYPE, C) \
-  } else if constexpr (M == Semantic::release) {    \
-    TDIST_SCOPED(TDIST_CAS_ASM, "release", TYPE, C) \
-  } else {                                          \
-    TDIST_SCOPED(TDIST_CAS_ASM, "acq_rel", TYPE, C) \
-  }
-
-template <Scope S, Semantic M>
-__device__ __forceinline__ std::uint32_t atom_add32(void* p, std::uint32_t v) {
-  std::uint32_t old;
-  TDIST_ATOM_BODY("add", "u32", "r")
+template <Scope S, Semantic M, class B>
+__device__ __forceinline__ B atom_add_bits(void* p, B v) {
+  B old;
+  TDIST_ATOMIC_BODY(TDIST_ATOM_ASM, "add", "u")
   return old;
 }
-template <Scope S, Semantic M>
-__device__ __forceinline__ std::uint64_t atom_add64(void* p, std::uint64_t v) {
-  std::uint64_t old;
-  TDIST_ATOM_BODY("add", "u64", "l")
+template <Scope S, Semantic M, class B>
+__device__ __forceinline__ B atom_exch_bits(void* p, B v) {
+  B old;
+  TDIST_ATOMIC_BODY(TDIST_ATOM_ASM, "exch", "b")
   return old;
 }
-template <Scope S, Semantic M>
-__device__ __forceinline__ std::uint32_t atom_exch32(void* p, std::uint32_t v) {
-  std::uint32_t old;
-  TDIST_ATOM_BODY("exch", "b32", "r")
-  return old;
-}
-template <Scope S, Semantic M>
-__device__ __forceinline__ std::uint64_t atom_exch64(void* p, std::uint64_t v) {
-  std::uint64_t old;
-  TDIST_ATOM_BODY("exch", "b64", "l")
-  return old;
-}
-template <Scope S, Semantic M>
-__device__ __forceinline__ std::uint32_t atom_cas32(void* p, std::uint32_t cmp, std::uint32_t v) {
-  std::uint32_t old;
-  TDIST_CAS_BODY("b32", "r")
-  return old;
-}
-template <Scope S, Semantic M>
-__device__ __forceinline__ std::uint64_t atom_cas64(void* p, std::uint64_t cmp, std::uint64_t v) {
-  std::uint64_t old;
-  TDIST_CAS_BODY("b64", "l")
+template <Scope S, Semantic M, class B>
+__device__ __forceinline__ B atom_cas_bits(void* p, B cmp, B v) {
+  B old;
+  TDIST_ATOMIC_BODY(TDIST_CAS_ASM)
   return old;
 }
 
-#undef TDIST_CAS_BODY
-#undef TDIST_ATOM_BODY
+#undef TDIST_ATOMIC_BODY
 #undef TDIST_CAS_ASM
 #undef TDIST_ATOM_ASM
 #undef TDIST_ST_ASM
@@ -299,11 +270,7 @@ template <Scope S, Semantic M = Semantic::acquire, class T>
 __device__ __forceinline__ T ld(const T* p) {
   static_assert(detail::is_load_semantic<M>, "ld: semantic must be relaxed, acquire or volatile_");
   using B = typename detail::Bits<T>::type;
-  if constexpr (sizeof(T) == 4) {
-    return detail::bit_cast<T>(static_cast<B>(detail::ld32<S, M>(p)));
-  } else {
-    return detail::bit_cast<T>(static_cast<B>(detail::ld64<S, M>(p)));
-  }
+  return detail::bit_cast<T>(detail::ld_bits<S, M, B>(p));
 }
 
 /// Store `v` to `*p` with `st.M.S` (M: relaxed, release or volatile_); 32- or 64-bit T.
@@ -313,11 +280,7 @@ template <Scope S, Semantic M = Semantic::release, class T>
 __device__ __forceinline__ void st(T* p, T v) {
   static_assert(detail::is_store_semantic<M>, "st: semantic must be relaxed, release or volatile_");
   using B = typename detail::Bits<T>::type;
-  if constexpr (sizeof(T) == 4) {
-    detail::st32<S, M>(p, detail::bit_cast<B>(v));
-  } else {
-    detail::st64<S, M>(p, detail::bit_cast<B>(v));
-  }
+  detail::st_bits<S, M, B>(p, detail::bit_cast<B>(v));
 }
 
 /// `fence.acq_rel.S`: the calling thread's accesses before it are ordered before its accesses
@@ -340,11 +303,7 @@ __device__ __forceinline__ T atomic_add(T* p, T v) {
   static_assert(detail::is_atomic_semantic<M>, "atomics take relaxed, acquire, release or acq_rel");
   static_assert(std::is_integral<T>::value, "atomic_add: integer types only");
   using B = typename detail::Bits<T>::type;
-  if constexpr (sizeof(T) == 4) {
-    return detail::bit_cast<T>(detail::atom_add32<S, M>(p, detail::bit_cast<B>(v)));
-  } else {
-    return detail::bit_cast<T>(detail::atom_add64<S, M>(p, detail::bit_cast<B>(v)));
-  }
+  return detail::bit_cast<T>(detail::atom_add_bits<S, M, B>(p, detail::bit_cast<B>(v)));
 }
 
 /// Atomically exchange `*p` with `v` (`atom.M.S.global.exch`); returns the old value. Any
@@ -353,11 +312,7 @@ template <Scope S, Semantic M, class T>
 __device__ __forceinline__ T atomic_xchg(T* p, T v) {
   static_assert(detail::is_atomic_semantic<M>, "atomics take relaxed, acquire, release or acq_rel");
   using B = typename detail::Bits<T>::type;
-  if constexpr (sizeof(T) == 4) {
-    return detail::bit_cast<T>(detail::atom_exch32<S, M>(p, detail::bit_cast<B>(v)));
-  } else {
-    return detail::bit_cast<T>(detail::atom_exch64<S, M>(p, detail::bit_cast<B>(v)));
-  }
+  return detail::bit_cast<T>(detail::atom_exch_bits<S, M, B>(p, detail::bit_cast<B>(v)));
 }
 
 /// Atomically `if (*p == compare) *p = v` (`atom.M.S.global.cas`); returns the old value.
@@ -366,13 +321,8 @@ template <Scope S, Semantic M, class T>
 __device__ __forceinline__ T atomic_cas(T* p, T compare, T v) {
   static_assert(detail::is_atomic_semantic<M>, "atomics take relaxed, acquire, release or acq_rel");
   using B = typename detail::Bits<T>::type;
-  if constexpr (sizeof(T) == 4) {
-    return detail::bit_cast<T>(
-        detail::atom_cas32<S, M>(p, detail::bit_cast<B>(compare), detail::bit_cast<B>(v)));
-  } else {
-    return detail::bit_cast<T>(
-        detail::atom_cas64<S, M>(p, detail::bit_cast<B>(compare), detail::bit_cast<B>(v)));
-  }
+  return detail::bit_cast<T>(
+      detail::atom_cas_bits<S, M, B>(p, detail::bit_cast<B>(compare), detail::bit_cast<B>(v)));
 }
 
 /// This thread's index in its CTA along x. Any thread.
