@@ -2,9 +2,9 @@
 each handed to ``_C.KernelLauncher`` with the rules Triton specialised it under.
 
 Why: Triton's launch path re-derives a kernel's specialisation from every argument in Python,
-builds its cache key and calls a generated launcher, 6-13 µs of host time per kernel on the GPU
-machine against 3-4 µs for the driver call alone (issue 21); the library's small collectives
-launch one to three kernels per call. Here the first launch of each (device, keyword arguments)
+builds its cache key and calls a generated launcher, several times the driver call's own host
+time per kernel (measured on the GPU machine for issue 21, not kept in a result file); the
+library's small collectives launch one to three kernels per call. Here the first launch of each (device, keyword arguments)
 goes through Triton, which compiles or finds the variant and loads it; the variant is then
 learnt: its function handle, launch shape and, per runtime argument, Triton's kind (i32, i64,
 pointer of a dtype, ...), whether it assumed divisibility by 16, and the runtime arguments it

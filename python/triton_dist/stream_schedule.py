@@ -1,9 +1,9 @@
 """StreamSchedule: a copy-engine protocol's stream operations, recorded once and enqueued per call.
 
 A copy-engine producer enqueues a few operations per chunk and destination (wait for the tile's
-flag, reset it, copy, publish the peer's flag). Issued one by one from Python each costs ~15 µs of
-host time; GEMM+ReduceScatter's ``"fused_ce"`` spent 1.3-3.2 ms per call that way (2x H200, eager
-timings in ``bench/results/h200-x2/gemm_rs.json`` at a9498d2), more than the GEMM at small M. The
+flag, reset it, copy, publish the peer's flag). Issued one by one from Python they cost
+GEMM+ReduceScatter's ``"fused_ce"`` more host time per call than the GEMM takes at small M (2x
+H200, eager timings in ``bench/results/h200-x2/gemm_rs.json``). The
 operations' addresses and values are fixed per shape (the protocols use 0/1 flags for exactly
 this reason: a CUDA graph replays them unchanged too), so a context records them once per shape
 and :meth:`StreamSchedule.enqueue` hands them to the C++ core in one call, which merges

@@ -53,8 +53,8 @@ Inputs and outputs need not be symmetric; only the context's buffers are.
 
 Methods added after the first GPU run (``ce_push`` spent ~30 % of its time on the copy-out from
 ``ce`` into ``out`` after the transfer, at 256 MiB per rank); they passed their tests on 2 x H200
-at b5fc68f and are measured in bench/results/h200-x2/allgather.json (256 MiB per rank:
-``sm_zero_copy`` 814 us, ``ce_zero_copy`` 871 us, ``ce_chunked`` 1209 us, ``ce_push`` 996 us):
+and are measured in bench/results/h200-x2/allgather.json (at 256 MiB per rank ``sm_zero_copy``
+was the fastest, then ``ce_zero_copy``, ``ce_push`` and ``ce_chunked``):
 
 ``"ce_chunked"`` (:meth:`AllGatherContext._run_ce_chunked`): ``ce_push`` with the copy-out
 overlapped with the transfer. Same staging buffer ``ce``, counter ``ce_calls`` and phase-0 wait /

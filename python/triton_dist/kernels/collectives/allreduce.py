@@ -62,11 +62,11 @@ which is why LL is for latency-bound sizes only. Reuse of the LL buffer between 
 Copy-engine two-shot (``"ce_two_shot"``, :meth:`AllReduceContext._run_ce_two_shot`), meant for the
 largest sizes: two-shot with both transfers on copy engines, in chunks, so that the SMs only add
 and the NVLink traffic of one chunk overlaps the reduction of the one before. Measured on 2 x H200
-at baea078 (bench/results/h200-x2/allreduce_baea078.json): 233, 613 and 1134 µs at 32, 128 and 256 MiB,
-against two-shot's 242, 560 and 1194 and NCCL's 170, 490 and 921: not the win its byte count
-promises (each direction carries one push and one pull of a half, 268 MB at 256 MiB, ~730 µs at
-the measured copy-engine bandwidth); why is not yet known (the pulls' read bandwidth is the first
-suspect). Later runs put it level with two-shot at 256 MiB and ahead at 1 GB, so ``"auto"`` uses
+(bench/results/h200-x2/allreduce_baea078.json, 32 to 256 MiB): level with two-shot and behind
+NCCL, not the win its byte count promises (each direction carries one push and one pull of a
+half, 268 MB at 256 MiB); why is not yet known (the pulls' read bandwidth is the first suspect).
+Later runs (bench/results/h200-x2/allreduce.json) put it level with two-shot at 256 MiB and ahead
+at 1 GiB, so ``"auto"`` uses
 it from :data:`~triton_dist.kernels.collectives.policy.ALL_REDUCE_CE_TWO_SHOT_MIN_BYTES` on two ranks. The shards are those of
 two-shot; each is cut into ``chunks`` chunks of ``chunk_tiles`` tiles
 (:meth:`AllReduceContext.ce_chunking`). Streams: the caller's ``S``, a push stream ``P`` and a pull

@@ -82,9 +82,9 @@ to finish its share (a ticket counter per peer, :mod:`~triton_dist.kernels.commo
 with acq_rel at system scope so that each program's count releases its own NVLink stores) sets
 ``ready[me] = k`` on ``r`` (release, system scope). Same reasoning as ``ce_push``: the ready
 value is released after every store of the rows it announces. What it buys: one kernel launch
-instead of ``2 * world - 1`` stream operations, so the first rows land after a few microseconds
-instead of the copy engine's ~20 (bench/results/h200-x2/allgather.json, small messages:
-``sm_push`` 7 us, ``ce_push`` 20 us); what it costs: ``push_programs`` SMs taken from the GEMM.
+instead of ``2 * world - 1`` stream operations, so the first rows land sooner than the copy
+engine's (bench/results/h200-x2/allgather.json, small messages: ``sm_push`` in about a third of
+``ce_push``'s time); what it costs: ``push_programs`` SMs taken from the GEMM.
 
 SMs: the consumer spins while the producer's kernels still have to run on this GPU, so the
 GEMM's persistent grid leaves SMs free (its programs use > 114 KiB of shared memory each, so at
@@ -134,8 +134,8 @@ made by a kernel of a few SMs; see the module notes)."""
 
 PUSH_PROGRAMS = 8
 """``"sm_push"``'s programs (and SMs taken from the GEMM) by default. Only 8 was measured
-(bench/results/h200-x2/ag_gemm.json, 1ab0466): ahead of ``ce_push`` at M=1024 (373 against 383 us),
-1-10 % behind from M=2048 up, where the 8 SMs cost the GEMM more than the copy engine's latency.
+(bench/results/h200-x2/ag_gemm.json): ahead of ``ce_push`` at M=1024, 1-10 % behind from M=2048
+up, where the 8 SMs cost the GEMM more than the copy engine's latency.
 With fewer SMs (ranks sharing a GPU under MPS) the default is at most half of those the shared-GPU
 headroom (:func:`triton_dist.residency.headroom_sms`) leaves, so that the GEMM keeps the rest."""
 

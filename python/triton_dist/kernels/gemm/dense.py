@@ -295,8 +295,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             # first wave, whose programs then all waited for the transfer. The price is reading B
             # once per group instead of once per GROUP_M m-tiles; below GROUP_M / 2 m-tiles a rank
             # the GEMM is short enough for that to cost more than the (short) transfer it waits
-            # for, so full groups stay. Measured at M = 1024 (bench/results/h200-x2/ag_gemm.json,
-            # a9498d2): 0.93 of the bound, up from 0.84; the threshold itself is an estimate.
+            # for, so full groups stay. Measured at M = 1024 (bench/results/h200-x2/ag_gemm.json):
+            # 0.93 of the bound, up from 0.84; the threshold itself is an estimate.
             tiles_per_rank = m_per_rank // BM
             group_size = GROUP_M
             if tiles_per_rank >= GROUP_M // 2:

@@ -45,9 +45,9 @@ Two tile loops (``method=``, :data:`METHODS`):
   keeps ``cdiv(N, 128) * split_k`` within the SMs, asserted at launch), all resident, each
   signalling before it waits; with one slice, the argument of ``"output_tiles"`` below. The
   price: ``split_k`` times the partial bytes of ``"output_tiles"``. Measured on 2 x H200
-  (bench/gemm_ar.py at 523650f, µs, split_k against output_tiles): 30 against 44 on
-  1x4096x7168, 68 against 97 on 1x8192x14336, 45 against 29 at 64 rows on 8b
-  (:func:`triton_dist.kernels.gemm.policy.gemm_ar_method` has the rule).
+  (bench/results/h200-x2/gemm_ar.json): ahead of ``"output_tiles"`` at one row (1x4096x7168,
+  1x8192x14336), behind at 64 rows (:func:`triton_dist.kernels.gemm.policy.gemm_ar_method` has
+  the rule).
 
 No deadlock (``"output_tiles"``): a program signals its tile before it waits, tile ``t`` is
 program ``t % grid``'s on every rank (the grid depends only on the shape and the SM count), and the grid is at most one

@@ -506,7 +506,8 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         # which needs every peer's copies; and where ranks share a GPU, two streams of a process
         # may share one MPS work queue, so a GEMM queued ahead of this rank's copies holds them
         # back while it waits for the peers', whose GEMMs hold theirs: a ring (the back-to-back
-        # test hung so at world 4 on one H200; 95be54a saw the same queue sharing).
+        # test hung so at world 4 on one H200; the device.cuh fresh-tile GPU test met the same
+        # queue sharing, with a consumer queued ahead of its own producer).
         cfg = _config.get()
         copies_first = cfg.serialised_launches or cfg.ranks_per_gpu > 1
         if copies_first:
