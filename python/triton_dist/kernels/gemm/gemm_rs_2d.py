@@ -18,8 +18,8 @@ when the GEMM has finished.
 2. the reduce kernel (:func:`gemm_rs_reduce_2d_kernel`, :data:`~.gemm_rs.REDUCE_SMS` programs on
    the side stream, beside the GEMM), first for each other node ``d`` (from the next): per tile of
    destination ``(d, local)``, wait for the slots ``l * NODES + d`` of every rank of the node, sum
-   them (fp32, local order) into the program's ``staging`` tile and send it to ``(d, local)`` with
-   one ``putmem_signal_block`` into its ``inbox`` slot ``(node - d - 1) % NODES``, tile ``t``,
+   them (fp32, local order) into the program's ``staging`` tile and send its rows below ``m`` to
+   ``(d, local)`` with one ``putmem_signal_block`` into its ``inbox`` slot ``(node - d - 1) % NODES``, tile ``t``,
    setting inbox signal ``slot * R + t`` there after the data (the only traffic between nodes);
 3. then this rank's own tiles: wait for the node's slots ``l * NODES + node`` and for the inbox
    signals of every other node, and store the sum over nodes in node order (this node's partial
@@ -145,7 +145,10 @@ def gemm_rs_reduce_2d_kernel(partials, inbox, staging, out, signals, calls, m, N
                 tl.store(mine + (r0 + sub_rows)[:, None] * BN + tile_cols[None, :], acc)  # zeros where masked
             tl.debug_barrier()  # every thread's part stored before the block-wide put reads the tile
             theirs = NODES - 1 - j  # (node - d - 1) % NODES: my slot in the receiver's inbox
-            dl.shmem.putmem_signal_block(inbox_half + theirs * slot + t * TILE, mine, TILE * 4,
+            # Only the tile's rows below m cross (its first rows, contiguous in mine): the receiver
+            # reads the rest but stores none of them.
+            rows_here = tl.minimum(m - pid_m * BM, BM)
+            dl.shmem.putmem_signal_block(inbox_half + theirs * slot + t * TILE, mine, rows_here * (BN * 4),
                                          inbox_signals + theirs * signal_region + t, epoch, dl.shmem.SIGNAL_SET,
                                          d * LOCAL + local)
             tl.debug_barrier()  # the put returned in every thread before the next tile overwrites mine
