@@ -19,6 +19,10 @@ Program ``p`` owns the contiguous elements ``[p * chunk, (p + 1) * chunk)`` of e
    order of each node's partial (its own node's summed here, in local-rank order, from ``x`` and
    ``stage``), in fp32, rounded once.
 
+One kernel, not the seeds' two streams (the intra-node scatter on one, the reduction and the
+traffic between nodes on the other): each program takes its chunk through the three steps on its
+own, so one chunk's put leaves as soon as its node partial is summed while other chunks are still
+being scattered, the overlap the two streams give, with no host-side split or cross-stream event.
 Only step 2's puts cross nodes. At one node the kernel is the push method's reduction (the same
 order, the same bits); across nodes the order is (node, local rank), not rank order, so bits may
 differ from push's in the last place. No deadlock: step 1 waits for nothing, step 2 for step 1 of
