@@ -78,3 +78,52 @@ def test_push_2d_is_a_method_but_not_auto():
 
     assert "push_2d" in grs.METHODS and grs.PRODUCER_EPILOGUES["push_2d"] == "rows_to_peer"
     assert policy.gemm_rs_method(1024, 2) == "2d"
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+@pytest.mark.parametrize("world,local", _TOPOLOGIES + [(16, 4)])
+def test_every_signal_has_one_writer_and_every_read_fits(world, local):
+    """A model of "push_2d"'s indices (epilogues.partial_destination and the reduce kernel, mirrored;
+    the sizes as PushAcrossNodes computes them): per call every signal of the method's pad has one
+    writer, each wait names the writer of the data it reads, and no slot runs past its buffer."""
+    nodes, bm = world // local, 128
+    bn_max = max(c["BN"] for c in gemm_module.CONFIGS.values())
+    for max_m, n in ((world * 100, 136), (world * 1027, 1000), (world * 4096, 256)):
+        region = _cdiv(_cdiv(max_m, world), bm) * _cdiv(n, 128)  # the context's tiles_per_rank
+        inbox_slot = _cdiv(_cdiv(max_m, world), bm) * bm * _cdiv(n, bn_max) * bn_max
+        for m in sorted({1, min(129, max_m // world), max_m // world}):
+            for bn in sorted({c["BN"] for c in gemm_module.CONFIGS.values()}):
+                tiles = _cdiv(m, bm) * _cdiv(n, bn)
+                assert tiles <= region and tiles * bm * bn <= inbox_slot
+                writers = {}
+                for me in range(world):  # the producer GEMMs: destinations interleaved, as in dense.py
+                    for tile in range(world * tiles):
+                        dest, t = (me + 1 + tile % world) % world, tile // world
+                        target = (me // local) * local + dest % local
+                        slot = (me % local) * nodes + dest // local
+                        assert target // local == me // local and (slot + 1) * m * n <= max_m * n
+                        assert (target, slot * region + t) not in writers
+                        writers[(target, slot * region + t)] = ("gemm", me, dest, t)
+                for me in range(world):  # the reduce kernels' puts (step 2)
+                    node, lr = divmod(me, local)
+                    for j in range(1, nodes):
+                        d, theirs = (node + j) % nodes, nodes - 1 - j
+                        for t in range(tiles):
+                            for l in range(local):
+                                assert writers[(me, (l * nodes + d) * region + t)] == ("gemm", node * local + l,
+                                                                                      d * local + lr, t)
+                            key = (d * local + lr, world * region + theirs * region + t)
+                            assert key not in writers
+                            writers[key] = ("put", me, t)
+                for me in range(world):  # step 3: my own rows
+                    node, lr = divmod(me, local)
+                    for t in range(tiles):
+                        for l in range(local):
+                            assert writers[(me, (l * nodes + node) * region + t)] == ("gemm", node * local + l, me, t)
+                        for q in range(nodes - 1):
+                            sender = ((node + q + 1) % nodes) * local + lr
+                            assert writers[(me, world * region + q * region + t)] == ("put", sender, t)
+                assert all(index < (world + nodes - 1) * region for _, index in writers)
