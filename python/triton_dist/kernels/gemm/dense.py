@@ -116,8 +116,8 @@ def kernel_meta(config: str, wait_for_rows: bool, *, epilogue: str = "store", wo
     """Launch keyword arguments (constexprs and options) of :func:`gemm_kernel` for ``config``, with
     the ``epilogue`` of :data:`EPILOGUES` (for ``world`` ranks) and ``wait_for_rows`` (the
     AllGather+GEMM consumer's wait; ``node_ranks`` > 0: its walk, or ``"rows_to_peer"``'s
-    destinations, across nodes of that many ranks).
-    The plain store passes no ``EPILOGUE``, so the plain GEMM's launch keeps its key."""
+    destinations, across nodes of that many ranks). The plain store passes no ``EPILOGUE``, so
+    the plain GEMM's launch keeps its key."""
     if epilogue not in EPILOGUES:
         raise ValueError(f"triton_dist gemm: epilogue must be one of {EPILOGUES}, got {epilogue!r}")
     c = config_params(config)
