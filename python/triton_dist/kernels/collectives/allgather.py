@@ -147,6 +147,7 @@ from ... import runtime as _runtime
 from ...signals import SignalPad
 from ...symmetric import peer_tensor, symm_empty
 from ..common import call_counter as _call_counter
+from ..common import reach as _reach
 from ..common.chunks import chunk_and_grid
 from ..common.context import CollectiveContext
 from ..common.ll_buffer import ll_buffer
@@ -265,7 +266,8 @@ class AllGatherContext(CollectiveContext):
         self.ce_calls = torch.zeros(1, dtype=torch.int64, device=self.calls.device)
         """The device-side count of ``ce_push`` and ``ce_chunked`` calls (their ``k``; the two share
         the ``ce`` buffer and its acks)."""
-        self._ce_peers = [peer_tensor(self.ce, r) if r != self.rank else self.ce for r in range(self.world)]
+        mapped = _reach.mapped_peer_tensors(self.ce, self.unmapped)
+        self._ce_peers = [self.ce if r == self.rank else mapped.get(r) for r in range(self.world)]
         self._side = side_stream(self.calls.device)
         self.ce_chunk_bytes = ce_chunk_bytes
         """``"ce_chunked"``'s smallest chunk in bytes (:data:`CE_CHUNK_BYTES` unless given; the
@@ -407,6 +409,7 @@ class AllGatherContext(CollectiveContext):
         nbytes = n * self.dtype.itemsize
         if method == "auto":
             method = self.method_for(nbytes, nbytes > _policy.ALL_GATHER_SM_MAX_BYTES and _symmetric_span(out))
+        _reach.check_reach("all_gather", method, ("2d", "ll_2d"), self.unmapped, self.rank)
         if method in ("ll", "ll_2d") and nbytes > self.ll_max_bytes:
             raise ValueError(f"triton_dist all_gather: method {method!r} takes at most {self.ll_max_bytes} bytes per "
                              f"rank, got {nbytes}; use 'sm_push', 'ce_push', '2d' or 'auto'")

@@ -144,7 +144,7 @@ import triton
 
 from ... import runtime as _runtime
 from ...signals import SignalPad, stream_wait_value64, stream_write_value64
-from ...symmetric import peer_tensor, symm_empty
+from ...symmetric import symm_empty
 from .allreduce_kernels import (all_reduce_ce_reduce_kernel, all_reduce_one_shot_kernel, all_reduce_ring_kernel,
                                 all_reduce_two_shot_kernel, ll_reduce_kernel)
 from . import policy as _policy
@@ -152,6 +152,7 @@ from .allreduce_2d import TwoLevelAllReduce
 from ..common.context import CollectiveContext
 from ..common.ll_buffer import ll_buffer
 from ..common.ll_protocol import LL_BLOCK
+from ..common import reach as _reach
 from ..common.rank_barrier import rank_barrier_kernel
 from ..common.streams import side_stream
 
@@ -223,10 +224,9 @@ class AllReduceContext(CollectiveContext):
         self.ce_pad = SignalPad(2 * self.world * self.CE_MAX_CHUNKS + self.world, owner="AllReduceContext ce_two_shot")
         self._ce_barrier = 2 * self.world * self.CE_MAX_CHUNKS
         self.ce_tickets = torch.zeros(self.CE_MAX_CHUNKS, dtype=torch.int32, device=self.calls.device)
-        peers = [r for r in range(self.world) if r != self.rank]
-        self._peer_stage = {r: peer_tensor(self.stage, r) for r in peers}
-        self._peer_gather = {r: peer_tensor(self.gather, r) for r in peers}
-        self._peer_ce_pad = {r: peer_tensor(self.ce_pad.signals, r) for r in peers}
+        self._peer_stage = _reach.mapped_peer_tensors(self.stage, self.unmapped)
+        self._peer_gather = _reach.mapped_peer_tensors(self.gather, self.unmapped)
+        self._peer_ce_pad = _reach.mapped_peer_tensors(self.ce_pad.signals, self.unmapped)
         self._push = side_stream(self.calls.device)
         self._pull = side_stream(self.calls.device)
         self._started = torch.cuda.Event()
@@ -320,6 +320,7 @@ class AllReduceContext(CollectiveContext):
         if method not in self.METHODS[1:]:
             raise ValueError(f"triton_dist AllReduceContext.run: method must be one of {self.METHODS[1:]}, got "
                              f"{method!r}")
+        _reach.check_reach("all_reduce", method, ("2d", ), self.unmapped, self.rank)
         if n == 0:
             return
         nbytes = n * self.dtype.itemsize

@@ -54,6 +54,7 @@ from .allreduce_kernels import ll_reduce_kernel
 from ... import runtime as _runtime
 from ..common.chunks import chunk_and_grid
 from ..common.context import CollectiveContext
+from ..common import reach as _reach
 from ..common.ll_buffer import ll_buffer
 from ..common.ll_protocol import LL_BLOCK
 from ..common.tiles import copy_program_tiles, each_tile, load_tile, store_tile
@@ -275,6 +276,7 @@ class ReduceScatterContext(CollectiveContext):
         if method == "auto":
             method = _policy.reduce_scatter_method(n * self.dtype.itemsize, self.world,
                                                    self.world // self.local_world)
+        _reach.check_reach("reduce_scatter", method, ("2d", ), self.unmapped, self.rank)
         m = n // self.world
         vec = self.vec if m % self.vec == 0 else 1
         # The preloaded variants assume 16-byte aligned pointers: a misaligned tensor would

@@ -23,6 +23,7 @@ from ... import runtime as _runtime
 from ...signals import SignalPad
 from ...symmetric import symm_empty
 from . import call_counter as _call_counter
+from . import reach as _reach
 from .ll_protocol import LL_BLOCK
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -75,6 +76,8 @@ class CollectiveContext:
         self.dtype = dtype
         self.world = _runtime.world_size()
         self.rank = _runtime.rank()
+        self.unmapped = _reach.unmapped_ranks()
+        """Ranks whose memory this process cannot map (other hosts; :mod:`.reach`)."""
         self.max_numel = max_numel
         self.max_bytes = max_numel * dtype.itemsize
         device = torch.device("cuda", torch.cuda.current_device())

@@ -110,11 +110,12 @@ from ... import runtime as _runtime
 from ...distributed_jit import DistributedKernel, jit
 from ...renamed import method_or_old_name
 from ...signals import SignalPad
-from ...symmetric import peer_tensor, symm_empty
+from ...symmetric import symm_empty
 from . import dense as _gemm
 from .ag_gemm_2d import ag_gemm_push_2d_kernel
 from .context import OverlappedGemmContext
 from ..common import call_counter as _call_counter
+from ..common import reach as _reach
 from ..common.streams import side_stream
 from ... import timeline as _timeline
 from ..common.tickets import last_to_finish
@@ -247,6 +248,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
                          max_m_per_rank=max_m_per_rank, k=k)
         if method not in METHODS:
             raise ValueError(f"triton_dist AllGatherGemmContext: method must be one of {METHODS}, got {method!r}")
+        _reach.check_reach("AllGatherGemmContext", method, ("sm_2d", ), self.unmapped, self.rank)  # before any allocation
         self.method = method
         """The producer (:data:`METHODS`)."""
         if self.world * max_m_per_rank * k >= 2**31:
@@ -284,7 +286,8 @@ class AllGatherGemmContext(OverlappedGemmContext):
         self.local_world = _runtime.local_world_size()
         """Ranks per node (``"sm_2d"``'s ``LOCAL``)."""
         exposed = self.shard if pull else self.gathered
-        self._peers = [peer_tensor(exposed, r) if r != self.rank else exposed for r in range(self.world)]
+        mapped = _reach.mapped_peer_tensors(exposed, self.unmapped)
+        self._peers = [exposed if r == self.rank else mapped.get(r) for r in range(self.world)]
         self._side = side_stream(self.device)
         # Where ranks share a GPU, the caller's stream waits for the copy-engine producers' first
         # signal kernel (phase 0 or 2) before the GEMM (start_gather says why); None elsewhere.

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ... import parallel_compile as _parallel_compile
 from ... import runtime as _runtime
 from . import dense as _gemm
+from ..common import reach as _reach
 
 
 class OverlappedGemmContext:
@@ -32,6 +33,8 @@ class OverlappedGemmContext:
         self.op = op
         self.world = _runtime.world_size()
         self.rank = _runtime.rank()
+        self.unmapped = _reach.unmapped_ranks()
+        """Ranks whose memory this process cannot map (other hosts; :mod:`~triton_dist.kernels.common.reach`)."""
         self.dtype = dtype
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.num_sms = _gemm.num_sms(self.device)

@@ -71,6 +71,7 @@ from . import dense as _gemm
 from .context import OverlappedGemmContext
 from . import policy as _policy
 from ..common import call_counter as _call_counter
+from ..common import reach as _reach
 
 CONFIG = "small"
 """The GEMM config of calls with more than ``gemm.SKINNY_MAX_M`` rows (128x128 tiles): with 128x256
@@ -286,6 +287,7 @@ class GemmAllReduceContext(OverlappedGemmContext):
             return
         if method == "auto":
             method = _policy.gemm_ar_method(m, SPLIT_K_MAX_M)
+        _reach.check_reach("gemm_ar", method, (), self.unmapped, self.rank)
         # The preloaded kernels assume a 16-byte aligned output: another would load here, possibly
         # while a peer spins.
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)

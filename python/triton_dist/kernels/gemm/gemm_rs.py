@@ -140,13 +140,14 @@ from ... import runtime as _runtime
 from ...distributed_jit import DistributedKernel, jit
 from ...signals import SignalPad
 from ...stream_schedule import StreamSchedule
-from ...symmetric import peer_tensor, symm_empty
+from ...symmetric import symm_empty
 from . import dense as _gemm
 from .context import OverlappedGemmContext
 from .gemm_rs_2d import GemmThenReduceScatter, PushAcrossNodes
 from . import policy as _policy
 from . import tile as _gemm_tile
 from ..common import call_counter as _call_counter
+from ..common import reach as _reach
 from ... import timeline as _timeline
 from ..common.scratch import GlobalScratch
 from ..common.streams import side_stream
@@ -318,12 +319,11 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         self.ce_pad.signals.view(torch.int64)[self._ack:].fill_(1)  # nothing sent yet, nothing to read
         self.chunk_flags = torch.zeros(self.world * self.tiles_per_rank, dtype=torch.int64, device=self.device)
         self.tickets = torch.zeros(self.world * self.tiles_per_rank, dtype=torch.int32, device=self.device)
-        peers = [r for r in range(self.world) if r != self.rank]
-        self._peer_ce_rows = {r: peer_tensor(self.ce_rows, r) for r in peers}
-        self._peer_ce_pad = {r: peer_tensor(self.ce_pad.signals, r) for r in peers}
+        self._peer_ce_rows = _reach.mapped_peer_tensors(self.ce_rows, self.unmapped)
+        self._peer_ce_pad = _reach.mapped_peer_tensors(self.ce_pad.signals, self.unmapped)
         self._ce_schedules: dict[tuple[int, str], StreamSchedule] = {}  # (M, GEMM config) -> copy stream's work
         self._acks = StreamSchedule()  # after my GEMM: every peer may send me the next call's rows
-        for i in range(1, self.world):
+        for i in range(1, self.world if not self.unmapped else 1):  # fused_ce within a host only
             d = (self.rank + i) % self.world
             self._acks.write(self._peer_ce_pad[d], self._ack + self.rank, 1)
         self._side = side_stream(self.device)
@@ -391,6 +391,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         if big_m == 0 or self.ran_plain_gemm(a, b, out):
             return
         method = _policy.gemm_rs_method(big_m // self.world, self.nodes) if method == "auto" else method
+        _reach.check_reach("gemm_rs", method, ("2d", "push_2d"), self.unmapped, self.rank)
         if method == "2d":
             self._across_nodes("2d").run(a, b, out)
             return
