@@ -92,6 +92,12 @@ def ptx_calls(ptx: str) -> list[str]:
     return re.findall(r"call(?:\.uni)?\s+(?:\([^)]*\),\s*)?([A-Za-z_$][\w$]*)", ptx)
 
 
+def put_signal_paths(ptx: str) -> int:
+    """How many calls of NVSHMEM's put-with-signal transfer path a PTX module makes: one per
+    ``putmem_signal`` call site that may cross nodes (the P2P branch inlines its stores)."""
+    return sum("nvshmemi_transfer_put_signal" in c for c in ptx_calls(ptx))
+
+
 _DEFINITION = re.compile(r"^\s*(%[\w.]+)(?::\d+)?\s*=\s*(.*)$")
 _REGION_OPS = re.compile(r"^(scf\.if|scf\.for|scf\.while)\b")
 _QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')

@@ -11,7 +11,7 @@ import pytest
 
 from triton_dist.kernels.collectives import allgather_2d, policy
 from triton_dist.kernels.common import chunks
-from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls
+from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls, put_signal_paths
 
 _SPIN = "ld.acquire.sys.global.u64"
 _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
@@ -30,8 +30,7 @@ def _ptx(world, local, dt="bf16", aligned=True):
 def test_only_puts_cross_nodes(world, local):
     ptx = _ptx(world, local)
     nodes = world // local
-    transfers = [c for c in ptx_calls(ptx) if "nvshmemi_transfer_put_signal" in c]
-    assert len(transfers) == nodes - 1, ptx_calls(ptx)
+    assert put_signal_paths(ptx) == nodes - 1, ptx_calls(ptx)
     # Step 1 notifies the node's other ranks of this rank's chunk, step 3 of each other node's.
     assert len(re.findall(_RELEASE, ptx)) == (local - 1) * nodes
     # A wait (two acquire spins: the first try, the timed loop) per other rank: the counterparts

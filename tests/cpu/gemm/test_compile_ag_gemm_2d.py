@@ -9,7 +9,7 @@ import re
 import pytest
 
 from triton_dist.kernels.gemm import ag_gemm, ag_gemm_2d, policy
-from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls
+from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls, put_signal_paths
 
 _SPIN = "ld.acquire.sys.global.u64"
 _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
@@ -23,7 +23,7 @@ def test_producer_protocol_per_topology(world, local):
                              dict(WORLD=world, LOCAL=local, ELEMENT_BYTES=2, BLOCK=ag_gemm.PUSH_BLOCK),
                              num_warps=8).asm["ptx"]
     nodes = world // local
-    assert len([c for c in ptx_calls(ptx) if "nvshmemi_transfer_put_signal" in c]) == nodes - 1
+    assert put_signal_paths(ptx) == nodes - 1, ptx_calls(ptx)
     # Acks to the node's other ranks, then a ready per block of rows (own + one per other node) and peer.
     assert len(re.findall(_RELEASE, ptx)) == (local - 1) * (1 + nodes)
     assert len(re.findall(_TICKET, ptx)) == (local - 1) * nodes

@@ -12,7 +12,7 @@ import pytest
 from triton_dist.kernels.gemm import dense as gemm_module
 from triton_dist.kernels.gemm import gemm_rs as grs
 from triton_dist.kernels.gemm import gemm_rs_2d
-from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls
+from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls, put_signal_paths
 
 _SPIN = "ld.acquire.sys.global.u64"
 _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
@@ -60,8 +60,7 @@ def test_node_ranks_only_where_it_means_something():
 def test_reduce_puts_across_and_waits_per_node_rank(world, local):
     ptx = _reduce_ptx("small", world, local)
     nodes = world // local
-    transfers = [c for c in ptx_calls(ptx) if "nvshmemi_transfer_put_signal" in c]
-    assert len(transfers) == nodes - 1, ptx_calls(ptx)
+    assert put_signal_paths(ptx) == nodes - 1, ptx_calls(ptx)
     assert not re.findall(_RELEASE, ptx)  # no NVLink notify: the GEMM's stores carry the node's traffic
     # Per other node a wait per node rank; for the own rows a wait per node rank and per inbox slot.
     # Each wait is two acquire spins.
