@@ -22,6 +22,8 @@ tensor descriptor, or the variant needs per-launch scratch memory or clusters.
 
 from __future__ import annotations
 
+import dataclasses
+
 import triton
 
 MAX_VARIANTS = 8
@@ -122,35 +124,19 @@ class EagerLaunches:
         from . import runtime as _runtime
 
         md = compiled.metadata
-        if (md.global_scratch_size or md.profile_scratch_size or getattr(md, "num_ctas", 1) != 1
-                or getattr(md, "tensordesc_meta", None)):
+        if not launchable(md):
             return None
         if len(args) != len(self._runtime_params) or any(p.name in kwargs for p in self._runtime_params):
             return None
         binder = self.fn.device_caches[device][4]
         _, specialization, _ = binder(*args, **kwargs)
-        types, divisible, constants, is_none, dtypes = [], [], [], [], []
-        for param, arg in zip(self._runtime_params, args):
-            kind, attr = specialization[param.num]
-            if not isinstance(kind, str) or kind.startswith("tensordesc") or kind == "nvTmaDesc":
-                return None
-            if kind == "constexpr":
-                if arg is not None and (isinstance(arg, bool) or not isinstance(arg, int)):
-                    return None
-                constants.append(0 if arg is None else arg)
-                is_none.append(arg is None)
-            else:
-                if kind[0] != "*" and kind not in _C_KINDS:
-                    return None
-                constants.append(0)
-                is_none.append(False)
-            types.append(kind)
-            divisible.append(attr == "D")
-            dtypes.append(arg.dtype if kind[0] == "*" else None)
+        rules = argument_rules(self._runtime_params, specialization, args)
+        if rules is None:
+            return None
         rank = _runtime.rank() if _runtime.is_initialized() else -1
-        return _C.KernelLauncher(compiled.name, rank, compiled.function, types, divisible, constants, is_none,
-                                 dtypes, 32 * md.num_warps, md.shared, 1, bool(md.launch_cooperative_grid),
-                                 bool(md.launch_pdl))
+        return _C.KernelLauncher(compiled.name, rank, compiled.function, rules.types, rules.divisible,
+                                 rules.constants, rules.is_none, rules.dtypes, 32 * md.num_warps, md.shared, 1,
+                                 bool(md.launch_cooperative_grid), bool(md.launch_pdl))
 
     def variants(self) -> int:
         """How many variants have been learnt (all devices and keywords)."""
@@ -159,3 +145,55 @@ class EagerLaunches:
 
 _C_KINDS = frozenset(("i1", "u1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "fp32", "fp64"))
 """Scalar kinds _C.KernelLauncher passes (tdist::param_kind_of)."""
+
+
+def launchable(metadata) -> bool:
+    """Whether a compiled variant (its ``metadata``) can be launched from C++: it must need no
+    per-launch scratch memory, no clusters and no tensor descriptors, which only Triton's launcher
+    provides."""
+    md = metadata
+    return not (md.global_scratch_size or md.profile_scratch_size or getattr(md, "num_ctas", 1) != 1
+                or getattr(md, "tensordesc_meta", None))
+
+
+@dataclasses.dataclass(frozen=True)
+class ArgumentRules:
+    """A variant's rules for its runtime arguments, one entry per argument in the kernel's order:
+    what ``tdist::KernelLauncher`` checks each value against (see the module notes). Shared with
+    :mod:`triton_dist.tools.prebuild`, which writes them into a prebuilt kernel's manifest."""
+
+    types: list
+    """Triton's kind of each argument (``"*bf16"``, ``"i32"``, ``"constexpr"`` when folded)."""
+    divisible: list
+    """Whether the variant assumed the argument divisible by 16 (pointers: 16-byte aligned)."""
+    constants: list
+    """The value a folded argument was compiled with (0 for the others and for None)."""
+    is_none: list
+    """Whether a folded argument was None."""
+    dtypes: list
+    """The element type of each pointer argument's tensor (None for the others)."""
+
+
+def argument_rules(runtime_params, specialization, args: tuple) -> ArgumentRules | None:
+    """The rules of the variant Triton's binder specialised ``args`` into (``specialization``:
+    one ``(kind, attribute)`` per parameter, from the binder of the kernel's ``runtime_params``
+    and constexprs), or None when an argument is of a kind the C++ launcher does not pass."""
+    rules = ArgumentRules([], [], [], [], [])
+    for param, arg in zip(runtime_params, args):
+        kind, attr = specialization[param.num]
+        if not isinstance(kind, str) or kind.startswith("tensordesc") or kind == "nvTmaDesc":
+            return None
+        if kind == "constexpr":
+            if arg is not None and (isinstance(arg, bool) or not isinstance(arg, int)):
+                return None
+            rules.constants.append(0 if arg is None else arg)
+            rules.is_none.append(arg is None)
+        else:
+            if kind[0] != "*" and kind not in _C_KINDS:
+                return None
+            rules.constants.append(0)
+            rules.is_none.append(False)
+        rules.types.append(kind)
+        rules.divisible.append(attr == "D")
+        rules.dtypes.append(arg.dtype if kind[0] == "*" else None)
+    return rules

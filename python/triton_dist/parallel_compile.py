@@ -137,14 +137,25 @@ def variant_of(preload: Preload) -> Variant | None:
     module, name = fn.fn.__module__, fn.fn.__qualname__
     if module == "__main__" or "." in name:
         return None
-    kwargs = kernel._options(dict(preload.kwargs))
+    _, _, target, backend, binder = fn.device_caches[_device()]
+    return bound_variant(kernel, preload.args, preload.kwargs, target, backend, binder)[0]
+
+
+def bound_variant(kernel, args: tuple, kwargs: dict, target, backend, binder) -> tuple[Variant, list]:
+    """The :class:`Variant` Triton's JIT compiles for ``kernel[grid](*args, **kwargs)`` (a
+    module-level ``triton_dist.jit`` kernel) on ``target``, given its ``backend`` and ``binder``
+    (Triton's specialisation function for that backend), and the binder's specialisation (one
+    ``(kind, attribute)`` per parameter). Needs no GPU when the binder was made for an explicit
+    target (:mod:`triton_dist.tools.prebuild`)."""
+    fn = kernel.fn
+    module, name = fn.fn.__module__, fn.fn.__qualname__
+    kwargs = kernel._options(dict(kwargs))
     # What JITFunction.run adds before it binds (triton 3.6).
     kwargs["debug"] = kwargs.get("debug", fn.debug) or triton.knobs.runtime.debug
     kwargs["instrumentation_mode"] = triton.knobs.compilation.instrumentation_mode
-    _, _, target, backend, binder = fn.device_caches[_device()]
-    bound, specialization, options = binder(*preload.args, **kwargs)
+    bound, specialization, options = binder(*args, **kwargs)
     options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound, specialization, options)
-    return Variant(module, name, signature, constexprs, attrs, dict(options.__dict__), target)
+    return Variant(module, name, signature, constexprs, attrs, dict(options.__dict__), target), specialization
 
 
 def _source_and_options(variant: Variant):
