@@ -107,6 +107,7 @@ struct NvshmemBackend::Api {
   void* (*ptr)(const void*, int);
   void (*barrier_all_on_stream)(CUstream);
   int (*cumodule_init)(CUmodule);
+  int (*cumodule_finalize)(CUmodule);
 };
 
 NvshmemBackend::NvshmemBackend(Bootstrap& bootstrap, const NvshmemOptions& options)
@@ -136,6 +137,7 @@ NvshmemBackend::NvshmemBackend(Bootstrap& bootstrap, const NvshmemOptions& optio
   lib.bind(api_->ptr, "nvshmem_ptr");
   lib.bind(api_->barrier_all_on_stream, "nvshmemx_barrier_all_on_stream");
   lib.bind(api_->cumodule_init, "nvshmemx_cumodule_init");
+  lib.bind(api_->cumodule_finalize, "nvshmemx_cumodule_finalize");
 
   const std::string members = join_members(bootstrap.allgather(this_process_member()));
   const NvshmemPlan plan = plan_nvshmem_start(g_session, members, options.heap_bytes,
@@ -231,6 +233,12 @@ bool NvshmemBackend::initialize_module(CUmodule module, const ModulePtx& ptx) {
               "nvshmemx_cumodule_init failed; was the kernel linked against the bitcode of the "
               "same NVSHMEM version as " << library_path() << "?");
   return true;
+}
+
+void NvshmemBackend::finalize_module(CUmodule module) {
+  TDIST_CHECK(api_->cumodule_finalize(module) == 0, bootstrap_.rank(), "finalize_module",
+              "nvshmemx_cumodule_finalize failed; unload the module only while the runtime that set it up "
+              "is initialised");
 }
 
 void NvshmemBackend::finalize() {

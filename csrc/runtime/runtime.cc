@@ -73,6 +73,12 @@ bool Runtime::initialize_module(CUmodule module, const ModulePtx& ptx) {
   return uses_backend || reports_timeouts;
 }
 
+void Runtime::release_module(CUmodule module) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (std::erase(g_modules_using_backend, module) == 0) return;
+  if (g_runtime != nullptr) g_runtime->backend_->finalize_module(module);
+}
+
 void Runtime::finalize() {
   std::lock_guard<std::mutex> lock(g_mutex);
   TDIST_CHECK(g_runtime != nullptr, -1, "finalize", "triton_dist is not initialised");

@@ -35,6 +35,7 @@ class NvshmemBackend final : public SymmetricBackend {
   void* peer_base(int pe) override;
   void barrier_all_on_stream(CUstream stream) override;
   bool initialize_module(CUmodule module, const ModulePtx& ptx) override;
+  void finalize_module(CUmodule module) override;
   void finalize() override;
 
   // Where libnvshmem_host.so.3 was loaded from.

@@ -57,6 +57,10 @@ class Runtime {
   // and the address of the wait-timeout report (if it has a timed-out-wait path). True if either.
   // A later init() gives the modules that use the backend the new backend's state.
   bool initialize_module(CUmodule module, const ModulePtx& ptx);
+  // Before its owner unloads a module set up by initialize_module (a prebuilt kernel's; Triton
+  // never unloads): the backend releases the module, and a later init() no longer sets it up.
+  // Also valid after finalize(), when only the latter is left to do.
+  static void release_module(CUmodule module);
 
   // Host-side barrier over the bootstrap (does not order GPU work).
   void barrier() { bootstrap_->barrier(); }

@@ -34,6 +34,10 @@ class SymmetricBackend {
   // Returns false when the module does not use the backend (nothing to do).
   virtual bool initialize_module(CUmodule module, const ModulePtx& ptx) = 0;
 
+  // Undoes initialize_module (which returned true) for a module about to be unloaded: a module
+  // that its owner unloads, unlike Triton's, must not stay known to the transport.
+  virtual void finalize_module(CUmodule module) { (void)module; }
+
   // Collective: releases the reservation and the transport.
   virtual void finalize() = 0;
 };
