@@ -34,6 +34,16 @@ const CudaDriver& CudaDriver::get() {
     library->bind(driver.mem_host_get_device_pointer, "cuMemHostGetDevicePointer_v2");
     library->bind(driver.mem_free_host, "cuMemFreeHost");
     library->bind(driver.launch_kernel_ex, "cuLaunchKernelEx");
+    library->bind(driver.module_load_data, "cuModuleLoadData");
+    library->bind(driver.module_get_function, "cuModuleGetFunction");
+    library->bind(driver.module_unload, "cuModuleUnload");
+    library->bind(driver.func_set_attribute, "cuFuncSetAttribute");
+    library->bind(driver.memcpy_dtoh, "cuMemcpyDtoH_v2");
+    library->bind(driver.ctx_synchronize, "cuCtxSynchronize");
+    library->bind(driver.ctx_set_current, "cuCtxSetCurrent");
+    library->bind(driver.device_get_count, "cuDeviceGetCount");
+    library->bind(driver.device_primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+    library->bind(driver.device_primary_ctx_release, "cuDevicePrimaryCtxRelease_v2");
     check_cuda(driver.init(0), -1, "cuda_driver", "cuInit");
   });
   return driver;

@@ -26,6 +26,17 @@ struct CudaDriver {
   decltype(&cuMemHostGetDevicePointer) mem_host_get_device_pointer;  // cuMemHostGetDevicePointer_v2
   decltype(&cuMemFreeHost) mem_free_host;                          // cuMemFreeHost
   decltype(&cuLaunchKernelEx) launch_kernel_ex;                    // cuLaunchKernelEx
+  // Loading prebuilt kernels and running them from a C++ program (prebuilt_kernel.h).
+  decltype(&cuModuleLoadData) module_load_data;                    // cuModuleLoadData
+  decltype(&cuModuleGetFunction) module_get_function;              // cuModuleGetFunction
+  decltype(&cuModuleUnload) module_unload;                         // cuModuleUnload
+  decltype(&cuFuncSetAttribute) func_set_attribute;                // cuFuncSetAttribute
+  decltype(&cuMemcpyDtoH) memcpy_dtoh;                             // cuMemcpyDtoH_v2
+  decltype(&cuCtxSynchronize) ctx_synchronize;                     // cuCtxSynchronize
+  decltype(&cuCtxSetCurrent) ctx_set_current;                      // cuCtxSetCurrent
+  decltype(&cuDeviceGetCount) device_get_count;                    // cuDeviceGetCount
+  decltype(&cuDevicePrimaryCtxRetain) device_primary_ctx_retain;   // cuDevicePrimaryCtxRetain
+  decltype(&cuDevicePrimaryCtxRelease) device_primary_ctx_release;  // cuDevicePrimaryCtxRelease_v2
 
   // Loads libcuda.so.1 once per process; throws Error when no driver is installed.
   static const CudaDriver& get();
