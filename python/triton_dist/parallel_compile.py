@@ -168,10 +168,17 @@ def _source_and_options(variant: Variant):
     return src, variant.options
 
 
-def is_cached(variant: Variant) -> bool:
-    """Whether Triton's cache already holds ``variant`` (the lookup of ``triton.compile``)."""
+def cache_key(variant: Variant) -> str:
+    """The key ``triton.compile`` files ``variant`` under here (its ``CompiledKernel.hash``): Triton's
+    version, the source, the backend, the options (libraries by content) and Triton's
+    cache-invalidating environment variables."""
+    return _cache_key_and_file(variant)[0]
+
+
+def _cache_key_and_file(variant: Variant) -> tuple[str, str]:
+    """:func:`cache_key`, and the name of the metadata file ``triton.compile`` looks up under it."""
     from triton.compiler.compiler import make_backend
-    from triton.runtime.cache import get_cache_key, get_cache_manager
+    from triton.runtime.cache import get_cache_key
 
     from triton._C.libtriton import get_cache_invalidating_env_vars
 
@@ -179,22 +186,33 @@ def is_cached(variant: Variant) -> bool:
     backend = make_backend(variant.target)
     parsed = backend.parse_options(dict(options, **src.parse_options()))
     key = get_cache_key(src, backend, parsed, env_vars=get_cache_invalidating_env_vars())
-    name = f"{src.name[:150]}.json"
-    group = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(name) or {}
+    return hashlib.sha256(key.encode("utf-8")).hexdigest(), f"{src.name[:150]}.json"
+
+
+def is_cached(variant: Variant) -> bool:
+    """Whether Triton's cache already holds ``variant`` (the lookup of ``triton.compile``, through
+    the cache manager in force: with :mod:`triton_dist.prebuilt_cache` installed, the prebuilt set
+    counts)."""
+    from triton.runtime.cache import get_cache_manager
+
+    key, name = _cache_key_and_file(variant)
+    group = get_cache_manager(key).get_group(name) or {}
     return name in group
 
 
-def compile_variants(variants: list, workers: int | None = None) -> None:
+def compile_variants(variants: list, workers: int | None = None, env: dict | None = None,
+                     launchers: bool = False) -> None:
     """Compile ``variants`` into Triton's cache, ``workers`` processes at a time (default
     :attr:`Config.compile_workers <triton_dist.config.Config.compile_workers>`; 1, or a single
-    variant, compiles here)."""
+    variant, compiles here), the workers in ``env`` (default :func:`worker_environment`); with
+    ``launchers``, each variant's launcher too (:func:`build_launcher`)."""
     if not variants:
         return
     cfg = _worker_config()
     workers = _workers(len(variants)) if workers is None else min(workers, len(variants))
     if workers <= 1:
         for v in variants:
-            _compile(v, None)
+            _compile(v, None, launchers)
         return
     # Worker processes of our own (python -m triton_dist.parallel_compile), not multiprocessing's:
     # fork would copy the parent's CUDA and NCCL state and threads, and spawn re-imports the
@@ -207,8 +225,8 @@ def compile_variants(variants: list, workers: int | None = None) -> None:
     for i in range(workers):
         # stderr stays the parent's: a worker's failure is ignored (module notes) but not hidden.
         proc = subprocess.Popen([sys.executable, "-m", "triton_dist.parallel_compile"], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, env=worker_environment())
-        proc.stdin.write(pickle.dumps((cfg, variants[i::workers])))
+                                stdout=subprocess.DEVNULL, env=worker_environment() if env is None else env)
+        proc.stdin.write(pickle.dumps((cfg, variants[i::workers], launchers)))
         proc.stdin.close()
         procs.append(proc)
     for proc in procs:
@@ -241,14 +259,16 @@ def _worker_config():
     return cfg
 
 
-def _compile(variant: Variant, cfg) -> bool:
-    """Compile ``variant`` (in a worker: under ``cfg``; here: ``None``, the settings in force);
-    False, and nothing raised, when it fails."""
+def _compile(variant: Variant, cfg, launcher: bool = False) -> bool:
+    """Compile ``variant`` (in a worker: under ``cfg``; here: ``None``, the settings in force), and
+    its launcher if asked; False, and nothing raised, when the kernel fails to compile."""
     if cfg is not None:
         _config._set(cfg)
     try:
         src, options = _source_and_options(variant)
-        triton.compile(src, target=variant.target, options=options)
+        compiled = triton.compile(src, target=variant.target, options=options)
+        if launcher:
+            build_launcher(compiled)
         return True
     except Exception as error:  # noqa: BLE001  the preload compiles it again and raises (module notes)
         _warn_once(f"triton_dist: compiling {variant.module}.{variant.name} ahead failed ({type(error).__name__}: "
@@ -256,14 +276,46 @@ def _compile(variant: Variant, cfg) -> bool:
         return False
 
 
+def launcher_unavailable() -> str:
+    """Why this machine cannot build kernel launchers ("" when it can): Triton links each one
+    against the driver's ``libcuda.so.1``, which a machine without a GPU driver lacks."""
+    try:
+        from triton.backends.nvidia.driver import libcuda_dirs
+
+        libcuda_dirs()
+    except AssertionError:
+        return "no libcuda.so.1 here: a machine without the GPU driver"
+    except (ImportError, OSError, RuntimeError) as error:
+        return f"{type(error).__name__}: {error}"
+    return ""
+
+
+def build_launcher(compiled) -> bool:
+    """Build the host-side launcher of a compiled CUDA kernel into Triton's cache, as its first
+    load would (a C module per signature, compiled with the host's C compiler: tenths of a second
+    each, which a first call otherwise pays). False, and a line on stderr, when it cannot be built
+    (it is then built at the kernel's first load, as always)."""
+    import subprocess
+
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        CudaLauncher(compiled.src, compiled.metadata)
+        return True
+    except (ImportError, AssertionError, OSError, RuntimeError, subprocess.CalledProcessError) as error:
+        _warn_once(f"triton_dist: the launcher of {compiled.name} was not built ahead ({type(error).__name__}: "
+                   f"{error}); it is built at the kernel's first load instead")
+        return False
+
+
 def _worker_main() -> None:
-    """A worker process: compile the pickled ``(config, variants)`` on stdin."""
+    """A worker process: compile the pickled ``(config, variants, launchers)`` on stdin."""
     import pickle
     import sys
 
-    cfg, variants = pickle.loads(sys.stdin.buffer.read())
+    cfg, variants, launchers = pickle.loads(sys.stdin.buffer.read())
     for v in variants:
-        _compile(v, cfg)
+        _compile(v, cfg, launchers)
 
 
 if __name__ == "__main__":
