@@ -115,6 +115,21 @@ class Config:
     """The commit benchmark results name; "" asks git (TRITON_DIST_COMMIT: a GPU machine that gets a
     copy of the working tree may have a stale ``.git``, or none)."""
 
+    record_variants: str = ""
+    """A file to which, from init() on, every variant of the library's kernels and of
+    ``triton_dist.jit`` kernels that Triton compiles or loads in this process is appended, once,
+    as a JSON line (:mod:`triton_dist.variant_list`); "" records nothing
+    (TRITON_DIST_RECORD_VARIANTS). Run the ops at the shapes that matter with it set, then compile
+    what it wrote into the prebuilt set with ``python -m triton_dist.prebuilt_cache --variants
+    FILE``. Ranks may share the file."""
+
+    prebuilt_cache_dir: str = ""
+    """The prebuilt set: a Triton cache directory of library kernels compiled ahead of time, which
+    Triton consults, read-only, before its own cache (:mod:`triton_dist.prebuilt_cache`); ""
+    means ``prebuilt/cache`` inside the installed package, where ``python -m
+    triton_dist.prebuilt_cache`` writes by default; a directory that does not exist turns the
+    layer off (TRITON_DIST_PREBUILT_CACHE_DIR)."""
+
     @staticmethod
     def from_environment() -> "Config":
         heap = os.environ.get("TRITON_DIST_SYMMETRIC_HEAP_SIZE")
@@ -142,6 +157,8 @@ class Config:
             keep_nvshmem=_env_int("TRITON_DIST_KEEP_NVSHMEM", 0) != 0,
             results_dir=os.environ.get("TRITON_DIST_RESULTS_DIR", ""),
             commit=os.environ.get("TRITON_DIST_COMMIT", ""),
+            record_variants=os.environ.get("TRITON_DIST_RECORD_VARIANTS", ""),
+            prebuilt_cache_dir=os.environ.get("TRITON_DIST_PREBUILT_CACHE_DIR", ""),
         )
 
 

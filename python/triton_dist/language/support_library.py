@@ -170,7 +170,14 @@ def local_world_size() -> int:
     return _config.get().local_world_size
 
 
+def settings() -> dict:
+    """The language settings in force that the library carries (and so every kernel's cache key):
+    ``wait_timeout_ns``, ``debug_barriers``, ``local_world_size``."""
+    cfg = _config.get()
+    return dict(wait_timeout_ns=cfg.wait_timeout_ns, debug_barriers=cfg.debug_barriers,
+                local_world_size=local_world_size())
+
+
 def path() -> str:
     """The support library for the settings in force (written on first use)."""
-    cfg = _config.get()
-    return _write(cfg.wait_timeout_ns, cfg.debug_barriers, local_world_size())
+    return _write(**settings())
