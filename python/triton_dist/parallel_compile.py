@@ -15,6 +15,10 @@ specialisation, its options), so a worker compiles under the key the JIT looks u
 under the parent's :class:`~triton_dist.config.Config` (the language reads settings while it
 compiles). Should a key ever differ, the preload compiles as before: slower, never wrong. A worker
 that fails is ignored for the same reason: the preload then raises Triton's own error.
+
+Variants in the prebuilt set (:mod:`triton_dist.prebuilt_cache`, which fills it with
+:func:`compile_variants` too) count as cached: nothing is compiled for them, and the stderr line
+about what is compiled says it is outside that set.
 """
 
 from __future__ import annotations
@@ -105,9 +109,15 @@ def _compile_saying_so(variants: list) -> None:
     import sys
     import time
 
+    global _told_how_to_prebuild
     modules = sorted({v.module.rsplit(".", 1)[-1] for v in variants})
-    print(f"triton_dist: compiling {len(variants)} kernel variants ({', '.join(modules)}) for their first use; "
-          f"Triton's cache keeps them for later runs", file=sys.stderr, flush=True)
+    # How to add them to the prebuilt set: once per process, so later contexts' lines stay short.
+    how = "" if _told_how_to_prebuild else (
+        " (to prebuild them: run with TRITON_DIST_RECORD_VARIANTS=FILE, then "
+        "python -m triton_dist.prebuilt_cache --variants FILE)")
+    _told_how_to_prebuild = True
+    print(f"triton_dist: compiling {len(variants)} kernel variants ({', '.join(modules)}) for their first use: "
+          f"not in the prebuilt set{how}; Triton's cache keeps them for later runs", file=sys.stderr, flush=True)
     start = time.perf_counter()
     compile_variants(variants)
     print(f"triton_dist: compiled {len(variants)} kernel variants in {time.perf_counter() - start:.1f} s",
@@ -115,6 +125,7 @@ def _compile_saying_so(variants: list) -> None:
 
 
 _warned: set = set()
+_told_how_to_prebuild = False
 
 
 def _warn_once(message: str) -> None:

@@ -49,6 +49,11 @@ def init(process_group=None, *, heap_size: int | str | None = None,
          ranks_per_gpu: int | None = None, keep_nvshmem: bool | None = None) -> None:
     """Collective: initialise triton_dist on every rank.
 
+    Also puts the prebuilt kernels in front of Triton's cache (:mod:`triton_dist.prebuilt_cache`),
+    unless the user has a Triton cache manager of their own, and starts recording the variants
+    Triton compiles or loads when ``Config.record_variants`` asks (:mod:`triton_dist.variant_list`);
+    finalize() undoes both.
+
     Args:
         process_group: the ranks to span. ``None`` uses the default group, creating it from the
             torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``) when
@@ -175,8 +180,12 @@ def _join(process_group, cfg, device: int | None) -> tuple[int, str]:
                  _nvshmem.library_dir(), cfg.keep_nvshmem)
     _config._set(cfg)
     from . import distributed_jit as _jit
+    from . import prebuilt_cache, variant_list
 
     _jit.install_module_hook()
+    prebuilt_cache.install()  # the prebuilt kernels before Triton's cache (unless the user has a manager)
+    if cfg.record_variants:
+        variant_list.start_recording(cfg.record_variants)
     return device, mps_state
 
 
@@ -200,13 +209,15 @@ def finalize() -> None:
     import torch
 
     from . import distributed_jit as _jit
-    from . import ops
+    from . import ops, prebuilt_cache, variant_list
 
     torch.cuda.synchronize()
     # The ops' cached contexts hold memory of the heap torn down here: a later init() must not
     # find them (they would point into the old heap).
     ops.clear_contexts()
     _jit.remove_module_hook()
+    prebuilt_cache.uninstall()
+    variant_list.stop_recording()
     _core().finalize()
     created_group = _state["created_group"]
     _state.clear()
