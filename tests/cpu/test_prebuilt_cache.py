@@ -1,0 +1,298 @@
+"""The prebuilt set without a GPU (issue 21): a library kernel's variant written as a JSON line and
+compiled by ``python -m triton_dist.prebuilt_cache`` into a directory is found there, through the
+layered cache manager, by a process whose own Triton cache is empty, and loads without compiling;
+the manager otherwise is the user's file cache; a recorded variant comes back under the key Triton
+gave it; bad lines are named."""
+
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.runtime.cache import FileCacheManager
+from triton.runtime.jit import create_function_from_signature
+
+from triton_dist import config, distributed_jit, parallel_compile, prebuilt_cache, variant_list
+from triton_dist.kernels.collectives.allreduce import AllReduceContext
+from triton_dist.kernels.collectives.allreduce_kernels import all_reduce_one_shot_kernel
+from triton_dist.kernels.common.rank_barrier import rank_barrier_kernel
+from triton_dist.language import support_library
+
+HOPPER = GPUTarget("cuda", 90, 32)
+
+
+def _settings_in_force(**fields):
+    """What init() would install on two ranks of a node (a new object: distributed_jit keys its
+    libraries on the installed Config's identity)."""
+    return config.Config(local_world_size=2, **fields)
+
+
+class FakeTensor:
+    """What Triton's binder reads of a tensor: a dtype and a 16-byte aligned address."""
+
+    def __init__(self, dtype, address=1 << 20):
+        self.dtype, self.address = dtype, address
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+def _cpu_binder(monkeypatch, kernel):
+    """Triton's JIT for ``kernel`` on an sm_90 target without a GPU: device 0, a fresh in-memory
+    cache (so the JIT compiles or loads from disk)."""
+    fn = kernel.fn
+    backend = CUDABackend(HOPPER)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    monkeypatch.setitem(fn.device_caches, 0, ({}, {}, backend.target, backend, binder))
+    return backend, binder
+
+
+def _one_shot_variant(monkeypatch, world):
+    """The one-shot AllReduce at ``world`` ranks, fp32, as AllReduceContext preloads it (the
+    variant the collectives' compile tests build)."""
+    backend, binder = _cpu_binder(monkeypatch, all_reduce_one_shot_kernel)
+    args = (FakeTensor(tl.float32), FakeTensor(tl.float32), FakeTensor(tl.float32), FakeTensor(tl.uint64), 2,
+            FakeTensor(tl.int64), 2)
+    kwargs = dict(WORLD=world, MAX_PROGRAMS=AllReduceContext.DEFAULT_MAX_PROGRAMS, BLOCK=AllReduceContext.BLOCK,
+                  num_warps=AllReduceContext.NUM_WARPS)
+    return parallel_compile.bound_variant(all_reduce_one_shot_kernel, args, kwargs, HOPPER, backend, binder)[0]
+
+
+def _line(variant) -> str:
+    recorded = variant_list.RecordedVariant(variant, ("libnvshmem_device", support_library.NAME),
+                                            tuple(support_library.settings().items()), parallel_compile.cache_key(variant))
+    return variant_list.to_line(recorded)
+
+
+def _command(*args, cache_dir, **env):
+    """``python -m triton_dist.prebuilt_cache ARGS`` in a process of its own, with its own Triton
+    cache (the support library it links is written there: another path, the same content)."""
+    env = dict(os.environ, TRITON_CACHE_DIR=str(cache_dir), PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+               **env)
+    env.pop("TRITON_CACHE_MANAGER", None)
+    return subprocess.run([sys.executable, "-m", "triton_dist.prebuilt_cache", *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+def _files_under(root) -> list:
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+
+
+@pytest.fixture(autouse=True)
+def _settings(monkeypatch, tmp_path, request):
+    user_cache = tmp_path / "user-cache"
+    user_cache.mkdir()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(user_cache))
+    monkeypatch.delenv("TRITON_CACHE_MANAGER", raising=False)
+    monkeypatch.setattr(config, "_current", _settings_in_force())
+    # The support library's file is written into the Triton cache in force, once per process.
+    support_library._write.cache_clear()
+    request.addfinalizer(support_library._write.cache_clear)
+    request.addfinalizer(prebuilt_cache.uninstall)
+    return user_cache
+
+
+@pytest.fixture(scope="module")
+def prebuilt(tmp_path_factory):
+    """A prebuilt directory made by the command from a list holding one variant twice, and the line."""
+    root = tmp_path_factory.mktemp("prebuilt")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_CACHE_DIR", str(root / "scratch"))
+        mp.setattr(config, "_current", _settings_in_force())
+        support_library._write.cache_clear()
+        line, line4 = _line(_one_shot_variant(mp, 2)), _line(_one_shot_variant(mp, 4))
+        support_library._write.cache_clear()
+    listing = root / "variants.jsonl"
+    listing.write_text(f"# a comment\n{line}\n\n{line4}\n{line}\n")
+    # Launchers link against libcuda.so.1: CUDA's stub stands in for the driver (loading them then
+    # fails, after they were written, as it would not on a GPU machine).
+    stub = "/usr/local/cuda/lib64/stubs/libcuda.so"
+    env = {}
+    if os.path.isfile(stub):
+        (root / "driver").mkdir()
+        os.symlink(stub, root / "driver" / "libcuda.so.1")
+        env["TRITON_LIBCUDA_PATH"] = str(root / "driver")
+    done = _command("--variants", str(listing), "--out", str(root / "cache"), "--workers", "2",
+                    cache_dir=root / "builder-cache", **env)
+    assert done.returncode == 0, done.stderr
+    assert "2 variants in" in done.stdout and "2 compiled, 0 already there, 0 failed" in done.stdout
+    if env:
+        assert "with their launchers" in done.stdout
+        built = [os.path.basename(f) for f in _files_under(root / "cache") if f.endswith(".so")]
+        # One launcher: the two variants differ only in a constexpr, which launchers do not take.
+        assert sorted(name.split(".")[0] for name in built) == ["__triton_launcher", "cuda_utils"], built
+    return types.SimpleNamespace(dir=root / "cache", line=line, listing=listing, root=root)
+
+
+def test_a_prebuilt_variant_is_found_and_loaded_without_compiling(prebuilt, monkeypatch, _settings):
+    variant = variant_list.from_line(prebuilt.line).resolve(distributed_jit.extern_libs())
+    assert not parallel_compile.is_cached(variant)  # the user's cache is empty, and no layer yet
+    monkeypatch.setattr(config, "_current", _settings_in_force(prebuilt_cache_dir=str(prebuilt.dir)))
+    assert prebuilt_cache.install() == str(prebuilt.dir)
+    assert parallel_compile.is_cached(variant)
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("the variant was compiled, not loaded from the prebuilt directory")
+
+    monkeypatch.setattr(CUDABackend, "add_stages", no_compiling)
+    before = _files_under(_settings)
+    src, options = parallel_compile._source_and_options(variant)
+    compiled = triton.compile(src, target=HOPPER, options=options)
+    assert compiled.hash == parallel_compile.cache_key(variant)
+    assert b"all_reduce_one_shot_kernel" in compiled.asm["cubin"]
+    assert all(str(prebuilt.dir) in path for path in compiled.metadata_group.values())
+    assert _files_under(_settings) == before  # a hit writes nothing into the user's cache
+    prebuilt_cache.uninstall()
+    assert triton.knobs.cache.manager_class is None and not parallel_compile.is_cached(variant)
+
+
+def test_the_command_counts_what_is_already_there_and_names_what_fails(prebuilt, tmp_path):
+    obj = json.loads(prebuilt.line)
+    obj["module"] = "triton_dist.kernels.no_such_module"
+    listing = tmp_path / "more.jsonl"
+    listing.write_text(f"{prebuilt.line}\n{json.dumps(obj)}\n")
+    done = _command("--variants", str(listing), "--out", str(prebuilt.dir), cache_dir=tmp_path / "builder")
+    assert done.returncode == 1
+    assert "2 variants in" in done.stdout and "0 compiled, 1 already there, 1 failed" in done.stdout
+    assert "without their launchers (no libcuda.so.1 here" in done.stdout
+    assert f"{listing}:2 triton_dist.kernels.no_such_module.all_reduce_one_shot_kernel" in done.stderr
+    assert "No module named 'triton_dist.kernels.no_such_module'" in done.stderr
+
+
+def test_a_malformed_line_is_named_with_its_file(tmp_path, prebuilt):
+    listing = tmp_path / "broken.jsonl"
+    listing.write_text(f"# recorded\n{prebuilt.line}\n{{\"module\": \"x\",\n")
+    with pytest.raises(ValueError, match=rf"^{listing}:3: not a JSON line"):
+        variant_list.read([listing])
+    done = _command("--variants", str(listing), "--out", str(tmp_path / "out"), cache_dir=tmp_path / "builder")
+    assert done.returncode == 2 and f"{listing}:3: not a JSON line" in done.stderr
+    assert not (tmp_path / "out").exists()
+    obj = json.loads(prebuilt.line)
+    del obj["options"]
+    with pytest.raises(ValueError, match=r"^f.jsonl:7: not a kernel variant .*missing field\(s\) options"):
+        variant_list.from_line(json.dumps(obj), "f.jsonl:7")
+
+
+def test_the_manager_falls_back_to_the_users_cache_and_writes_there(tmp_path, _settings):
+    prebuilt_dir = tmp_path / "prebuilt"
+    (prebuilt_dir / "KEYA").mkdir(parents=True)
+    (prebuilt_dir / "KEYA" / "k.cubin").write_bytes(b"prebuilt")
+    (prebuilt_dir / "KEYA" / "k.json").write_text("{}")
+    # Written elsewhere (absolute paths of the machine that built it): found by name beside it.
+    (prebuilt_dir / "KEYA" / "__grp__k.json").write_text(
+        json.dumps({"child_paths": {"k.cubin": "/elsewhere/KEYA/k.cubin", "k.json": "/elsewhere/KEYA/k.json"}}))
+    monkeypatch_dir = prebuilt_cache.PrebuiltFirstCacheManager.directory
+    prebuilt_cache.PrebuiltFirstCacheManager.directory = str(prebuilt_dir)
+    try:
+        hit = prebuilt_cache.PrebuiltFirstCacheManager("KEYA")
+        assert hit.get_file("k.cubin") == str(prebuilt_dir / "KEYA" / "k.cubin")
+        assert hit.get_group("k.json") == {"k.cubin": str(prebuilt_dir / "KEYA" / "k.cubin"),
+                                           "k.json": str(prebuilt_dir / "KEYA" / "k.json")}
+        assert _files_under(_settings) == [] and os.listdir(_settings) == []  # not even the key's folder
+
+        miss = prebuilt_cache.PrebuiltFirstCacheManager("KEYB")
+        assert miss.get_file("k.cubin") is None and miss.get_group("k.json") is None
+        path = miss.put(b"compiled", "k.cubin")
+        assert path == str(_settings / "KEYB" / "k.cubin") and miss.get_file("k.cubin") == path
+        miss.put_group("k.json", {"k.cubin": path})
+        assert miss.get_group("k.json") == {"k.cubin": path}
+        assert miss.cache_dir == str(_settings / "KEYB")  # what a FileCacheManager would say
+
+        # A key present in both: the prebuilt copy; a write still goes to the user's cache.
+        both = prebuilt_cache.PrebuiltFirstCacheManager("KEYA")
+        assert both.put(b"new", "k.cubin") == str(_settings / "KEYA" / "k.cubin")
+        assert both.get_file("k.cubin") == str(prebuilt_dir / "KEYA" / "k.cubin")
+        # An incomplete prebuilt group is not used.
+        (prebuilt_dir / "KEYA" / "k.json").unlink()
+        assert both.get_group("k.json") is None
+        # Dump and override managers are the user's alone.
+        assert prebuilt_cache.PrebuiltFirstCacheManager("KEYA", override=True).get_file("k.cubin") is None
+    finally:
+        prebuilt_cache.PrebuiltFirstCacheManager.directory = monkeypatch_dir
+
+
+def test_install_respects_a_users_manager_and_finalize_restores(tmp_path, monkeypatch):
+    monkeypatch.setattr(config, "_current", config.Config(prebuilt_cache_dir=str(tmp_path / "absent")))
+    assert prebuilt_cache.install() == "" and triton.knobs.cache.manager_class is None  # nothing prebuilt
+    monkeypatch.setattr(config, "_current", config.Config(prebuilt_cache_dir=str(tmp_path)))
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", "triton.runtime.cache:FileCacheManager")
+    assert prebuilt_cache.install() == "" and triton.knobs.cache.manager_class is FileCacheManager
+    monkeypatch.delenv("TRITON_CACHE_MANAGER")
+    assert prebuilt_cache.install() == str(tmp_path)
+    assert triton.knobs.cache.manager_class is prebuilt_cache.PrebuiltFirstCacheManager
+    prebuilt_cache.uninstall()
+    assert triton.knobs.cache.manager_class is None and "TRITON_CACHE_MANAGER" not in os.environ
+
+
+def test_recording_writes_each_variant_once_and_it_comes_back_under_its_key(monkeypatch, tmp_path, request):
+    record = tmp_path / "recorded.jsonl"
+    # Triton's JIT for an sm_90 device 0 without a GPU: it binds, compiles and returns the kernel.
+    fn = rank_barrier_kernel.fn
+    _cpu_binder(monkeypatch, rank_barrier_kernel)
+    for name, value in (("ASTSource", triton.compiler.ASTSource), ("compile", triton.compile),
+                        ("CompiledKernel", triton.compiler.CompiledKernel)):  # what the binder's maker sets
+        monkeypatch.setattr(fn, name, value, raising=False)
+    fake_driver = types.SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 0)
+    monkeypatch.setattr(triton.runtime.driver, "_active", fake_driver)
+    args = (FakeTensor(tl.uint64, 4096), FakeTensor(tl.int64, 8192))
+    heard = []
+    monkeypatch.setattr(triton.knobs.compilation, "listener", lambda **info: heard.append(info["cache_hit"]))
+    variant_list.start_recording(str(record))
+    request.addfinalizer(variant_list.stop_recording)
+    compiled = {}
+    for world in (2, 4, 2):  # the JIT compiles two variants; the third call finds the first in memory
+        compiled[world] = rank_barrier_kernel.warmup(*args, grid=(1, ), PHASE=0, PHASES=1, WORLD=world, num_warps=1)
+    fn.device_caches[0][0].clear()  # a new process: the same variant loaded from Triton's cache
+    assert rank_barrier_kernel.warmup(*args, grid=(1, ), PHASE=0, PHASES=1, WORLD=2, num_warps=1).hash == compiled[2].hash
+    assert heard == [False, False, True]  # the listener it replaced still hears every compile
+    variant_list.stop_recording()
+    assert heard and triton.knobs.compilation.listener is not None and not isinstance(
+        triton.knobs.compilation.listener, variant_list._Recorder)
+    lines = record.read_text().splitlines()
+    assert len(lines) == 2
+    for line, world in zip(lines, (2, 4)):
+        recorded = variant_list.from_line(line, f"{record}:1")
+        assert recorded.variant.name == "rank_barrier_kernel" and recorded.key == compiled[world].hash
+        assert dict(recorded.settings)["local_world_size"] == 2 and "extern_libs" not in recorded.variant.options
+        assert recorded.extern_libs == ("libnvshmem_device", support_library.NAME)
+        variant = recorded.resolve(distributed_jit.extern_libs())
+        assert parallel_compile.cache_key(variant) == compiled[world].hash
+    assert [r.key for r in variant_list.read([record, record])] == [compiled[2].hash, compiled[4].hash]
+
+
+def test_recording_is_off_by_default_and_skips_what_a_prebuild_cannot_import(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_DIST_RECORD_VARIANTS", raising=False)
+    assert config.Config.from_environment().record_variants == ""
+    monkeypatch.setenv("TRITON_DIST_RECORD_VARIANTS", str(tmp_path / "r.jsonl"))
+    assert config.Config.from_environment().record_variants == str(tmp_path / "r.jsonl")
+    recorder = variant_list._Recorder(str(tmp_path / "r.jsonl"), None)
+
+    def source(module, qualname, libs=()):
+        fn = types.SimpleNamespace(fn=types.SimpleNamespace(__module__=module, __qualname__=qualname))
+        return types.SimpleNamespace(fn=fn), {"hash": qualname, "extern_libs": list(libs)}
+
+    for module, qualname, libs in (("__main__", "mine", [[support_library.NAME, "/x.ll"]]),
+                                   ("triton_dist.kernels.x", "outer.<locals>.k", ()),
+                                   ("users_module", "plain_triton_kernel", ())):
+        src, md = source(module, qualname, libs)
+        recorder(src=src, metadata=md, metadata_group={}, times=None, cache_hit=False)
+    recorder(src=types.SimpleNamespace(), metadata={"hash": "ir"}, metadata_group={}, times=None, cache_hit=True)
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_the_first_compile_message_says_how_to_prebuild_once(monkeypatch, capsys):
+    monkeypatch.setattr(parallel_compile, "compile_variants", lambda variants: None)
+    monkeypatch.setattr(parallel_compile, "_told_how_to_prebuild", False)
+    variant = parallel_compile.Variant("triton_dist.kernels.collectives.allreduce_kernels", "k", {}, {}, {}, {}, None)
+    parallel_compile._compile_saying_so([variant])
+    parallel_compile._compile_saying_so([variant])
+    first, _, second, _ = capsys.readouterr().err.splitlines()
+    assert "not in the prebuilt set" in first and "TRITON_DIST_RECORD_VARIANTS=FILE" in first
+    assert "python -m triton_dist.prebuilt_cache --variants FILE" in first
+    assert "not in the prebuilt set" in second and "TRITON_DIST_RECORD_VARIANTS" not in second
