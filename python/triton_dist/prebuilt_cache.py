@@ -270,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-list", metavar="FILE",
                         help="instead of compiling, write the variants read, each once, into FILE (to merge "
                         "recordings into the package's list)")
+    parser.add_argument("--library-only", action="store_true",
+                        help="keep only the variants of triton_dist's own kernels (a GPU test run also records "
+                        "the tests' kernels, which the package's list must not name)")
     args = parser.parse_args(argv)
     if args.workers is not None and args.workers < 1:
         parser.error("--workers must be at least 1")
@@ -282,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"triton_dist prebuild: {error}", file=sys.stderr)
         return 2
+    if args.library_only:
+        kept = [r for r in recorded if r.variant.module.startswith("triton_dist.")]
+        if len(kept) < len(recorded):
+            print(f"triton_dist prebuild: left out {len(recorded) - len(kept)} variants of kernels outside triton_dist")
+        recorded = kept
     if args.write_list:
         with open(args.write_list, "w") as f:
             f.write(variant_list.LIST_HEADER)

@@ -165,6 +165,19 @@ def test_the_command_counts_what_is_already_there_and_names_what_fails(prebuilt,
     assert "No module named 'triton_dist.kernels.no_such_module'" in done.stderr
 
 
+def test_merging_a_test_runs_recording_keeps_only_the_librarys_kernels(prebuilt, tmp_path):
+    obj = json.loads(prebuilt.line)
+    obj["module"] = "test_language"  # a GPU test file's own kernel, recorded alongside the library's
+    listing = tmp_path / "recorded.jsonl"
+    listing.write_text(f"{prebuilt.line}\n{json.dumps(obj)}\n")
+    merged = tmp_path / "variants.jsonl"
+    done = _command("--variants", str(listing), "--write-list", str(merged), "--library-only",
+                    cache_dir=tmp_path / "builder")
+    assert done.returncode == 0, done.stderr
+    assert "left out 1 variants of kernels outside triton_dist" in done.stdout
+    assert [r.variant.module for r in variant_list.read([merged])] == [json.loads(prebuilt.line)["module"]]
+
+
 def test_a_malformed_line_is_named_with_its_file(tmp_path, prebuilt):
     listing = tmp_path / "broken.jsonl"
     listing.write_text(f"# recorded\n{prebuilt.line}\n{{\"module\": \"x\",\n")
