@@ -84,7 +84,8 @@ bool all_reduce_and_check(tdist::Runtime& runtime, CUdevice device) {
 
   // What the kernel was built for: the world, the tile and the signal layout it assumes.
   const tdist::PrebuiltManifest& manifest = all_reduce.manifest();
-  TDIST_CHECK(manifest.constexpr_int("WORLD", kKernel, rank) == world && manifest.param_types[0] == "*fp32", rank,
+  TDIST_CHECK(manifest.constexpr_int("WORLD", kKernel, rank) == world && !manifest.param_types.empty() &&
+                  manifest.param_types[0] == "*fp32", rank,
               kOp, "the prebuilt kernel is not for " << world << " ranks of fp32; run the prebuild tool with --world "
                                                      << world << " --dtype float32");
   const int block = static_cast<int>(manifest.constexpr_int("BLOCK", kKernel, rank));
@@ -106,6 +107,9 @@ bool all_reduce_and_check(tdist::Runtime& runtime, CUdevice device) {
   const std::vector<std::uint64_t> zeros(signals.size(), 0);
   tdist::check_cuda(cuda.memcpy_htod(address(signals.local()), zeros.data(), zeros.size() * sizeof(zeros[0])), rank,
                     kOp, "cuMemcpyHtoD");
+  // A copy from pageable memory may return before it lands: it must have landed before any peer,
+  // let through by the barrier, signals this pad.
+  tdist::check_cuda(cuda.ctx_synchronize(), rank, kOp, "cuCtxSynchronize");
   runtime.barrier();
 
   // Every program waits for the same program of its peers, so all must be resident at once: at
@@ -113,6 +117,11 @@ bool all_reduce_and_check(tdist::Runtime& runtime, CUdevice device) {
   int sms = 0;
   tdist::check_cuda(cuda.device_get_attribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), rank, kOp,
                     "cuDeviceGetAttribute");
+  // Program p waits for program p of every peer: every rank must launch the same grid, so all take
+  // the smallest share any rank has (MPS shares, mixed GPUs).
+  for (const std::string& theirs : runtime.bootstrap().allgather(std::to_string(sms))) {
+    sms = std::min(sms, std::stoi(theirs));
+  }
   const unsigned programs = static_cast<unsigned>(std::min({tiles, max_programs, sms}));
 
   CUstream stream = nullptr;  // the default stream

@@ -120,7 +120,9 @@ PrebuiltManifest parse_prebuilt_manifest(const std::string& text, const std::str
     if (key == "constexpr") {
       TDIST_CHECK(words.size() == 3, rank, op,
                   "manifest line " << number << ": 'constexpr' takes a name and a value" << rebuild_hint(kernel));
-      m.constexprs[words[1]] = words[2];
+      TDIST_CHECK(m.constexprs.emplace(words[1], words[2]).second, rank, op,
+                  "manifest line " << number << ": constexpr " << words[1] << " is given twice"
+                                   << rebuild_hint(kernel));
       continue;
     }
     static const char* const kSingles[] = {"tdist-prebuilt", "symbol", "threads", "shared", "cooperative", "pdl",

@@ -121,6 +121,8 @@ TEST(PrebuiltManifest, MalformedLinesAreRefusedWithTheirLineNumber) {
   EXPECT_NE(parse_error(replaced(kGood, "param n i32 -", "param n i32")).find("line 15"), std::string::npos);
   EXPECT_NE(parse_error(replaced(kGood, "cooperative 0", "grid 3")).find("unknown entry 'grid'"), std::string::npos);
   EXPECT_NE(parse_error(std::string(kGood) + "symbol again\n").find("'symbol' must appear once"), std::string::npos);
+  EXPECT_NE(parse_error(std::string(kGood) + "constexpr WORLD 4\n").find("constexpr WORLD is given twice"),
+            std::string::npos);
 }
 
 TEST(PrebuiltKernelArguments, HelpersGiveTheKindsTheManifestsTypesName) {

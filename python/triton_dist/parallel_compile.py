@@ -175,7 +175,11 @@ def _source_and_options(variant: Variant):
     kernel = getattr(importlib.import_module(variant.module), variant.name)
     # A module-level kernel is a JITFunction (triton.jit) or a DistributedKernel around one.
     fn = kernel if isinstance(kernel, triton.runtime.JITFunction) else kernel.fn
-    src = triton.compiler.ASTSource(fn, variant.signature, variant.constexprs, variant.attrs)
+    # In the kernel's parameter order, whatever order the variant came in (a variant list sorts its
+    # JSON keys): the cache key sorts the signature, but the launcher Triton generates lays the
+    # arguments out in this order, and its cache key is the hash of that source.
+    signature = {name: variant.signature[name] for name in fn.arg_names if name in variant.signature}
+    src = triton.compiler.ASTSource(fn, signature, variant.constexprs, variant.attrs)
     return src, variant.options
 
 
@@ -290,13 +294,15 @@ def _compile(variant: Variant, cfg, launcher: bool = False) -> bool:
 def launcher_unavailable() -> str:
     """Why this machine cannot build kernel launchers ("" when it can): Triton links each one
     against the driver's ``libcuda.so.1``, which a machine without a GPU driver lacks."""
+    import subprocess
+
     try:
         from triton.backends.nvidia.driver import libcuda_dirs
 
-        libcuda_dirs()
+        libcuda_dirs()  # runs ldconfig -p
     except AssertionError:
         return "no libcuda.so.1 here: a machine without the GPU driver"
-    except (ImportError, OSError, RuntimeError) as error:
+    except (ImportError, OSError, RuntimeError, subprocess.CalledProcessError) as error:
         return f"{type(error).__name__}: {error}"
     return ""
 

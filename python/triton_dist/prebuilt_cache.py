@@ -26,6 +26,7 @@ Python path.
 from __future__ import annotations
 
 import argparse
+import errno
 import dataclasses
 import json
 import os
@@ -136,16 +137,25 @@ def install() -> str:
     (``TRITON_CACHE_MANAGER`` or ``triton.knobs.cache.manager_class``), which is theirs to keep:
     a layer in front of it would change where their kernels come from. init() calls it."""
     path = directory()
-    if triton.knobs.cache.manager_class is not None or not os.path.isdir(path):
+    # The directory first, and the user's manager only looked for, never imported: reading the
+    # knob imports what TRITON_CACHE_MANAGER names, and a bad name would fail init() after the
+    # runtime came up (Triton itself fails on it only at the first compile).
+    if not os.path.isdir(path) or _users_manager_set():
         return ""
     PrebuiltFirstCacheManager.directory = path
     triton.knobs.cache.manager_class = PrebuiltFirstCacheManager
     return path
 
 
+def _users_manager_set() -> bool:
+    """Whether the user chose a cache manager (the knob set in this process, or
+    ``TRITON_CACHE_MANAGER``), without importing it."""
+    return "manager_class" in vars(triton.knobs.cache) or bool(os.environ.get("TRITON_CACHE_MANAGER"))
+
+
 def uninstall() -> None:
     """Give Triton back the cache manager :func:`install` replaced (finalize() calls it)."""
-    if triton.knobs.cache.manager_class is PrebuiltFirstCacheManager:
+    if vars(triton.knobs.cache).get("manager_class") is PrebuiltFirstCacheManager:
         # Unset, not None: Triton then reads TRITON_CACHE_MANAGER again, as before install().
         del triton.knobs.cache.manager_class
 
@@ -302,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     out = os.path.abspath(args.out or directory())
     try:
         report = build(recorded, out, args.workers)
-    except PermissionError as error:
+    except OSError as error:  # not ours to write (permissions, a read-only file system)
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
         print(f"triton_dist prebuild: cannot write into {out} ({error.strerror}); give --out DIR, and set "
               f"TRITON_DIST_PREBUILT_CACHE_DIR=DIR for the runs that should use it", file=sys.stderr)
         return 2

@@ -178,6 +178,16 @@ def test_merging_a_test_runs_recording_keeps_only_the_librarys_kernels(prebuilt,
     assert [r.variant.module for r in variant_list.read([merged])] == [json.loads(prebuilt.line)["module"]]
 
 
+def test_a_listed_variant_compiles_with_the_jits_argument_order(monkeypatch):
+    """A list's JSON sorts the signature's keys; Triton's launcher lays arguments out in signature
+    order and is cached by its source, so a prebuilt launcher matches the JIT's only in its order."""
+    variant = _one_shot_variant(monkeypatch, 2)
+    listed = variant_list.from_line(_line(variant))
+    assert list(listed.variant.signature) != list(variant.signature)  # what the JSON line does
+    src, _ = parallel_compile._source_and_options(listed.resolve(distributed_jit.extern_libs()))
+    assert list(src.signature) == list(variant.signature)
+
+
 def test_a_malformed_line_is_named_with_its_file(tmp_path, prebuilt):
     listing = tmp_path / "broken.jsonl"
     listing.write_text(f"# recorded\n{prebuilt.line}\n{{\"module\": \"x\",\n")
