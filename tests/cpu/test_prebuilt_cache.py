@@ -251,6 +251,11 @@ def test_install_respects_a_users_manager_and_finalize_restores(tmp_path, monkey
     assert triton.knobs.cache.manager_class is prebuilt_cache.PrebuiltFirstCacheManager
     prebuilt_cache.uninstall()
     assert triton.knobs.cache.manager_class is None and "TRITON_CACHE_MANAGER" not in os.environ
+    # A manager Triton cannot import is the user's to fix at their first compile, as without us:
+    # init() (which installs after the runtime is up) must neither import nor fail on it.
+    monkeypatch.setenv("TRITON_CACHE_MANAGER", "no_such_module:Manager")
+    assert prebuilt_cache.install() == ""
+    prebuilt_cache.uninstall()
 
 
 def test_recording_writes_each_variant_once_and_it_comes_back_under_its_key(monkeypatch, tmp_path, request):
