@@ -114,15 +114,13 @@ def compile_variant(name: str, world: int, dtype: str):
 
 def manifest_text(name: str, metadata, runtime_params, rules, constexprs: dict, variant) -> str:
     """The manifest of a compiled variant (module notes give the format)."""
-    from .. import config as _config
     from ..language import support_library
 
-    cfg = _config.get()
+    settings = " ".join(f"{key}={int(value)}" for key, value in support_library.settings().items())
     lines = [
         f"# triton-dist prebuilt kernel {name}: {variant.module}.{variant.name}, written by "
         "python -m triton_dist.tools.prebuild",
-        f"# sm_90, Triton {triton.__version__}; language settings: wait_timeout_ns={cfg.wait_timeout_ns} "
-        f"debug_barriers={int(cfg.debug_barriers)} local_world_size={support_library.local_world_size()}",
+        f"# sm_90, Triton {triton.__version__}; language settings: {settings}",
         f"tdist-prebuilt {MANIFEST_VERSION}",
         f"symbol {metadata.name}",
         f"threads {32 * metadata.num_warps}",
