@@ -54,6 +54,19 @@ KernelLauncher::KernelLauncher(std::string name, int rank, CUfunction function, 
   for (std::size_t s = 0; s < slots_.size(); ++s) params_[s] = &slots_[s];
 }
 
+ArgumentFit argument_fit(const ParamRule& rule, const ParamValue& v) {
+  if (rule.kind == ParamKind::kConstant) {
+    const bool same = rule.constant_is_none ? v.type == ParamValue::Type::kNone
+                                            : v.type == ParamValue::Type::kValue && is_integer_kind(v.kind) &&
+                                                  v.integer == rule.constant;
+    return same ? ArgumentFit::kFits : ArgumentFit::kOtherConstant;
+  }
+  if (v.type != ParamValue::Type::kValue) return ArgumentFit::kNoneGiven;
+  if (v.kind != rule.kind) return ArgumentFit::kOtherKind;
+  if (rule.divisible_by_16 && (v.integer & 15) != 0) return ArgumentFit::kNotDivisibleBy16;
+  return ArgumentFit::kFits;
+}
+
 bool KernelLauncher::pack(const ParamValue* values, std::size_t count) {
   TDIST_CHECK(count == rules_.size(), rank_, kOp,
               name_ << ": " << count << " arguments given, the kernel takes " << rules_.size()
@@ -61,15 +74,8 @@ bool KernelLauncher::pack(const ParamValue* values, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) {
     const ParamRule& rule = rules_[i];
     const ParamValue& v = values[i];
-    if (rule.kind == ParamKind::kConstant) {
-      const bool same = rule.constant_is_none ? v.type == ParamValue::Type::kNone
-                                              : v.type == ParamValue::Type::kValue && is_integer_kind(v.kind) &&
-                                                    v.integer == rule.constant;
-      if (!same) return false;
-      continue;
-    }
-    if (v.type != ParamValue::Type::kValue || v.kind != rule.kind) return false;
-    if (rule.divisible_by_16 && (v.integer & 15) != 0) return false;
+    if (argument_fit(rule, v) != ArgumentFit::kFits) return false;
+    if (rule.kind == ParamKind::kConstant) continue;
     std::uint64_t& slot = slots_[slot_of_[i]];
     slot = 0;
     if (rule.kind == ParamKind::kFloat32) {

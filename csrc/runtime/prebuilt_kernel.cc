@@ -169,26 +169,26 @@ PrebuiltManifest parse_prebuilt_manifest(const std::string& text, const std::str
 
 std::string argument_misfit(const ParamRule& rule, const std::string& type, const ParamValue& v) {
   Message why;
-  if (rule.kind == ParamKind::kConstant) {
-    const bool integer = v.type == ParamValue::Type::kValue && (v.kind == ParamKind::kInt32 ||
-                                                                v.kind == ParamKind::kInt64 ||
-                                                                v.kind == ParamKind::kUInt64);
-    if (rule.constant_is_none && v.type == ParamValue::Type::kNone) return "";
-    if (!rule.constant_is_none && integer && v.integer == rule.constant) return "";
-    if (rule.constant_is_none) {
-      why << "the kernel was compiled with None here: pass none_arg()";
-    } else {
-      why << "the kernel was compiled with the constant " << rule.constant << " here: pass exactly that";
-    }
-    return why.str();
-  }
-  if (v.type == ParamValue::Type::kNone) {
-    why << "None given where the kernel takes " << type;
-  } else if (v.kind != rule.kind) {
-    why << kind_name(v.kind) << " given where the kernel takes " << type;
-  } else if (rule.divisible_by_16 && (v.integer & 15) != 0) {
-    why << v.integer << " is not a multiple of 16, which the kernel was compiled to assume"
-        << (rule.kind == ParamKind::kPointer ? " (pass a 16-byte aligned address)" : "");
+  switch (argument_fit(rule, v)) {
+    case ArgumentFit::kFits:
+      break;
+    case ArgumentFit::kOtherConstant:
+      if (rule.constant_is_none) {
+        why << "the kernel was compiled with None here: pass none_arg()";
+      } else {
+        why << "the kernel was compiled with the constant " << rule.constant << " here: pass exactly that";
+      }
+      break;
+    case ArgumentFit::kNoneGiven:
+      why << "None given where the kernel takes " << type;
+      break;
+    case ArgumentFit::kOtherKind:
+      why << kind_name(v.kind) << " given where the kernel takes " << type;
+      break;
+    case ArgumentFit::kNotDivisibleBy16:
+      why << v.integer << " is not a multiple of 16, which the kernel was compiled to assume"
+          << (rule.kind == ParamKind::kPointer ? " (pass a 16-byte aligned address)" : "");
+      break;
   }
   return why.str();
 }

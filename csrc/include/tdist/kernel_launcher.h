@@ -109,6 +109,17 @@ class KernelLauncher {
   std::vector<std::size_t> slot_of_;  // rule index -> slot (kConstant: unused)
 };
 
+// How a value stands to its parameter's rule: the one check pack() makes, which
+// PrebuiltKernel's errors put into words (argument_misfit).
+enum class ArgumentFit : std::uint8_t {
+  kFits,              // the variant takes it
+  kOtherConstant,     // a folded parameter given another value (or None where an int was folded)
+  kNoneGiven,         // None where the variant takes a value
+  kOtherKind,         // a value of another kind (an i64 where the variant takes i32, ...)
+  kNotDivisibleBy16,  // the variant assumed divisibility by 16 (pointers: 16-byte alignment)
+};
+ArgumentFit argument_fit(const ParamRule& rule, const ParamValue& value);
+
 // Parses one of Triton's type strings ("*bf16", "i32", "fp32", ...) into a ParamKind; throws for
 // the ones the launcher does not pass (tensor descriptors, fp16/bf16 scalars, tuples).
 ParamKind param_kind_of(const std::string& triton_type);
