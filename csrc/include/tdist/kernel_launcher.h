@@ -109,8 +109,7 @@ class KernelLauncher {
   std::vector<std::size_t> slot_of_;  // rule index -> slot (kConstant: unused)
 };
 
-// How a value stands to its parameter's rule: the one check pack() makes, which
-// PrebuiltKernel's errors put into words (argument_misfit).
+// How a value stands to its parameter's rule.
 enum class ArgumentFit : std::uint8_t {
   kFits,              // the variant takes it
   kOtherConstant,     // a folded parameter given another value (or None where an int was folded)
@@ -118,6 +117,8 @@ enum class ArgumentFit : std::uint8_t {
   kOtherKind,         // a value of another kind (an i64 where the variant takes i32, ...)
   kNotDivisibleBy16,  // the variant assumed divisibility by 16 (pointers: 16-byte alignment)
 };
+// The one check of a value against its rule: what pack() applies to every argument, and what
+// PrebuiltKernel's errors put into words (argument_misfit).
 ArgumentFit argument_fit(const ParamRule& rule, const ParamValue& value);
 
 // Parses one of Triton's type strings ("*bf16", "i32", "fp32", ...) into a ParamKind; throws for
