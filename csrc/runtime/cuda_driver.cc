@@ -43,7 +43,6 @@ const CudaDriver& CudaDriver::get() {
     library->bind(driver.ctx_set_current, "cuCtxSetCurrent");
     library->bind(driver.device_get_count, "cuDeviceGetCount");
     library->bind(driver.device_primary_ctx_retain, "cuDevicePrimaryCtxRetain");
-    library->bind(driver.device_primary_ctx_release, "cuDevicePrimaryCtxRelease_v2");
     check_cuda(driver.init(0), -1, "cuda_driver", "cuInit");
   });
   return driver;

@@ -36,7 +36,6 @@ struct CudaDriver {
   decltype(&cuCtxSetCurrent) ctx_set_current;                      // cuCtxSetCurrent
   decltype(&cuDeviceGetCount) device_get_count;                    // cuDeviceGetCount
   decltype(&cuDevicePrimaryCtxRetain) device_primary_ctx_retain;   // cuDevicePrimaryCtxRetain
-  decltype(&cuDevicePrimaryCtxRelease) device_primary_ctx_release;  // cuDevicePrimaryCtxRelease_v2
 
   // Loads libcuda.so.1 once per process; throws Error when no driver is installed.
   static const CudaDriver& get();

@@ -65,7 +65,9 @@ class _Tensor:
 def _all_reduce_one_shot(world: int, dtype):
     """``all_reduce_one_shot_kernel`` as ``AllReduceContext`` preloads and runs it: ``x``, ``out``
     and ``stage`` of ``dtype``, the pad's uint64 signals, ``n``, the int64 call counter and
-    ``half_tiles`` (both counts unspecialised i32), the context's default constexprs."""
+    ``half_tiles`` (both counts unspecialised i32), the context's default constexprs (a context
+    whose co-resident limit is below ``DEFAULT_MAX_PROGRAMS``, e.g. under MPS, compiles another
+    ``MAX_PROGRAMS``: this variant is the whole-GPU one)."""
     from ..kernels.collectives.allreduce import AllReduceContext
     from ..kernels.collectives.allreduce_kernels import all_reduce_one_shot_kernel
 
