@@ -13,18 +13,16 @@ import types
 import pytest
 import triton
 import triton.language as tl
-from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import CUDABackend
 from triton.runtime.cache import FileCacheManager
 from triton.runtime.jit import create_function_from_signature
 
 from triton_dist import config, distributed_jit, parallel_compile, prebuilt_cache, variant_list
-from triton_dist.kernels.collectives.allreduce import AllReduceContext
-from triton_dist.kernels.collectives.allreduce_kernels import all_reduce_one_shot_kernel
 from triton_dist.kernels.common.rank_barrier import rank_barrier_kernel
 from triton_dist.language import support_library
+from triton_dist.tools import prebuild
+from triton_dist.tools.compile_check import HOPPER
 
-HOPPER = GPUTarget("cuda", 90, 32)
 
 
 def _settings_in_force(**fields):
@@ -54,14 +52,11 @@ def _cpu_binder(monkeypatch, kernel):
 
 
 def _one_shot_variant(monkeypatch, world):
-    """The one-shot AllReduce at ``world`` ranks, fp32, as AllReduceContext preloads it (the
-    variant the collectives' compile tests build)."""
-    backend, binder = _cpu_binder(monkeypatch, all_reduce_one_shot_kernel)
-    args = (FakeTensor(tl.float32), FakeTensor(tl.float32), FakeTensor(tl.float32), FakeTensor(tl.uint64), 2,
-            FakeTensor(tl.int64), 2)
-    kwargs = dict(WORLD=world, MAX_PROGRAMS=AllReduceContext.DEFAULT_MAX_PROGRAMS, BLOCK=AllReduceContext.BLOCK,
-                  num_warps=AllReduceContext.NUM_WARPS)
-    return parallel_compile.bound_variant(all_reduce_one_shot_kernel, args, kwargs, HOPPER, backend, binder)[0]
+    """The one-shot AllReduce at ``world`` ranks, fp32, as the C++ prebuild describes it (the whole-GPU
+    variant AllReduceContext preloads)."""
+    kernel, args, kwargs = prebuild.VARIANTS["all_reduce_one_shot"](world, tl.float32)
+    backend, binder = _cpu_binder(monkeypatch, kernel)
+    return parallel_compile.bound_variant(kernel, args, kwargs, HOPPER, backend, binder)[0]
 
 
 def _line(variant) -> str:
