@@ -13,8 +13,9 @@ piece of a label: ``405b``, ``qkv``, ``row8``); ``--list`` prints the rows and e
 
 Timing (docs/design.md §7). Headline (``ours_us``, ``baselines.torch_cublas_us``): *sustained*.
 Each contender (ours, cuBLAS and, unless ``--no-sweep``, every config of
-:data:`~triton_dist.kernels.gemm.dense.CONFIGS` and, for M <= ``SKINNY_MAX_M``,
-:data:`~triton_dist.kernels.gemm.dense.SKINNY_CONFIGS`) is captured in a CUDA graph of up to
+:data:`~triton_dist.kernels.gemm.dense.CONFIGS`, for M <= ``SKINNY_MAX_M``
+:data:`~triton_dist.kernels.gemm.dense.SKINNY_CONFIGS`, and every split-K config
+(:data:`~triton_dist.kernels.gemm.split_k.CONFIG_NAMES`) whose ``BM`` holds M) is captured in a CUDA graph of up to
 :data:`GROUP` calls; the replays of all contenders are issued back to back with no sync between
 them, in turn (ours, cuBLAS, configs, then the reverse order), and each contender's time is the
 median over its replays. Why: one call per sample after a sync gave ours/cuBLAS 1.14 at
@@ -33,7 +34,8 @@ same A and B in every call, as this script timed before (and, as far as its text
 
 Per row: ``config`` (what ``gemm`` picks: ``pick_skinny_config`` or ``pick_config``), ``config_us``
 (every applicable config, sustained, in the same turns: the data to re-derive the pick rule),
-``best_config``; ``verified``: ours within :data:`REL_TOL` of an fp32 reference on up to
+``best_config``, ``split_k_slices`` (the K slices each timed split-K config ran with:
+``pick_split_k``'s); ``verified``: ours within :data:`REL_TOL` of an fp32 reference on up to
 :data:`REF_ROWS` rows (random inputs); a config that misses it is left out of ``config_us`` and
 listed in ``config_errors``. Bar (issue 22): cuBLAS/ours >= 0.95 on every row, median >= 1.
 
@@ -65,6 +67,7 @@ except ImportError:
 from triton_dist import bench  # noqa: E402
 from triton_dist.kernels.gemm.dense import (CONFIGS, SKINNY_CONFIGS, SKINNY_MAX_M, gemm, num_sms,  # noqa: E402
                                             pick_config, pick_skinny_config)
+from triton_dist.kernels.gemm.split_k import CONFIG_NAMES as SPLIT_K_CONFIGS, pick_split_k  # noqa: E402
 
 M_VALUES = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192)
 WORLDS = (1, 2, 4, 8)
@@ -178,8 +181,9 @@ def rows(quick: bool = False, ms=None, shapes=None) -> list[tuple[int, int, int,
 
 def sweep_configs(m: int) -> list[str]:
     """The configs ``gemm`` accepts that are meant for ``m`` rows: CONFIGS always, SKINNY_CONFIGS up to
-    ``SKINNY_MAX_M`` rows."""
-    return list(CONFIGS) + (list(SKINNY_CONFIGS) if m <= SKINNY_MAX_M else [])
+    ``SKINNY_MAX_M`` rows, each split-K config whose ``BM`` holds ``m`` rows."""
+    return (list(CONFIGS) + (list(SKINNY_CONFIGS) if m <= SKINNY_MAX_M else []) +
+            [name for name, bm in SPLIT_K_CONFIGS.items() if m <= bm])
 
 
 def model_us(m: int, n: int, k: int) -> float:
@@ -360,6 +364,9 @@ def measure_row(m: int, n: int, k: int, labels, args, gpu: str, sms: int, l2_byt
     if not args.no_sweep:
         config_us = {picked: ours, **us}
         extra.update(config_us=config_us, best_config=min(config_us, key=config_us.get))
+        slices = {c: pick_split_k(m, n, k, sms, c) for c in config_us if c in SPLIT_K_CONFIGS}
+        if slices:
+            extra["split_k_slices"] = slices
     if config_errors:
         extra["config_errors"] = config_errors
     if not args.no_do_bench:

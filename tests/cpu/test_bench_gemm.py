@@ -1,5 +1,5 @@
 """bench/gemm.py's rows (issue 22's table) without a GPU: deduplicated, TMA-aligned, the quick set
-inside the full one, the filters, the table."""
+inside the full one, the filters, the configs swept, the table."""
 
 import importlib.util
 import pathlib
@@ -83,6 +83,16 @@ def test_sweep_covers_the_pick(script):
     for m, n, k, _ in script.rows():
         for sms in (78, 132):
             assert (pick_skinny_config(m, n, sms) or pick_config(m, n, k, sms)) in script.sweep_configs(m)
+
+
+def test_sweep_includes_the_split_k_configs_that_hold_m(script):
+    from triton_dist.kernels.gemm.split_k import CONFIG_NAMES
+
+    assert [c for c in script.sweep_configs(1) if c.startswith("split_k")] == list(CONFIG_NAMES)
+    assert [c for c in script.sweep_configs(17) if c.startswith("split_k")] == ["split_k_m32", "split_k_m64",
+                                                                               "split_k_m128"]
+    assert [c for c in script.sweep_configs(128) if c.startswith("split_k")] == ["split_k_m128"]
+    assert not [c for c in script.sweep_configs(129) if c.startswith("split_k")]
 
 
 def test_sampling_and_estimate(script):

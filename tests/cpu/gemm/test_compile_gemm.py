@@ -1,15 +1,20 @@
-"""The persistent GEMM and the AllGather+GEMM kernels compile for sm_90: wgmma and TMA in the plain
-GEMM and in the consumer, and in the consumer an acquire spin that every TMA load of A depends on
-(through the descriptor's token), issued before the first load; the producer's signal kernels
-release and acquire at system scope. Host-side rules (config choice) need no GPU."""
+"""The persistent GEMM, the split-K GEMM and the AllGather+GEMM kernels compile for sm_90: wgmma and
+TMA in the plain GEMM and in the consumer, and in the consumer an acquire spin that every TMA load
+of A depends on (through the descriptor's token), issued before the first load; the split-K GEMM
+with B's rows on wgmma's M side, no spills, its partials read only after the ticket that collects
+them; the producer's signal kernels release and acquire at system scope. Host-side rules (config
+and slice choice) need no GPU."""
 
 import re
 
 import pytest
+import triton
 
 from triton_dist.kernels.gemm import ag_gemm as allgather_gemm
 from triton_dist.kernels.gemm import dense as gemm_module
-from triton_dist.tools.compile_check import compile_for_hopper, depends_on, ops_matching, results, wgmma_serialized
+from triton_dist.kernels.gemm import split_k as split_k_module
+from triton_dist.tools.compile_check import (compile_for_hopper, depends_on, ops_matching, results, spill_bytes,
+                                             wgmma_serialized)
 
 _SPIN = "ld.acquire.sys.global.u64"
 _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
@@ -138,3 +143,106 @@ def test_config_rule():
     for name in gemm_module.CONFIGS:
         meta = gemm_module.kernel_meta(name, True)
         assert meta["WAIT_FOR_ROWS"] and meta["num_stages"] == meta["NUM_STAGES"]
+
+
+def _compile_split_k(config, dtype="bf16"):
+    c = gemm_module.config_params(config)
+    signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
+                 "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>", "out": f"*{dtype}", "partials": "*fp32",
+                 "tickets": "*i32", "M": "i32", "N": "i32", "K": "i32", "split_k": "i32"}
+    meta = dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], NUM_STAGES=c["NUM_STAGES"])
+    return compile_for_hopper(split_k_module.gemm_split_k_kernel, signature, meta, num_warps=c["num_warps"])
+
+
+@pytest.mark.parametrize("config,dtype", [(c, "bf16") for c in split_k_module.CONFIG_NAMES] + [("split_k_m16", "fp16")])
+def test_split_k_gemm_uses_wgmma_without_spills(config, dtype):
+    """B's rows on wgmma's M side (``m64n<BM>``), a pipelined TMA loop that ptxas does not
+    serialise, no spills, 16-byte stores."""
+    c = gemm_module.config_params(config)
+    compiled = _compile_split_k(config, dtype)
+    ptx = compiled.asm["ptx"]
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c['BM']}k16", ptx)
+    assert "cp.async.bulk.tensor" in ptx
+    assert not wgmma_serialized(ptx)
+    assert spill_bytes(ptx) == (0, 0), config
+    assert compiled.metadata.shared <= _SMEM_LIMIT
+    loads = ops_matching(compiled.asm["ttgir"], r"async_tma_copy_global_to_local")
+    assert len(loads) >= 2 * c["NUM_STAGES"]
+    assert all(".v4." in op for op in re.findall(r"st\.global[a-z0-9.]*", ptx))
+
+
+def test_split_k_gemm_reads_partials_after_the_ticket():
+    """Each program stores its fp32 partial, then a CTA barrier and one acq_rel add at GPU scope
+    (the ticket); Triton hands its result to every thread through shared memory behind a barrier;
+    only then, in the last program, the relaxed reset and the partials' loads, summed in fp32 and
+    rounded once into ``out``."""
+    compiled = _compile_split_k("split_k_m16")
+    ttir = compiled.asm["ttir"].splitlines()
+    ticket = [i for i, line in enumerate(ttir) if "tt.atomic_rmw add" in line]
+    assert len(ticket) == 1 and "acq_rel, gpu" in ttir[ticket[0]]
+    stores = [i for i, line in enumerate(ttir) if "tt.store" in line]
+    partial_stores = [i for i in stores if "f32>>" in ttir[i]]
+    assert len(partial_stores) == 1 and partial_stores[0] < ticket[0]
+    between = [line for line in ttir[partial_stores[0]:ticket[0]]
+               if re.search(r"gpu\.barrier|tt\.store|tt\.atomic", line)]
+    assert "gpu.barrier" in between[-1]
+    loads = [i for i, line in enumerate(ttir) if "tt.load" in line and "f32>>" in line]
+    assert loads and min(loads) > ticket[0]
+    assert any("tt.atomic_rmw exch, relaxed, gpu" in line for line in ttir[ticket[0]:min(loads)])
+    assert len([i for i in stores if "bf16>>" in ttir[i]]) == 2  # one slice: straight out; several: the sum
+    ptx = compiled.asm["ptx"].splitlines()
+    add = [i for i, line in enumerate(ptx) if "atom.global.gpu.acq_rel.add" in line]
+    assert len(add) == 1
+    after = next(i for i in range(add[0], len(ptx)) if "bar.sync" in ptx[i])
+    partial_loads = [i for i, line in enumerate(ptx) if re.search(r"ld\.global(\.v4)?\.b32", line)]
+    assert partial_loads and min(partial_loads) > after
+    assert not any(".nc" in ptx[i] for i in partial_loads)  # not the read-only path: they were just written
+
+
+def test_split_k_configs():
+    names = split_k_module.CONFIG_NAMES
+    assert list(names) == ["split_k_m16", "split_k_m32", "split_k_m64", "split_k_m128"]
+    for name, bm in names.items():
+        c = gemm_module.config_params(name)
+        assert c["BM"] == bm and c["BN"] == split_k_module.SPLIT_K_BN and name in gemm_module.config_names()
+        with pytest.raises(ValueError, match="split-K kernel"):
+            gemm_module.kernel_meta(name, False)
+        with pytest.raises(ValueError, match="split-K kernel"):
+            gemm_module.grid_for(1, 4096, name, 132)
+    # GEMM+AllReduce's split_k runs the same table.
+    from triton_dist.kernels.gemm import gemm_ar
+
+    assert gemm_ar.SPLIT_K_CONFIGS is split_k_module.SPLIT_K_CONFIGS and gemm_ar.SPLIT_K_BN == 128
+    assert [split_k_module.block_for(m) for m in (1, 16, 17, 64, 65, 128)] == [16, 16, 32, 64, 128, 128]
+    with pytest.raises(ValueError, match="at most 128"):
+        split_k_module.block_for(129)
+
+
+def test_split_k_slice_rule():
+    """Issue 22's decode rows: the n-tiles and slices fill the SMs once (at one row the partials
+    cost nothing); 128 rows with 112 n-tiles keep one slice (its partials would be 128 rows)."""
+    pick = split_k_module.pick_split_k
+    assert pick(1, 8192, 14336, 132) == 2  # 64 n-tiles x 2: 128 programs
+    assert pick(1, 4096, 7168, 132) == 4  # 32 x 4
+    assert pick(16, 8192, 14336, 132) == 2
+    assert pick(128, 14336, 8192, 132) == 1
+    assert pick(1, 65536, 8192, 132) == 1  # 512 n-tiles: the SMs are full without slices
+    assert pick(1, 4096, 256, 132) == 1  # 2 K steps: too short to cut
+    for m in (1, 7, 16, 32, 64, 128):
+        for n in (512, 1024, 4096, 8192, 14336, 28672, 106496):
+            for k in (128, 512, 1024, 4096, 8192, 14336, 53248):
+                for sms in (78, 132):
+                    bk = gemm_module.config_params(f"split_k_m{split_k_module.block_for(m)}")["BK"]
+                    steps, tiles = triton.cdiv(k, bk), triton.cdiv(n, 128)
+                    s = pick(m, n, k, sms)
+                    assert 1 <= s <= split_k_module.MAX_SLICES
+                    assert s == 1 or steps // s >= split_k_module.MIN_SLICE_STEPS, (m, n, k, s)
+                    if steps < 2 * split_k_module.MIN_SLICE_STEPS:
+                        assert s == 1
+                    # Slices fill idle SMs: at a few rows and a long K, n-tiles short of the SMs
+                    # get slices up to at least 3/4 of them.
+                    if m <= 16 and steps >= 32 and tiles * split_k_module.MAX_SLICES >= sms:
+                        assert tiles * s >= 0.75 * sms or tiles >= sms, (m, n, k, sms, s)
+    with pytest.raises(ValueError, match="unknown config"):
+        pick(1, 4096, 4096, 132, "skinny_n32")
+

@@ -1,4 +1,5 @@
-"""The persistent GEMM against torch (fp32 reference), and triton_dist.ops.ag_gemm (every producer;
+"""The persistent GEMM and the split-K GEMM against torch (fp32 reference; split-K: the same bits
+over 200 back-to-back calls and in a CUDA graph), and triton_dist.ops.ag_gemm (every producer;
 under TRITON_DIST_LOCAL_WORLD_SIZE "sm_2d" crosses declared nodes) against
 torch.distributed.all_gather_into_tensor + matmul: back-to-back calls with fresh inputs (a tile read
 before its rows landed, or from a previous call, shows up as a large error or a NaN from the
@@ -13,6 +14,7 @@ from conftest import all_ranks_agree, raises_everywhere, rank_randn, tolerance_r
 from triton_dist import host_collectives, ops
 from triton_dist.kernels import AllGatherGemmContext
 from triton_dist.kernels.gemm import dense as gemm_module
+from triton_dist.kernels.gemm import split_k as split_k_module
 from triton_dist.kernels.gemm.dense import gemm
 
 _TOL = 1.0  # tolerance_ratio: every element within its own bound (conftest)
@@ -45,6 +47,86 @@ def test_skinny_gemm_matches_torch(m, n, k):
     """Decode-sized M takes the skinny configs (64-row tiles; rows past M, columns past N and the
     K tail are outside the TMA boxes)."""
     _check_gemm(m, n, k, torch.bfloat16, None, seed=5)
+
+
+_SPLIT_K_CASES = [(m, c) for c, bm in split_k_module.CONFIG_NAMES.items() for m in (1, 7, 16, 64, 128) if m <= bm]
+
+
+@pytest.mark.parametrize("m,config", _SPLIT_K_CASES)
+@pytest.mark.parametrize("n,k", [(2056, 8248), (1032, 200)], ids=["slices", "one_slice"])
+def test_split_k_gemm_matches_torch(m, config, n, k):
+    """Every split-K config at every M it holds; N and K odd multiples of 8 (a masked tail of
+    columns, K steps that do not divide into equal slices): 8248 deep is cut into several slices at
+    any SM count (the tickets and the sum), 200 deep into one (stored straight into ``out``)."""
+    slices = split_k_module.pick_split_k(m, n, k, gemm_module.num_sms(), config)
+    all_ranks_agree((slices > 1) == (k > 1000), f"split-K {m}x{n}x{k} {config}: {slices} slices")
+    _check_gemm(m, n, k, torch.bfloat16, config, seed=11 + m)
+
+
+@pytest.mark.parametrize("slices,programs", [(1, 7), (2, 132), (3, 7), (5, 132), (8, 7), (8, 132)])
+def test_split_k_gemm_any_slice_count(slices, programs):
+    """Slice counts other than the rule's (unequal slices of 65 K steps), and a grid of 7 programs
+    that walks several (slice, n-tile) pairs each."""
+    m, n, k = 7, 2056, 8248
+    a, b = rank_randn((m, k), torch.bfloat16, 21), rank_randn((n, k), torch.bfloat16, 22)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    split_k_module.gemm_split_k(a, b, out, "split_k_m16", min(programs, gemm_module.num_sms()), split_k=slices)
+    torch.cuda.synchronize()
+    err = tolerance_ratio(out, a.float() @ b.float().T)
+    all_ranks_agree(err < _TOL, f"split-K {slices} slices on {programs} programs: error/tolerance {err}")
+
+
+@pytest.mark.parametrize("config", list(split_k_module.CONFIG_NAMES))
+def test_split_k_gemm_is_deterministic(config):
+    """200 back-to-back calls on the same inputs, each into its own NaN-poisoned output, give the
+    same bits (the partials are summed in slice order, whichever program finishes last) and are
+    right: a ticket not reset by a call would leave a later call's ``out`` poisoned."""
+    m, n, k = min(split_k_module.CONFIG_NAMES[config], 16), 2056, 8248
+    a, b = rank_randn((m, k), torch.bfloat16, 31), rank_randn((n, k), torch.bfloat16, 32)
+    outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(200)]
+    for out in outs:
+        gemm(a, b, out=out, config=config)
+    torch.cuda.synchronize()
+    differ = [i for i, out in enumerate(outs) if not torch.equal(out, outs[0])]
+    err = tolerance_ratio(outs[0], a.float() @ b.float().T)
+    all_ranks_agree(not differ and err < _TOL, f"split-K {config}: calls whose bits differ from the first {differ}, "
+                                                f"error/tolerance {err}")
+
+
+def test_split_k_gemm_cuda_graph_replay():
+    """Captured on the capture stream (its own ticket counters, handed out without GPU work),
+    replayed with new inputs: right, and the same bits as an eager call."""
+    m, n, k, config = 16, 2056, 8248, "split_k_m16"
+    a = rank_randn((m, k), torch.bfloat16, 41)
+    b = rank_randn((n, k), torch.bfloat16, 42)
+    out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+    gemm(a, b, out=out, config=config)  # uncaptured first: compiles, and makes the device's counters
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        gemm(a, b, out=out, config=config)
+        gemm(a, b, out=out, config=config)
+    errors, same = [], []
+    for replay in range(3):
+        a.copy_(rank_randn((m, k), torch.bfloat16, 50 + replay))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        errors.append(tolerance_ratio(out, a.float() @ b.float().T))
+        same.append(torch.equal(out, gemm(a, b, config=config)))
+    all_ranks_agree(all(e < _TOL for e in errors) and all(same),
+                    f"split-K graph replays: error/tolerance {errors}, same bits as eager {same}")
+
+
+def test_split_k_gemm_refuses_more_rows_than_its_block():
+    a, b = rank_randn((17, 256), torch.bfloat16, 61), rank_randn((64, 256), torch.bfloat16, 62)
+    raises_everywhere(lambda: gemm(a, b, config="split_k_m16"), ValueError, r"takes M <= 16 rows, got M = 17")
+    raises_everywhere(lambda: gemm(rank_randn((129, 256), torch.bfloat16, 63), b, config="split_k_m128"), ValueError,
+                      "split-K takes M <= 128")
+    got = gemm(a, b, config="split_k_m32")
+    torch.cuda.synchronize()
+    err = tolerance_ratio(got, a.float() @ b.float().T)
+    all_ranks_agree(err < _TOL, f"split_k_m32 after the refusals: error/tolerance {err}")
 
 
 @pytest.mark.parametrize("producer", ["ce_push", "sm_push", "sm_2d"])

@@ -31,6 +31,10 @@ Configs: :func:`pick_config` chooses between two configs by a fixed rule (128x25
 there are at least as many of them as SMs and N >= 2048, else 128x128x64); ``gemm(config="auto")``
 asks the distributed autotuner instead. Decode-sized M (at most 64 rows) gets one of the
 :data:`SKINNY_CONFIGS` (64-row tiles, as narrow as fills the SMs: :func:`pick_skinny_config`).
+``gemm(config="split_k_m16")`` and the other names of
+:data:`~triton_dist.kernels.gemm.split_k.CONFIG_NAMES` run the split-K kernel of
+:mod:`~triton_dist.kernels.gemm.split_k` instead (B's rows on wgmma's M side, K cut into slices;
+up to 128 rows): no default picks it until a GPU measurement says where it wins.
 
 TMA needs 16-byte aligned row strides: ``K`` and ``N`` must be multiples of 8 (2-byte dtypes).
 """
@@ -43,6 +47,7 @@ import triton.language as tl
 from ... import language as dl
 from ... import residency as _residency
 from ...language import timeline as _timeline
+from . import split_k as _split_k
 from .tile import own_node_first, tile_coords, tile_product
 from .epilogues import all_reduce_tile, copy_chunk, partial_destination, publish_pending, sum_own_tile
 
@@ -73,13 +78,28 @@ SKINNY_CONFIGS = {
 """Configs for ``M <= SKINNY_MAX_M`` (plain GEMM and GEMM+AllReduce), chosen by :func:`pick_skinny_config`."""
 
 
+def config_names() -> list[str]:
+    """Every config :func:`gemm` takes by name: :data:`CONFIGS`, :data:`SKINNY_CONFIGS` and the
+    split-K configs (:data:`~triton_dist.kernels.gemm.split_k.CONFIG_NAMES`)."""
+    return sorted(CONFIGS) + sorted(SKINNY_CONFIGS) + list(_split_k.CONFIG_NAMES)
+
+
 def config_params(config: str) -> dict:
-    """The parameters of ``config``, a key of :data:`CONFIGS` or :data:`SKINNY_CONFIGS`."""
-    params = CONFIGS.get(config) or SKINNY_CONFIGS.get(config)
+    """The parameters of ``config``, one of :func:`config_names` (a split-K config's: ``BM``,
+    ``BN``, ``BK``, ``NUM_STAGES``, ``num_warps`` of
+    :func:`~triton_dist.kernels.gemm.split_k.gemm_split_k_kernel`)."""
+    params = CONFIGS.get(config) or SKINNY_CONFIGS.get(config) or _split_k.config_params(config)
     if params is None:
-        raise ValueError(f"triton_dist gemm: unknown config {config!r}; the configs are "
-                         f"{sorted(CONFIGS) + sorted(SKINNY_CONFIGS)}")
+        raise ValueError(f"triton_dist gemm: unknown config {config!r}; the configs are {config_names()}")
     return params
+
+
+def _persistent(config: str) -> dict:
+    """:func:`config_params` of a config of :func:`gemm_kernel` (not a split-K one)."""
+    if config in _split_k.CONFIG_NAMES:
+        raise ValueError(f"triton_dist gemm: {config!r} is a config of the split-K kernel "
+                         f"(triton_dist.kernels.gemm.split_k), not of gemm_kernel")
+    return config_params(config)
 
 
 def pick_skinny_config(m: int, n: int, num_sms: int) -> str | None:
@@ -120,7 +140,7 @@ def kernel_meta(config: str, wait_for_rows: bool, *, epilogue: str = "store", wo
     the plain GEMM's launch keeps its key."""
     if epilogue not in EPILOGUES:
         raise ValueError(f"triton_dist gemm: epilogue must be one of {EPILOGUES}, got {epilogue!r}")
-    c = config_params(config)
+    c = _persistent(config)
     meta = dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], NUM_STAGES=c["NUM_STAGES"],
                 WAIT_FOR_ROWS=wait_for_rows, num_warps=c["num_warps"], num_stages=c["NUM_STAGES"])
     if epilogue != "store":
@@ -406,7 +426,7 @@ def descriptors(a, b, c, config: str):
 
 def grid_for(m: int, n: int, config: str, max_programs: int) -> tuple[int]:
     """One program per output tile of ``config``, at most ``max_programs`` (the persistent grid)."""
-    cfg = config_params(config)
+    cfg = _persistent(config)
     tiles = triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"])
     return (max(1, min(tiles, max_programs)), )
 
@@ -453,9 +473,10 @@ def aligned_for_tma(t):
 
 def gemm(a, b, *, out=None, config: str | None = None):
     """``a @ b.T`` (``a [M, K]``, ``b [N, K]``, bf16 or fp16) on the current stream; returns ``out``
-    (a new ``[M, N]`` tensor when None). ``config``: a key of :data:`CONFIGS` or
-    :data:`SKINNY_CONFIGS`; None (the default): :func:`pick_skinny_config`'s fixed rule for
-    ``M <= SKINNY_MAX_M``, else :func:`pick_config`'s, which need no triton_dist runtime; ``"auto"``: the
+    (a new ``[M, N]`` tensor when None). ``config``: one of :func:`config_names` (a split-K
+    one, ``"split_k_m<BM>"``, takes at most ``BM`` rows: a ValueError past them); None (the
+    default): :func:`pick_skinny_config`'s fixed rule for ``M <= SKINNY_MAX_M``, else
+    :func:`pick_config`'s, which need no triton_dist runtime; ``"auto"``: the
     distributed autotuner's choice for this shape (:mod:`~triton_dist.kernels.gemm.autotune`),
     collective on the first call per shape and dtype (every rank, same shape, at the same time),
     and not inside a CUDA graph capture (it times candidates)."""
@@ -475,14 +496,19 @@ def gemm(a, b, *, out=None, config: str | None = None):
         from .autotune import tuned_gemm_config
 
         config = tuned_gemm_config(m, n, k, a.dtype)
+    # The default stays the persistent GEMM's rules: split-K is picked only by name until a GPU
+    # measurement (bench/gemm.py's config_us) shows where it beats them.
     config = config or pick_skinny_config(m, n, sms) or pick_config(m, n, k, sms)
-    if config not in CONFIGS and config not in SKINNY_CONFIGS:
-        raise ValueError(f"triton_dist gemm: config must be None, \"auto\" or one of "
-                         f"{sorted(CONFIGS) + sorted(SKINNY_CONFIGS)}, got {config!r}")
+    if config not in config_names():
+        raise ValueError(f"triton_dist gemm: config must be None, \"auto\" or one of {config_names()}, got "
+                         f"{config!r}")
     target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
-    a_desc, b_desc, c_desc = descriptors(aligned_for_tma(a), aligned_for_tma(b), target, config)
-    gemm_kernel[grid_for(m, n, config, sms)](a_desc, b_desc, c_desc, m, n, k, None, None, 0, 1,
-                                             **kernel_meta(config, False))
+    if config in _split_k.CONFIG_NAMES:
+        _split_k.gemm_split_k(aligned_for_tma(a), aligned_for_tma(b), target, config, sms)
+    else:
+        a_desc, b_desc, c_desc = descriptors(aligned_for_tma(a), aligned_for_tma(b), target, config)
+        gemm_kernel[grid_for(m, n, config, sms)](a_desc, b_desc, c_desc, m, n, k, None, None, 0, 1,
+                                                 **kernel_meta(config, False))
     if target is not out:
         out.copy_(target)
     return out

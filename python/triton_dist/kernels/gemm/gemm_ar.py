@@ -34,14 +34,16 @@ Two tile loops (``method=``, :data:`METHODS`):
   by reading B, and an ``out`` tile of 64 rows of which 1-16 are real feeds wgmma mostly zeros and
   holds few bytes of B per pipeline stage. Here B's rows are wgmma's M side (128 of them per
   tile) and ``out``'s rows its N side (``BM``, M padded to 16-128), so a stage carries 32 KiB of
-  B; the contraction is split into ``split_k`` slices (:meth:`GemmAllReduceContext.split_k`) so
-  that ``cdiv(N, 128) * split_k`` programs fill the SMs. Each program pushes its fp32 partial
-  (rank ``me``, slice ``s``) to slot ``me * split_k + s`` of every rank's half (its own included)
-  and signals every rank; the programs of slice 0 then wait for all ``world * split_k`` partials
-  of their tile and sum them in the order (rank, slice): the split's sum is folded into the
-  all-reduce's, and every rank still rounds the same sum. Slices are walked from the last to 0,
-  so a waiting program (slice 0) only waits for tiles that come before it in every program's
-  walk. No deadlock: with more than one slice the grid holds every tile once (``split_k``
+  B (the K loop and the configs by ``BM`` are the plain split-K GEMM's:
+  :func:`~triton_dist.kernels.gemm.tile.swapped_tile_product`,
+  :data:`~triton_dist.kernels.gemm.split_k.SPLIT_K_CONFIGS`); the contraction is split into
+  ``split_k`` slices (:meth:`GemmAllReduceContext.split_k`) so that ``cdiv(N, 128) * split_k``
+  programs fill the SMs. Each program pushes its fp32 partial (rank ``me``, slice ``s``) to slot
+  ``me * split_k + s`` of every rank's half (its own included) and signals every rank; the
+  programs of slice 0 then wait for all ``world * split_k`` partials of their tile and sum them in
+  the order (rank, slice): the split's sum is folded into the all-reduce's, and every rank still
+  rounds the same sum. Slices are walked from the last to 0, so a waiting program (slice 0) only
+  waits for tiles that come before it in every program's walk. No deadlock: with more than one slice the grid holds every tile once (``split_k``
   keeps ``cdiv(N, 128) * split_k`` within the SMs, asserted at launch), all resident, each
   signalling before it waits; with one slice, the argument of ``"output_tiles"`` below. The
   price: ``split_k`` times the partial bytes of ``"output_tiles"``. Measured on 2 x H200
@@ -69,6 +71,8 @@ from ...signals import SignalPad
 from ...symmetric import symm_empty
 from . import dense as _gemm
 from .context import OverlappedGemmContext
+from .split_k import SPLIT_K_BN, SPLIT_K_CONFIGS, SPLIT_K_MAX_M, block_for
+from .tile import swapped_tile_product
 from . import policy as _policy
 from ..common import call_counter as _call_counter
 from ..common import reach as _reach
@@ -83,30 +87,9 @@ METHODS = ("auto", "split_k", "output_tiles")
 """``method=`` of :meth:`GemmAllReduceContext.run` (module notes); ``"auto"``:
 :func:`triton_dist.kernels.gemm.policy.gemm_ar_method`."""
 
-SPLIT_K_MAX_M = 128
-"""The most rows ``"split_k"`` takes: ``BM`` (``out``'s rows, wgmma's N side) up to 128."""
-
 SPLIT_K_MAX = 4
 """The most slices ``"split_k"`` cuts the contraction into; the context's symmetric buffer holds
 ``world * SPLIT_K_MAX`` fp32 slots of ``min(max_m, SPLIT_K_MAX_M) x n``."""
-
-SPLIT_K_BN = 128
-"""``"split_k"``: rows of B (columns of ``out``) per tile: wgmma's M side, two warpgroups' worth
-would hold twice the accumulator for no more bytes of B in flight."""
-
-SPLIT_K_CONFIGS = {
-    # BM (the call's rows padded) -> K step, pipeline depth and warps. Shared memory per stage:
-    # (128 + BM) * BK * 2 bytes; about 200 KiB in flight per SM. 8 warps from 64 rows: with 4, the
-    # fp32 accumulator, the sum and a loaded partial spilled (ptxas, sm_90a: 64 rows at 8 ranks,
-    # 128 rows at 2).
-    16: dict(BK=128, NUM_STAGES=6, num_warps=4),  # 6 * 36 KiB
-    32: dict(BK=128, NUM_STAGES=5, num_warps=4),  # 5 * 40 KiB
-    64: dict(BK=128, NUM_STAGES=4, num_warps=8),  # 4 * 48 KiB
-    128: dict(BK=64, NUM_STAGES=6, num_warps=8),  # 6 * 32 KiB
-}
-"""``"split_k"``'s configs by ``BM``: :meth:`GemmAllReduceContext.split_k_block` picks the smallest
-``BM`` holding the call's rows."""
-
 
 gemm_ar_kernel = DistributedKernel(_gemm.gemm_kernel)
 """:func:`triton_dist.kernels.gemm.dense.gemm_kernel` launched with ``EPILOGUE="all_reduce"`` and the
@@ -137,11 +120,9 @@ def gemm_ar_split_k_kernel(a_desc, b_desc, partials, out, signals, calls, M, N, 
         s = split_k - 1 - tile // num_n  # the last slice first: slice 0's programs wait, and come last
         j = tile % num_n
         off_n = j * BN
-        acc = tl.zeros((BN, BM), dtype=tl.float32)  # out's tile, transposed: B's rows by A's
-        for k in tl.range(s * per_slice, tl.minimum((s + 1) * per_slice, k_tiles), num_stages=NUM_STAGES):
-            w = b_desc.load([off_n, k * BK])
-            x = a_desc.load([0, k * BK])
-            acc = tl.dot(w, x.T, acc)
+        # out's tile, transposed: B's rows by A's
+        acc = swapped_tile_product(a_desc, b_desc, off_n, s * per_slice, tl.minimum((s + 1) * per_slice, k_tiles), BM,
+                                   BN, BK, NUM_STAGES)
         cols = off_n + tl.arange(0, BN)  # out's columns
         rows = tl.arange(0, BM)  # out's rows
         mask = (cols < stride)[:, None] & (rows < M)[None, :]
@@ -227,8 +208,8 @@ class GemmAllReduceContext(OverlappedGemmContext):
     @staticmethod
     def split_k_block(m: int) -> int:
         """``"split_k"``'s ``BM`` for ``m <= SPLIT_K_MAX_M`` rows: the smallest of
-        :data:`SPLIT_K_CONFIGS` holding them."""
-        return next(bm for bm in sorted(SPLIT_K_CONFIGS) if m <= bm)
+        :data:`~triton_dist.kernels.gemm.split_k.SPLIT_K_CONFIGS` holding them."""
+        return block_for(m)
 
     def split_k(self, k: int) -> int:
         """Slices of a ``K``-deep contraction for ``"split_k"`` (a fixed rule, the same on every

@@ -1,0 +1,237 @@
+"""Split-K GEMM for decode-sized M: ``C[M, N] = A[M, K] @ B[N, K]^T`` with ``M <= SPLIT_K_MAX_M``,
+B's rows on wgmma's M side (:func:`~triton_dist.kernels.gemm.tile.swapped_tile_product`, the K loop
+GEMM+AllReduce's ``"split_k"`` runs too) and the contraction cut into slices, so that the
+``(slice, n-tile)`` programs fill the SMs.
+
+Why: a decode GEMM is bound by reading B. The persistent GEMM's skinny configs
+(:data:`~triton_dist.kernels.gemm.dense.SKINNY_CONFIGS`) give an SM one 64-row tile of ``out`` and
+the whole of K, so the SM streams its slice of B through one long K loop, and at 1-16 rows wgmma
+multiplies mostly zeros; on one H200 cuBLAS took 0.61-0.76 of their time at 1x4096x7168,
+1x8192x14336 and 16x8192x14336 (issue 22). Here a stage holds 128 rows of B (``SPLIT_K_BN``) by
+``BK``, ``out``'s rows padded to ``BM`` (16-128) are wgmma's N side, and :func:`pick_split_k` cuts K
+so that more programs stream B at once.
+
+Configs: :data:`SPLIT_K_CONFIGS` (by ``BM``; GEMM+AllReduce's table too), named ``"split_k_m16"``,
+``"split_k_m32"``, ``"split_k_m64"``, ``"split_k_m128"`` (:data:`CONFIG_NAMES`) where
+:func:`~triton_dist.kernels.gemm.dense.gemm` takes a config. ``gemm``'s default choice does not
+pick them yet: that changes only after a GPU measurement (bench/gemm.py sweeps them).
+
+:func:`gemm_split_k_kernel`: persistent over ``(slice s, n-tile j)`` pairs. With one slice a
+program stores its tile (transposed back) into ``out``. With several, it stores its fp32 partial
+into slot ``s`` of a workspace ``partials [split_k, M, N]`` and counts itself on ticket ``j``
+(:func:`~triton_dist.kernels.common.tickets.last_to_finish`); the program that completes the count
+sums the ``split_k`` partials in slice order ``0, 1, ...`` and rounds once into ``out``. The order
+depends neither on which program finished last nor on timing, so every call gives the same bits.
+No program ever waits, so any grid is deadlock-free.
+
+Tickets (:func:`ticket_counters`): int32 counters, zero between calls (each call's last program of
+an n-tile resets its counter). Each (device, stream) has its own range of :data:`MAX_N_TILES`,
+cut from a per-device slab zeroed when it is made (one memset and one synchronisation, at a
+device's first split-K call), so a call launches no memset; a stream first seen while it captures
+a CUDA graph (the capture stream) gets its range without any GPU work, and the graph's calls use
+it. Counters are shared by every call on one stream (ordered) and by every graph captured on it:
+such a graph must not be replayed at the same time as another of them or as a call on that
+stream. The workspace comes from ``torch.empty`` per call: the caching allocator, no kernel (in a
+capture, the graph's pool).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ..common.tickets import last_to_finish
+from .tile import swapped_tile_product
+
+SPLIT_K_MAX_M = 128
+"""The most rows a split-K config takes: ``BM`` (``out``'s rows, wgmma's N side) up to 128."""
+
+SPLIT_K_BN = 128
+"""Rows of B (columns of ``out``) per tile: wgmma's M side; two warpgroups' worth more would hold
+twice the accumulator for no more bytes of B in flight."""
+
+SPLIT_K_CONFIGS = {
+    # BM (the call's rows padded) -> K step, pipeline depth and warps. Shared memory per stage:
+    # (128 + BM) * BK * 2 bytes; about 200 KiB in flight per SM. 8 warps from 64 rows: with 4,
+    # GEMM+AllReduce's epilogue (the fp32 accumulator, the sum and a loaded partial) spilled
+    # (ptxas, sm_90a: 64 rows at 8 ranks, 128 rows at 2).
+    16: dict(BK=128, NUM_STAGES=6, num_warps=4),  # 6 * 36 KiB
+    32: dict(BK=128, NUM_STAGES=5, num_warps=4),  # 5 * 40 KiB
+    64: dict(BK=128, NUM_STAGES=4, num_warps=8),  # 4 * 48 KiB
+    128: dict(BK=64, NUM_STAGES=6, num_warps=8),  # 6 * 32 KiB
+}
+"""The swapped split-K loop's configs by ``BM`` (plain GEMM and GEMM+AllReduce's ``"split_k"``):
+:func:`block_for` picks the smallest ``BM`` holding the call's rows."""
+
+CONFIG_NAMES = {f"split_k_m{bm}": bm for bm in SPLIT_K_CONFIGS}
+"""The split-K configs of :func:`~triton_dist.kernels.gemm.dense.gemm`: name -> ``BM``."""
+
+MAX_SLICES = 8
+"""The most slices :func:`pick_split_k` cuts K into: each adds an fp32 partial of ``out`` to write
+and read back."""
+
+MIN_SLICE_STEPS = 4
+"""The fewest K steps per slice: a shorter loop is mostly its pipeline's fill and drain."""
+
+TILE_OVERHEAD_STEPS = 2
+"""A tile's fixed cost in K steps (pipeline fill, epilogue) in :func:`pick_split_k`'s estimate: a
+guess until a GPU measurement replaces it."""
+
+MAX_N_TILES = 4096
+"""Ticket counters per stream: n-tiles of a call, so ``N <= MAX_N_TILES * SPLIT_K_BN``."""
+
+STREAMS_PER_SLAB = 32
+"""Streams' ticket ranges per device slab (``STREAMS_PER_SLAB * MAX_N_TILES`` int32, 512 KiB)."""
+
+
+def block_for(m: int) -> int:
+    """The ``BM`` of :data:`SPLIT_K_CONFIGS` for ``m <= SPLIT_K_MAX_M`` rows: the smallest holding them."""
+    for bm in sorted(SPLIT_K_CONFIGS):
+        if m <= bm:
+            return bm
+    raise ValueError(f"triton_dist split-K GEMM: M = {m} rows; the split-K configs take at most {SPLIT_K_MAX_M}")
+
+
+def config_params(config: str) -> dict | None:
+    """The parameters (``BM``, ``BN``, ``BK``, ``NUM_STAGES``, ``num_warps``) of a split-K config
+    name of :data:`CONFIG_NAMES`, None for any other name."""
+    bm = CONFIG_NAMES.get(config)
+    return None if bm is None else dict(BM=bm, BN=SPLIT_K_BN, **SPLIT_K_CONFIGS[bm])
+
+
+def pick_split_k(m: int, n: int, k: int, num_sms: int, config: str | None = None) -> int:
+    """Slices of K for an ``m x n x k`` GEMM on ``num_sms`` SMs with ``config`` (default: the
+    smallest block holding ``m``): a fixed rule, from 1 to :data:`MAX_SLICES`, each slice at least
+    :data:`MIN_SLICE_STEPS` K steps (so one slice when K is short). Among those, the fewest slices
+    with the least estimated time of the busiest SM, in K steps of B: waves of ``(slice, n-tile)``
+    programs times a tile's K steps plus :data:`TILE_OVERHEAD_STEPS` plus its fp32 partial (``2 *
+    m / BK`` steps' worth of bytes), and the last program's read of ``split_k`` partials. So the
+    programs fill the SMs about once where K allows, without a second wave that costs more than it
+    saves, and a wide ``m`` (partials of 128 rows) keeps fewer slices."""
+    params = config_params(config) if config else config_params(f"split_k_m{block_for(m)}")
+    if params is None:
+        raise ValueError(f"triton_dist split-K GEMM: unknown config {config!r}; one of {sorted(CONFIG_NAMES)}")
+    steps = triton.cdiv(k, params["BK"])
+    tiles = triton.cdiv(n, SPLIT_K_BN)
+    most = max(1, min(MAX_SLICES, steps // MIN_SLICE_STEPS))
+    partial = 2.0 * m / params["BK"]  # m x BN fp32 over a K step's BN x BK 2-byte elements
+
+    def cost(s: int) -> float:
+        waves = triton.cdiv(tiles * s, num_sms)
+        if s == 1:
+            return waves * (steps + TILE_OVERHEAD_STEPS)
+        return waves * (triton.cdiv(steps, s) + TILE_OVERHEAD_STEPS + partial) + s * partial
+
+    return min(range(1, most + 1), key=lambda s: (cost(s), s))
+
+
+@triton.jit(do_not_specialize=["M", "N", "K", "split_k"])
+def gemm_split_k_kernel(a_desc, b_desc, out, partials, tickets, M, N, K, split_k, BM: tl.constexpr, BN: tl.constexpr,
+                        BK: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """``out [M, N] = A [M, K] @ B [N, K]^T`` (module notes). ``a_desc`` block ``[BM, BK]`` (``M <=
+    BM``; rows past ``M`` read as zeros), ``b_desc`` block ``[BN, BK]``; ``out``: 16-byte aligned,
+    ``N`` a multiple of 8. ``split_k`` slices, slice ``s`` K steps ``[s * k_steps // split_k, (s +
+    1) * k_steps // split_k)``. With ``split_k > 1``: ``partials``, fp32 ``[split_k, M, N]``;
+    ``tickets``, ``cdiv(N, BN)`` int32 counters, zero between calls (left zero). Unused with one
+    slice."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    stride = (N // 8) * 8  # == N, with the divisibility fact for 16-byte stores
+    num_n = tl.cdiv(N, BN)
+    k_tiles = tl.cdiv(K, BK)
+    slot = M.to(tl.int64) * stride
+    cols = tl.arange(0, BN)  # out's columns within the tile
+    rows = tl.arange(0, BM)  # out's rows
+    for tile in range(pid, num_n * split_k, grid):
+        s = tile // num_n
+        j = tile % num_n
+        off_n = j * BN
+        acc = swapped_tile_product(a_desc, b_desc, off_n, s * k_tiles // split_k, (s + 1) * k_tiles // split_k, BM,
+                                   BN, BK, NUM_STAGES)
+        mask = (off_n + cols < stride)[:, None] & (rows < M)[None, :]
+        offs = rows.to(tl.int64)[None, :] * stride + (off_n + cols)[:, None]
+        if split_k == 1:
+            tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+        else:
+            tl.store(partials + s * slot + offs, acc, mask=mask)
+            # The ticket's CTA barrier and acq_rel add (GPU scope) release this program's stores;
+            # the last add acquires every earlier program's, and Triton hands a scalar atomic's
+            # result to the CTA through shared memory behind a barrier, so the loads below, issued
+            # only where it came back last, see every partial.
+            if last_to_finish(tickets, j, split_k):
+                total = tl.zeros((BN, BM), dtype=tl.float32)
+                for t in range(0, split_k):  # slice order: the same rounding every call
+                    total += tl.load(partials + t * slot + offs, mask=mask)
+                tl.store(out + offs, total.to(out.dtype.element_ty), mask=mask)
+
+
+_slabs: dict[int, list] = {}
+_ranges: dict[tuple[int, int], object] = {}
+
+
+def ticket_counters(device):
+    """This (device, current stream)'s :data:`MAX_N_TILES` int32 ticket counters, zero between
+    calls (module notes). The first call on a device makes its slab (a memset and a
+    synchronisation) and cannot be inside a CUDA graph capture; later streams, capture streams
+    included, get a range of it on the host only."""
+    import torch
+
+    stream = torch.cuda.current_stream(device)
+    key = (device.index, stream.cuda_stream)
+    counters = _ranges.get(key)
+    if counters is not None:
+        return counters
+    slabs = _slabs.setdefault(device.index, [])
+    used = sum(1 for d, _ in _ranges if d == device.index)
+    if used == len(slabs) * STREAMS_PER_SLAB:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"triton_dist gemm: a split-K call on {device} while capturing a CUDA graph needs the "
+                               f"device's ticket counters, made (zeroed) by an uncaptured call; make one uncaptured "
+                               f"split-K gemm call on {device} first")
+        slab = torch.zeros(STREAMS_PER_SLAB * MAX_N_TILES, dtype=torch.int32, device=device)
+        # Another stream may take a range of it next: the zeros must be there before any stream reads them.
+        stream.synchronize()
+        slabs.append(slab)  # kept for good: captured graphs hold its address
+    first = (used % STREAMS_PER_SLAB) * MAX_N_TILES
+    counters = _ranges[key] = slabs[used // STREAMS_PER_SLAB][first:first + MAX_N_TILES]
+    return counters
+
+
+def gemm_split_k(a, b, out, config: str, num_sms: int, *, split_k: int | None = None) -> None:
+    """``out = a @ b.T`` with the split-K config ``config`` (a key of :data:`CONFIG_NAMES`) on the
+    current stream, in ``split_k`` slices (None: :func:`pick_split_k`'s; another count is for
+    measuring the rule, 1 to the K steps). ``a [M, K]``, ``b [N, K]``: contiguous with 16-byte
+    aligned bases, ``K`` and ``N`` multiples of 8; ``out [M, N]`` 16-byte aligned, of their dtype
+    (validated by :func:`~triton_dist.kernels.gemm.dense.gemm`, which calls it)."""
+    import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    params = config_params(config)
+    m, k = a.shape
+    n = b.shape[0]
+    if params is None:
+        raise ValueError(f"triton_dist gemm: {config!r} is not a split-K config; one of {sorted(CONFIG_NAMES)}")
+    if m > params["BM"]:
+        wider = [name for name, bm in CONFIG_NAMES.items() if m <= bm]
+        raise ValueError(f"triton_dist gemm: config {config!r} takes M <= {params['BM']} rows, got M = {m}; use "
+                         + (f"one of {wider}" if wider else f"a config of more rows (split-K takes M <= "
+                            f"{SPLIT_K_MAX_M})") + " or config=None")
+    tiles = triton.cdiv(n, SPLIT_K_BN)
+    if split_k is None:
+        split_k = pick_split_k(m, n, k, num_sms, config)
+    elif not 1 <= split_k <= triton.cdiv(k, params["BK"]):
+        raise ValueError(f"triton_dist gemm: split_k must be 1 to the {triton.cdiv(k, params['BK'])} K steps of "
+                         f"{config!r} at K = {k}, got {split_k}")
+    if split_k > 1:
+        if tiles > MAX_N_TILES:
+            raise ValueError(f"triton_dist gemm: config {config!r} takes N <= {MAX_N_TILES * SPLIT_K_BN}, got N = {n}")
+        tickets = ticket_counters(a.device)
+        partials = torch.empty((split_k, m, n), dtype=torch.float32, device=a.device)
+    else:  # untouched with one slice: placeholders of the kernel's argument types
+        tickets = torch.empty((1, ), dtype=torch.int32, device=a.device)
+        partials = torch.empty((4, ), dtype=torch.float32, device=a.device)
+    a_desc = TensorDescriptor.from_tensor(a, [params["BM"], params["BK"]])
+    b_desc = TensorDescriptor.from_tensor(b, [SPLIT_K_BN, params["BK"]])
+    gemm_split_k_kernel[(min(tiles * split_k, num_sms), )](
+        a_desc, b_desc, out, partials, tickets, m, n, k, split_k, BM=params["BM"], BN=SPLIT_K_BN, BK=params["BK"],
+        NUM_STAGES=params["NUM_STAGES"], num_warps=params["num_warps"])
