@@ -32,7 +32,7 @@ copies that they span :data:`ROTATE_L2` x the L2 size: a model's step reads each
 from HBM, while twenty calls on the same small B would run out of L2. ``--same-operands``: the
 same A and B in every call, as this script timed before (and, as far as its text says, issue 22).
 
-Per row: ``config`` (what ``gemm`` picks: ``pick_skinny_config`` or ``pick_config``), ``config_us``
+Per row: ``config`` (what ``gemm`` picks: ``pick_gemm_config``), ``config_us``
 (every applicable config, sustained, in the same turns: the data to re-derive the pick rule),
 ``best_config``, ``split_k_slices`` (the K slices each timed split-K config ran with:
 ``pick_split_k``'s); ``verified``: ours within :data:`REL_TOL` of an fp32 reference on up to
@@ -66,7 +66,7 @@ except ImportError:
 
 from triton_dist import bench  # noqa: E402
 from triton_dist.kernels.gemm.dense import (CONFIGS, SKINNY_CONFIGS, SKINNY_MAX_M, gemm, num_sms,  # noqa: E402
-                                            pick_config, pick_skinny_config)
+                                            pick_gemm_config)
 from triton_dist.kernels.gemm.split_k import CONFIG_NAMES as SPLIT_K_CONFIGS, pick_split_k  # noqa: E402
 
 M_VALUES = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192)
@@ -330,7 +330,7 @@ def measure_row(m: int, n: int, k: int, labels, args, gpu: str, sms: int, l2_byt
     def error(out) -> float:
         return bench.script.relative_error(out[idx], ref)
 
-    picked = pick_skinny_config(m, n, sms) or pick_config(m, n, k, sms)  # gemm's own rule
+    picked = pick_gemm_config(m, n, k, sms)  # gemm's own rule
     gemm(a, b, out=outs["ours"])
     torch.matmul(a, b.t(), out=outs["cublas"])
     torch.cuda.synchronize()

@@ -382,12 +382,14 @@ def test_gemm_candidates_put_the_rule_first():
     from triton_dist.kernels.gemm import autotune as gemm_autotune
 
     cands = gemm_autotune.candidates(8192, 8192, 4096, 132)
-    assert [c["name"] for c in cands][0] == gemm.pick_config(8192, 8192, 4096, 132) == "large"
+    assert [c["name"] for c in cands][0] == gemm.pick_gemm_config(8192, 8192, 4096, 132) == "large"
     assert sorted(c["name"] for c in cands) == sorted(gemm.CONFIGS)
-    assert gemm_autotune.candidates(128, 512, 512, 132)[0]["name"] == "small"
+    assert gemm_autotune.candidates(256, 512, 512, 132)[0]["name"] == "small"
+    assert [c["name"] for c in gemm_autotune.candidates(128, 512, 512, 132)] == ["split_k_m128", "large", "small"]
     small_m = [c["name"] for c in gemm_autotune.candidates(16, 4096, 4096, 132)]
-    assert small_m == ["skinny_n32", "small", "large"]
-    assert all({k: v for k, v in c.items() if k != "name"} == gemm.CONFIGS[c["name"]] for c in cands)
+    assert small_m == ["split_k_m32", "split_k_m16", "split_k_m64", "split_k_m128", "skinny_n32", "large", "small"]
+    assert all({k: v for k, v in c.items() if k != "name"} == gemm.config_params(c["name"])
+               for m in (16, 8192) for c in gemm_autotune.candidates(m, 4096, 4096, 132))
     with pytest.raises(ValueError, match="dtype"):
         gemm_autotune.tuned_gemm_config(128, 128, 128, "float32")
     with pytest.raises(ValueError, match="m must be"):

@@ -78,11 +78,11 @@ def test_filters(script):
 
 
 def test_sweep_covers_the_pick(script):
-    from triton_dist.kernels.gemm.dense import pick_config, pick_skinny_config
+    from triton_dist.kernels.gemm.dense import pick_gemm_config
 
     for m, n, k, _ in script.rows():
         for sms in (78, 132):
-            assert (pick_skinny_config(m, n, sms) or pick_config(m, n, k, sms)) in script.sweep_configs(m)
+            assert pick_gemm_config(m, n, k, sms) in script.sweep_configs(m)
 
 
 def test_sweep_includes_the_split_k_configs_that_hold_m(script):

@@ -125,6 +125,21 @@ def test_push_kernel_releases_each_peers_rows_after_storing_them(world):
         assert min(i for i, line in enumerate(lines) if _SPIN in line) < min(stores)
 
 
+def test_plain_gemm_rule_follows_the_measured_configs():
+    # gemm()'s default (bench/results/h100-x1/gemm.json, 132 SMs): split-K with 32-row blocks or
+    # more up to 128 rows, then the config with the least work in its waves of tiles.
+    rule = gemm_module.pick_gemm_config
+    assert [rule(m, 4096, 7168, 132) for m in (1, 16, 32, 33, 64, 65, 128)] == \
+        ["split_k_m32"] * 3 + ["split_k_m64"] * 2 + ["split_k_m128"] * 2
+    assert rule(1024, 4096, 7168, 132) == "large"  # 128 tiles, one wave (small: two)
+    assert rule(1024, 14336, 8192, 132) == "small"  # large: 3.4 waves run as 4; small: 6.8 as 7
+    assert rule(1024, 8192, 14336, 132) == "large"
+    for n in (4096, 8192, 14336):
+        assert rule(8192, n, 8192, 132) == "large"
+    for m in (1, 100, 129, 5000):
+        assert rule(m, 4096, 4096, 78) in gemm_module.config_names()
+
+
 def test_config_rule():
     assert gemm_module.pick_config(8192, 14336, 8192, 131) == "large"
     assert gemm_module.pick_config(1000, 512, 768, 132) == "small"

@@ -31,7 +31,7 @@ def _check_gemm(m, n, k, dtype, config, seed):
     got = gemm(a, b, out=out, config=config)
     torch.cuda.synchronize()
     err = tolerance_ratio(got, a.float() @ b.float().T)
-    chosen = config or gemm_module.pick_skinny_config(m, n, gemm_module.num_sms()) or "rule"
+    chosen = config or gemm_module.pick_gemm_config(m, n, k, gemm_module.num_sms())
     all_ranks_agree(got is out and err < _TOL, f"gemm {m}x{n}x{k} {dtype} config {chosen}: error/tolerance {err}")
 
 
@@ -43,10 +43,12 @@ def test_gemm_matches_torch(dtype, config):
 
 @pytest.mark.parametrize("m,n,k", [(1, 4096, 776), (40, 520, 1032), (64, 8192, 512), (7, 24, 136),
                                    (16, 16384, 512)])
-def test_skinny_gemm_matches_torch(m, n, k):
-    """Decode-sized M takes the skinny configs (64-row tiles; rows past M, columns past N and the
-    K tail are outside the TMA boxes)."""
-    _check_gemm(m, n, k, torch.bfloat16, None, seed=5)
+@pytest.mark.parametrize("skinny", [False, True], ids=["default", "skinny"])
+def test_small_m_gemm_matches_torch(m, n, k, skinny):
+    """Decode-sized M: the default (split-K) and the skinny configs GEMM+AllReduce takes (64-row
+    tiles; rows past M, columns past N and the K tail are outside the TMA boxes)."""
+    config = gemm_module.pick_skinny_config(m, n, gemm_module.num_sms()) if skinny else None
+    _check_gemm(m, n, k, torch.bfloat16, config, seed=5)
 
 
 _SPLIT_K_CASES = [(m, c) for c, bm in split_k_module.CONFIG_NAMES.items() for m in (1, 7, 16, 64, 128) if m <= bm]
@@ -116,6 +118,29 @@ def test_split_k_gemm_cuda_graph_replay():
         same.append(torch.equal(out, gemm(a, b, config=config)))
     all_ranks_agree(all(e < _TOL for e in errors) and all(same),
                     f"split-K graph replays: error/tolerance {errors}, same bits as eager {same}")
+
+
+def test_default_gemm_captured_before_any_uncaptured_call(monkeypatch):
+    """A user's first small-M gemm inside a capture: no ticket counters yet (as in a fresh
+    process), so the default rule's call runs in one slice instead of zeroing counters in the
+    graph; right on replay. An explicit slice count still refuses, naming the fix."""
+    monkeypatch.setattr(split_k_module, "_slabs", {})
+    monkeypatch.setattr(split_k_module, "_ranges", {})
+    m, n, k = 1, 2056, 8248
+    a, b = rank_randn((m, k), torch.bfloat16, 71), rank_randn((n, k), torch.bfloat16, 72)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemm(a, b, out=out)  # compiles every variant outside the capture; leaves no counters behind:
+    split_k_module._slabs.clear()
+    split_k_module._ranges.clear()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        gemm(a, b, out=out)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    err = tolerance_ratio(out, a.float() @ b.float().T)
+    all_ranks_agree(err < _TOL and not split_k_module._slabs, f"first gemm in a capture: error/tolerance {err}")
 
 
 def test_split_k_gemm_refuses_more_rows_than_its_block():

@@ -1,13 +1,14 @@
 """The persistent GEMM's config chosen by the distributed autotuner (:mod:`triton_dist.autotune`)
-instead of :func:`triton_dist.kernels.gemm.dense.pick_config`'s fixed rule.
+instead of :func:`triton_dist.kernels.gemm.dense.pick_gemm_config`'s fixed rule.
 
     from triton_dist.kernels.gemm.autotune import tuned_gemm_config
     name = tuned_gemm_config(m, n, k, torch.bfloat16)      # collective on the first call per shape
     gemm(a, b, out=out, config=name)
 
-The candidates are every entry of :data:`gemm.CONFIGS` (name and parameters, so that editing a
-config invalidates cached decisions), the fixed rule's choice first (so a tie keeps it): for
-decode-sized M the skinny config of :func:`pick_skinny_config`, then :func:`pick_config`'s.
+The candidates (:func:`candidates`: name and parameters, so that editing a config invalidates
+cached decisions) are the fixed rule's choice (:func:`~triton_dist.kernels.gemm.dense.pick_gemm_config`)
+first, so a tie keeps it, then the split-K and skinny configs meant for the rows and every entry of
+:data:`gemm.CONFIGS`.
 Each is timed on random ``[m, k] @ [n, k]^T`` operands of ``dtype`` on the current device, with
 fixed counts in CUDA-graph mode (GPU time, as bench/gemm.py measures it), MAX over ranks.
 
@@ -38,13 +39,17 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def candidates(m: int, n: int, k: int, sms: int) -> list[dict]:
-    """Every config of :data:`gemm.CONFIGS` as ``{"name": ..., **params}``, the fixed rule's first;
-    for ``m <= gemm.SKINNY_MAX_M``, the skinny config of the rule first, then those."""
+    """The configs meant for ``m`` rows as ``{"name": ..., **params}``, :func:`gemm.pick_gemm_config`'s
+    first (a tie keeps it): up to ``SPLIT_K_MAX_M`` rows each split-K config that holds them, up to
+    ``gemm.SKINNY_MAX_M`` the skinny config of :func:`gemm.pick_skinny_config`, then every config
+    of :data:`gemm.CONFIGS`."""
+    from . import split_k
+
+    names = [_gemm.pick_gemm_config(m, n, k, sms)]
+    names += [name for name, bm in split_k.CONFIG_NAMES.items() if m <= bm]
     skinny = _gemm.pick_skinny_config(m, n, sms)
-    names = [skinny] if skinny else []
-    first = _gemm.pick_config(m, n, k, sms)
-    names += [first] + [name for name in _gemm.CONFIGS if name != first]
-    return [{"name": name, **_gemm.config_params(name)} for name in names]
+    names += ([skinny] if skinny else []) + list(_gemm.CONFIGS)
+    return [{"name": name, **_gemm.config_params(name)} for name in dict.fromkeys(names)]
 
 
 def tuned_gemm_config(m: int, n: int, k: int, dtype: Any, *, autotuner=None) -> str:

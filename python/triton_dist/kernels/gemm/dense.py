@@ -27,14 +27,15 @@ pipelined K loop with wgmma, and a TMA store epilogue. The K loop is not flatten
 (Triton's ``flatten=True``): the wait of the consumer sits between tiles, outside the pipelined
 loop, and must stay there.
 
-Configs: :func:`pick_config` chooses between two configs by a fixed rule (128x256x64 tiles when
-there are at least as many of them as SMs and N >= 2048, else 128x128x64); ``gemm(config="auto")``
-asks the distributed autotuner instead. Decode-sized M (at most 64 rows) gets one of the
-:data:`SKINNY_CONFIGS` (64-row tiles, as narrow as fills the SMs: :func:`pick_skinny_config`).
-``gemm(config="split_k_m16")`` and the other names of
-:data:`~triton_dist.kernels.gemm.split_k.CONFIG_NAMES` run the split-K kernel of
-:mod:`~triton_dist.kernels.gemm.split_k` instead (B's rows on wgmma's M side, K cut into slices;
-up to 128 rows): no default picks it until a GPU measurement says where it wins.
+Configs: :func:`gemm`'s default is :func:`pick_gemm_config`'s fixed rule (measured on one H100):
+up to 128 rows the split-K kernel of :mod:`~triton_dist.kernels.gemm.split_k` (B's rows on wgmma's
+M side, K cut into slices; ``"split_k_m32"`` and the other names of
+:data:`~triton_dist.kernels.gemm.split_k.CONFIG_NAMES`), above that the one of :data:`CONFIGS`
+(128x256x64 or 128x128x64 tiles) whose waves of tiles hold the least work.
+``gemm(config="auto")`` asks the distributed autotuner instead. The overlapped GEMMs choose by
+:func:`pick_config` (``"large"`` when there are at least as many 128x256 tiles as SMs and N >=
+2048, else ``"small"``); GEMM+AllReduce's decode-sized calls by :func:`pick_skinny_config`
+(:data:`SKINNY_CONFIGS`: 64-row tiles, as narrow as fills the SMs).
 
 TMA needs 16-byte aligned row strides: ``K`` and ``N`` must be multiples of 8 (2-byte dtypes).
 """
@@ -112,6 +113,33 @@ def pick_skinny_config(m: int, n: int, num_sms: int) -> str | None:
         if triton.cdiv(n, c["BN"]) <= num_sms:
             return name
     return name  # the widest: several waves of tiles
+
+
+CONFIG_EFFICIENCY = {"large": 1.0, "small": 0.95}
+"""Work per unit time of each of :data:`CONFIGS` relative to ``"large"``, full waves of tiles on
+both: at M = 8192 "small" ran at 0.92-0.97 of "large" (bench/results/h100-x1/gemm.json)."""
+
+
+def pick_gemm_config(m: int, n: int, k: int, num_sms: int) -> str:
+    """:func:`gemm`'s config for an ``m x n x k`` GEMM on ``num_sms`` SMs (a fixed rule, the same
+    on every rank for the same shape), from the per-config times of bench/gemm.py
+    (bench/results/h100-x1/gemm.json): up to :data:`~triton_dist.kernels.gemm.split_k.SPLIT_K_MAX_M`
+    rows the split-K GEMM with at least 32-row blocks (at 1-16 rows cuBLAS's time over its was
+    0.96-0.99, over the 64-row skinny tiles' 0.72-0.97; 32-row blocks beat 16-row ones on average); above,
+    the config of :data:`CONFIGS` with the least work in its waves, ``ceil(tiles / SMs)`` times a
+    tile's area over :data:`CONFIG_EFFICIENCY` (1024 x 14336: "large" has 3.4 waves of 128x256
+    tiles, run as 4: cuBLAS/ours 0.84; "small" 6.8 as 7: 0.93). The overlapped GEMMs keep
+    :func:`pick_config`: their tiles are walked per rank, and this rule is measured on the plain
+    GEMM only."""
+    if m <= _split_k.SPLIT_K_MAX_M:
+        return f"split_k_m{max(32, _split_k.block_for(m))}"
+
+    def work(name: str) -> float:
+        c = CONFIGS[name]
+        waves = triton.cdiv(triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"]), num_sms)
+        return waves * c["BM"] * c["BN"] / CONFIG_EFFICIENCY[name]
+
+    return min(CONFIGS, key=work)  # a tie keeps "large", the first
 
 
 def pick_config(m: int, n: int, k: int, num_sms: int) -> str:
@@ -475,8 +503,7 @@ def gemm(a, b, *, out=None, config: str | None = None):
     """``a @ b.T`` (``a [M, K]``, ``b [N, K]``, bf16 or fp16) on the current stream; returns ``out``
     (a new ``[M, N]`` tensor when None). ``config``: one of :func:`config_names` (a split-K
     one, ``"split_k_m<BM>"``, takes at most ``BM`` rows: a ValueError past them); None (the
-    default): :func:`pick_skinny_config`'s fixed rule for ``M <= SKINNY_MAX_M``, else
-    :func:`pick_config`'s, which need no triton_dist runtime; ``"auto"``: the
+    default): :func:`pick_gemm_config`'s fixed rule, which needs no triton_dist runtime; ``"auto"``: the
     distributed autotuner's choice for this shape (:mod:`~triton_dist.kernels.gemm.autotune`),
     collective on the first call per shape and dtype (every rank, same shape, at the same time),
     and not inside a CUDA graph capture (it times candidates)."""
@@ -496,9 +523,7 @@ def gemm(a, b, *, out=None, config: str | None = None):
         from .autotune import tuned_gemm_config
 
         config = tuned_gemm_config(m, n, k, a.dtype)
-    # The default stays the persistent GEMM's rules: split-K is picked only by name until a GPU
-    # measurement (bench/gemm.py's config_us) shows where it beats them.
-    config = config or pick_skinny_config(m, n, sms) or pick_config(m, n, k, sms)
+    config = config or pick_gemm_config(m, n, k, sms)
     if config not in config_names():
         raise ValueError(f"triton_dist gemm: config must be None, \"auto\" or one of {config_names()}, got "
                          f"{config!r}")

@@ -13,8 +13,10 @@ so that more programs stream B at once.
 
 Configs: :data:`SPLIT_K_CONFIGS` (by ``BM``; GEMM+AllReduce's table too), named ``"split_k_m16"``,
 ``"split_k_m32"``, ``"split_k_m64"``, ``"split_k_m128"`` (:data:`CONFIG_NAMES`) where
-:func:`~triton_dist.kernels.gemm.dense.gemm` takes a config. ``gemm``'s default choice does not
-pick them yet: that changes only after a GPU measurement (bench/gemm.py sweeps them).
+:func:`~triton_dist.kernels.gemm.dense.gemm` takes a config; its default for up to 128 rows
+(:func:`~triton_dist.kernels.gemm.dense.pick_gemm_config`: on one H100, cuBLAS's time over its
+was 0.96-0.99 at 1-16 rows, over the skinny persistent tiles' 0.72-0.97,
+bench/results/h100-x1/gemm.json).
 
 :func:`gemm_split_k_kernel`: persistent over ``(slice s, n-tile j)`` pairs. With one slice a
 program stores its tile (transposed back) into ``out``. With several, it stores its fp32 partial
@@ -29,7 +31,9 @@ an n-tile resets its counter). Each (device, stream) has its own range of :data:
 cut from a per-device slab zeroed when it is made (one memset and one synchronisation, at a
 device's first split-K call), so a call launches no memset; a stream first seen while it captures
 a CUDA graph (the capture stream) gets its range without any GPU work, and the graph's calls use
-it. Counters are shared by every call on one stream (ordered) and by every graph captured on it:
+it. A call whose slices the rule picks, captured before the device has a slab (a user's first
+small-M GEMM inside a capture), runs in one slice instead (slower, the same result): a capture
+must not zero counters. Counters are shared by every call on one stream (ordered) and by every graph captured on it:
 such a graph must not be replayed at the same time as another of them or as a call on that
 stream. The workspace comes from ``torch.empty`` per call: the caching allocator, no kernel (in a
 capture, the graph's pool).
@@ -169,6 +173,16 @@ _slabs: dict[int, list] = {}
 _ranges: dict[tuple[int, int], object] = {}
 
 
+def _needs_slab(device) -> bool:
+    """Whether :func:`ticket_counters` would have to make (zero) a new slab for the current stream."""
+    import torch
+
+    if (device.index, torch.cuda.current_stream(device).cuda_stream) in _ranges:
+        return False
+    used = sum(1 for d, _ in _ranges if d == device.index)
+    return used == len(_slabs.get(device.index, ())) * STREAMS_PER_SLAB
+
+
 def ticket_counters(device):
     """This (device, current stream)'s :data:`MAX_N_TILES` int32 ticket counters, zero between
     calls (module notes). The first call on a device makes its slab (a memset and a
@@ -183,7 +197,7 @@ def ticket_counters(device):
         return counters
     slabs = _slabs.setdefault(device.index, [])
     used = sum(1 for d, _ in _ranges if d == device.index)
-    if used == len(slabs) * STREAMS_PER_SLAB:
+    if _needs_slab(device):
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError(f"triton_dist gemm: a split-K call on {device} while capturing a CUDA graph needs the "
                                f"device's ticket counters, made (zeroed) by an uncaptured call; make one uncaptured "
@@ -219,6 +233,9 @@ def gemm_split_k(a, b, out, config: str, num_sms: int, *, split_k: int | None = 
     tiles = triton.cdiv(n, SPLIT_K_BN)
     if split_k is None:
         split_k = pick_split_k(m, n, k, num_sms, config)
+        if split_k > 1 and torch.cuda.is_current_stream_capturing() and _needs_slab(a.device):
+            # A capture may not zero counters; one slice needs none (slower, the same result).
+            split_k = 1
     elif not 1 <= split_k <= triton.cdiv(k, params["BK"]):
         raise ValueError(f"triton_dist gemm: split_k must be 1 to the {triton.cdiv(k, params['BK'])} K steps of "
                          f"{config!r} at K = {k}, got {split_k}")
