@@ -190,6 +190,40 @@ def chrome_trace(per_rank: dict[int, list[dict]], label: str = "triton_dist") ->
     return {"traceEvents": events, "displayTimeUnit": "ns"}
 
 
+def check_chrome_trace(trace: dict) -> list[str]:
+    """What a trace viewer (chrome://tracing, Perfetto's JSON importer) would reject or misdraw in
+    ``trace``, as messages (empty: it reads): a ``traceEvents`` list; complete events (``"ph":
+    "X"``) with a name, numeric ``ts`` and ``dur >= 0``, on a process and thread named by metadata
+    events; every track's events in start order; every rank (process) named once."""
+    problems = []
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list):
+        return ["no traceEvents list"]
+    processes = [e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"]
+    threads = {(e["pid"], e["tid"]) for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    if len(processes) != len(set(processes)):
+        problems.append(f"a process named twice: {sorted(processes)}")
+    last_start = {}
+    for i, e in enumerate(events):
+        if e.get("ph") == "M":
+            continue
+        if e.get("ph") != "X":
+            problems.append(f"event {i}: phase {e.get('ph')!r}, expected complete events ('X')")
+            continue
+        if not isinstance(e.get("name"), str) or not all(isinstance(e.get(k), (int, float)) for k in ("ts", "dur")):
+            problems.append(f"event {i}: a name, numeric ts and dur needed: {e}")
+            continue
+        if e["dur"] < 0:
+            problems.append(f"event {i}: negative duration {e['dur']}")
+        track = (e.get("pid"), e.get("tid"))
+        if e.get("pid") not in processes or track not in threads:
+            problems.append(f"event {i}: process/thread {track} has no name")
+        if e["ts"] < last_start.get(track, float("-inf")):
+            problems.append(f"event {i}: starts at {e['ts']} before the previous event of track {track}")
+        last_start[track] = e["ts"]
+    return problems
+
+
 def write_chrome_trace(per_rank: dict[int, list[dict]], path: str, label: str = "triton_dist") -> str:
     """:func:`chrome_trace` into ``path``; returns the path."""
     with open(path, "w") as f:

@@ -3,6 +3,7 @@ browser's trace viewer reads, the summary, the recording switch; and the instrum
 compiled in only while recording (no %globaltimer in the kernel launched outside one)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +46,37 @@ def test_chrome_trace_is_what_a_trace_viewer_reads():
         assert starts == sorted(starts)
     tile = next(e for e in spans if e["name"] == "tile" and e["pid"] == 0)
     assert (tile["ts"], tile["dur"]) == (0.1, 0.35)  # microseconds
+    assert timeline.check_chrome_trace(trace) == []
+
+
+def test_the_trace_check_names_what_a_viewer_rejects():
+    per_rank = {0: timeline.spans(_records())}
+    good = timeline.chrome_trace(per_rank, "ag_gemm")
+    assert timeline.check_chrome_trace({}) == ["no traceEvents list"]
+    spans = [e for e in good["traceEvents"] if e["ph"] == "X"]
+    unnamed = dict(spans[0], tid=99)
+    backwards = dict(spans[-1], ts=-1.0)
+    negative = dict(spans[0], dur=-0.5)
+    bad = {"traceEvents": good["traceEvents"] + [unnamed, backwards, negative]}
+    problems = timeline.check_chrome_trace(bad)
+    assert any("has no name" in p for p in problems)
+    assert any("before the previous event" in p for p in problems)
+    assert any("negative duration" in p for p in problems)
+
+
+@pytest.mark.parametrize("name", ["ag_gemm_world2", "gemm_rs_fused_world2"])
+def test_the_recorded_gpu_traces_read_as_a_viewer_reads_them(name):
+    """The traces README shows (tutorial 10 at world 2, docs/traces/): every rank and program
+    present, every tile split into its phases."""
+    path = Path(__file__).resolve().parents[2] / "docs" / "traces" / f"{name}.json"
+    trace = json.loads(path.read_text())
+    assert timeline.check_chrome_trace(trace) == []
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1}
+    for rank in (0, 1):
+        tiles = [e for e in spans if e["pid"] == rank and e["name"] == "tile"]
+        assert len(tiles) == 512
+        assert sum(e["name"] == "compute" for e in spans if e["pid"] == rank) == len(tiles)
 
 
 def test_summary():
@@ -98,6 +130,21 @@ def test_the_trace_renders_as_a_png(tmp_path):
     path = timeline.write_chrome_trace(per_rank, str(tmp_path / "trace.json"))
     png = plot_timeline.main([path])
     assert png == 0 and (tmp_path / "trace.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_png_legend_names_only_the_phases_present(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    from triton_dist.tools import plot_timeline
+
+    labels = []
+    real = matplotlib.axes.Axes.legend
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend",
+                        lambda ax, *a, **k: labels.extend(ax.get_legend_handles_labels()[1]) or real(ax, *a, **k))
+    no_wait = [(0, 5, TILE), (0, 9, COMPUTED), (0, 12, DONE)]
+    plot_timeline.plot(timeline.chrome_trace({0: timeline.spans(no_wait)}), str(tmp_path / "t.png"))
+    assert labels == ["compute", "epilogue"]
 
 
 def test_clock_offsets_take_the_median_round_and_share_a_gpus_clock():

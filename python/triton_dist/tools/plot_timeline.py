@@ -29,6 +29,8 @@ def plot(trace: dict, path: str, programs: int = 16) -> str:
     fig, ax = plt.subplots(figsize=(12, max(2.0, 0.18 * len(lanes) + 1)))
     for name, colour in COLOURS.items():
         mine = [e for e in spans if e["name"] == name]
+        if not mine:  # an empty bar set still takes a legend entry, in the default colour
+            continue
         ax.barh([row[(e["pid"], e["tid"])] for e in mine], [e["dur"] for e in mine], left=[e["ts"] for e in mine],
                 height=0.8, color=colour, label=name, linewidth=0)
     ax.set_yticks(range(len(lanes)), [f"rank {p} · {t}" for p, t in lanes], fontsize=6)
