@@ -23,7 +23,7 @@ except ImportError:
 
 from triton_dist import bench  # noqa: E402
 from triton_dist import residency  # noqa: E402
-from triton_dist.kernels.moe.group_gemm import CONFIGS, group_gemm, pick_config  # noqa: E402
+from triton_dist.kernels.moe.group_gemm import CONFIGS, group_gemm, pick_group_gemm_config  # noqa: E402
 
 SHAPES = [
     # name, experts, routed rows (tokens x topk), N, K
@@ -106,8 +106,8 @@ def main() -> int:
             ours = bench.median_us(lambda: group_gemm(x, w, offsets=offsets, out=out, check_rows=False), warmup=5,
                                    iters=30, graph=True)
             loop = bench.median_us(cublas_loop, warmup=5, iters=30, graph=True)
-            # Every config, so that pick_config's rule can be read from the results (ours: its pick).
-            picked = pick_config(rows, experts, n, residency.sm_count())
+            # Every config, so that the pick rule can be read from the results (ours: its pick).
+            picked = pick_group_gemm_config(rows, experts, n, residency.sm_count())
             config_us = {c: (ours if c == picked else bench.median_us(
                 lambda c=c: group_gemm(x, w, offsets=offsets, out=out, config=c, check_rows=False), warmup=5,
                 iters=30, graph=True)) for c in CONFIGS}

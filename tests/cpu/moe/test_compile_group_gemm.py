@@ -39,6 +39,19 @@ def test_pipelined_wgmma_and_masked_stores(config, dtype, padded):
     assert "@%p" in ptx and "st.global" in ptx  # predicated (masked) stores
 
 
+def test_plain_grouped_gemm_rule_follows_the_measured_configs():
+    # bench/results/h100-x1/group_gemm.json (132 SMs): 128x256 tiles on every prefill row, N = 1536
+    # included; decode keeps the 64-row tiles.
+    rule = gg.pick_group_gemm_config
+    assert rule(rows=32768, experts=128, n=1536, num_sms=132) == "large"  # Qwen3 up, pick_config: "small"
+    assert gg.pick_config(rows=32768, experts=128, n=1536, num_sms=132) == "small"
+    for rows, experts, n in ((8192, 8, 14336), (8192, 8, 4096), (32768, 128, 2048), (8192, 32, 4096)):
+        assert rule(rows=rows, experts=experts, n=n, num_sms=132) == "large"
+    for rows, experts, n in ((128, 8, 14336), (1024, 128, 1536), (256, 32, 7168)):
+        assert rule(rows=rows, experts=experts, n=n, num_sms=132) == "skinny_n128"
+    assert rule(rows=1024, experts=8, n=512, num_sms=132) == "small"  # 24 128x256 tiles: one thin wave
+
+
 def test_config_rule():
     # Decode: a few rows per expert take the 64-row tiles.
     assert gg.pick_config(rows=8 * 64, experts=8, n=4096, num_sms=132) == "skinny_n128"

@@ -133,13 +133,19 @@ def pick_gemm_config(m: int, n: int, k: int, num_sms: int) -> str:
     GEMM only."""
     if m <= _split_k.SPLIT_K_MAX_M:
         return f"split_k_m{max(32, _split_k.block_for(m))}"
+    return least_wave_work(lambda c: triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"]), num_sms)
 
+
+def least_wave_work(tiles_of, num_sms: int) -> str:
+    """The config of :data:`CONFIGS` whose persistent waves hold the least work: ``ceil(tiles /
+    num_sms)`` times a tile's area over :data:`CONFIG_EFFICIENCY`, where ``tiles_of(params)``
+    counts a config's tiles (:func:`pick_gemm_config`; the grouped GEMM's rule too). A tie keeps
+    ``"large"``, the first."""
     def work(name: str) -> float:
         c = CONFIGS[name]
-        waves = triton.cdiv(triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"]), num_sms)
-        return waves * c["BM"] * c["BN"] / CONFIG_EFFICIENCY[name]
+        return triton.cdiv(tiles_of(c), num_sms) * c["BM"] * c["BN"] / CONFIG_EFFICIENCY[name]
 
-    return min(CONFIGS, key=work)  # a tie keeps "large", the first
+    return min(CONFIGS, key=work)
 
 
 def pick_config(m: int, n: int, k: int, num_sms: int) -> str:

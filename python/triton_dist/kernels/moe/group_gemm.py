@@ -42,7 +42,8 @@ from .ep_context import _describe
 CONFIGS = ("skinny_n128", "small", "large")
 """The dense GEMM's configs (:data:`triton_dist.kernels.gemm.dense.CONFIGS`,
 :data:`~triton_dist.kernels.gemm.dense.SKINNY_CONFIGS`) the grouped GEMM runs with, chosen by
-:func:`pick_config`."""
+:func:`pick_group_gemm_config` (:func:`group_gemm`) or :func:`pick_config` (the overlapped grouped
+GEMMs)."""
 
 
 def pick_config(rows: int, experts: int, n: int, num_sms: int) -> str:
@@ -55,6 +56,19 @@ def pick_config(rows: int, experts: int, n: int, num_sms: int) -> str:
     big = _gemm.config_params("large")
     tiles = (triton.cdiv(rows, big["BM"]) + experts) * triton.cdiv(n, big["BN"])
     return "large" if n >= 2048 and tiles >= num_sms else "small"
+
+
+def pick_group_gemm_config(rows: int, experts: int, n: int, num_sms: int) -> str:
+    """:func:`group_gemm`'s config (the plain grouped GEMM; the overlapped ones keep
+    :func:`pick_config` until measured): 64-row tiles at decode as :func:`pick_config` has them,
+    above that the config whose waves of tiles hold the least work
+    (:func:`~triton_dist.kernels.gemm.dense.least_wave_work`, ``(rows / BM + experts)`` m-tiles),
+    with no floor on N: on one H100 the 128x256 tiles were the faster of the two on every prefill
+    row, N = 1536 included, where :func:`pick_config` takes 128x128 (Qwen3-30B-A3B's up
+    projection, bench/results/h100-x1/group_gemm.json)."""
+    if rows <= _gemm.SKINNY_MAX_M * experts:
+        return "skinny_n128"
+    return _gemm.least_wave_work(lambda c: (triton.cdiv(rows, c["BM"]) + experts) * triton.cdiv(n, c["BN"]), num_sms)
 
 
 @triton.jit
@@ -213,13 +227,14 @@ def weight_descriptor(w, config: str):
 def launch(a, w, c, ends, *, padded: bool, config: str | None = None) -> None:
     """Launch :func:`group_gemm_kernel` on the current stream for already checked tensors: ``a``
     ``[T, K]`` (padded: ``[E, capacity, K]``), ``w`` ``[E, N, K]``, ``c`` the output of ``a``'s
-    rows, ``ends`` int32 ``[E]``. ``config``: one of :data:`CONFIGS`, default :func:`pick_config`'s."""
+    rows, ``ends`` int32 ``[E]``. ``config``: one of :data:`CONFIGS`, default
+    :func:`pick_group_gemm_config`'s."""
     experts, n, k = w.shape
     capacity = a.shape[1] if padded else 0
     a2 = a.reshape(-1, k)
     rows = a2.shape[0]
     sms = _gemm.num_sms(a.device)
-    config = config or pick_config(rows, experts, n, sms)
+    config = config or pick_group_gemm_config(rows, experts, n, sms)
     a_desc, w_desc = _gemm.operand_descriptors(a2, w.reshape(experts * n, k), config)
     group_gemm_kernel[grid_for(rows, experts, n, config, sms)](a_desc, w_desc, c, ends, experts, rows, capacity, n,
                                                                k, **kernel_meta(config, PADDED=padded),
@@ -291,7 +306,7 @@ def group_gemm(x, w, *, offsets=None, counts=None, out=None, config: str | None 
     ``out [T, N]``, rows past ``offsets[-1]`` left as they were: the dropped pairs that
     :func:`triton_dist.ops.ag_group_gemm` sorts last) or ``counts`` (``x [experts, capacity, K]``,
     int32 rows used per expert, ``out [experts, capacity, N]``, rows past the counts left as they
-    were). Empty experts and ``T = 0`` are fine. ``config``: one of :data:`CONFIGS` (default: :func:`pick_config`). ``check_rows``:
+    were). Empty experts and ``T = 0`` are fine. ``config``: one of :data:`CONFIGS` (default: :func:`pick_group_gemm_config`). ``check_rows``:
     check the offsets or counts on the host (one synchronisation); default: when not capturing a
     CUDA graph. Unchecked bad rows are clamped on the GPU, never written out of bounds."""
     if (offsets is None) == (counts is None):
