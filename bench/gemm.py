@@ -35,7 +35,8 @@ same A and B in every call, as this script timed before (and, as far as its text
 Per row: ``config`` (what ``gemm`` picks: ``pick_gemm_config``), ``config_us``
 (every applicable config, sustained, in the same turns: the data to re-derive the pick rule),
 ``best_config``, ``split_k_slices`` (the K slices each timed split-K config ran with:
-``pick_split_k``'s); ``verified``: ours within :data:`REL_TOL` of an fp32 reference on up to
+``pick_split_k``'s; with ``--sweep-slices`` also ``slices_us``, each split-K config at the other
+counts of :data:`SLICE_COUNTS`: the data to re-derive that rule); ``verified``: ours within :data:`REL_TOL` of an fp32 reference on up to
 :data:`REF_ROWS` rows (random inputs); a config that misses it is left out of ``config_us`` and
 listed in ``config_errors``. Bar (issue 22): cuBLAS/ours >= 0.95 on every row, median >= 1.
 
@@ -67,7 +68,11 @@ except ImportError:
 from triton_dist import bench  # noqa: E402
 from triton_dist.kernels.gemm.dense import (CONFIGS, SKINNY_CONFIGS, SKINNY_MAX_M, gemm, num_sms,  # noqa: E402
                                             pick_gemm_config)
-from triton_dist.kernels.gemm.split_k import CONFIG_NAMES as SPLIT_K_CONFIGS, pick_split_k  # noqa: E402
+from triton_dist.kernels.gemm.split_k import CONFIG_NAMES as SPLIT_K_CONFIGS  # noqa: E402
+from triton_dist.kernels.gemm.split_k import config_params as split_k_params, gemm_split_k, pick_split_k  # noqa: E402
+
+SLICE_COUNTS = (1, 2, 3, 4, 6, 8)
+"""``--sweep-slices``: the K slice counts each split-K config is also timed with."""
 
 M_VALUES = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 8192)
 WORLDS = (1, 2, 4, 8)
@@ -358,9 +363,25 @@ def measure_row(m: int, n: int, k: int, labels, args, gpu: str, sms: int, l2_byt
     fns = {"ours": lambda i: gemm(a_s[i], b_s[i], out=outs["ours"]),
            "cublas": lambda i: torch.matmul(a_s[i], b_s[i].t(), out=outs["cublas"])}
     fns.update({c: (lambda i, c=c: gemm(a_s[i], b_s[i], out=outs["config"], config=c)) for c in configs})
+    forced = {}  # "config/sN": (config, N), split-K configs run with N slices instead of pick_split_k's
+    if args.sweep_slices:
+        for c in [picked, *configs]:
+            if c not in SPLIT_K_CONFIGS:
+                continue
+            steps = -(-k // split_k_params(c)["BK"])
+            for count in SLICE_COUNTS:
+                if count != pick_split_k(m, n, k, sms, c) and count <= steps:
+                    forced[f"{c}/s{count}"] = (c, count)
+        for name, (c, count) in forced.items():
+            fns[name] = lambda i, c=c, count=count: gemm_split_k(a_s[i], b_s[i], outs["config"], c, sms, split_k=count)
     us = _sustained_us(fns, group, iters, copies, call)
     ours, cublas = us.pop("ours"), us.pop("cublas")
     extra = {}
+    if forced:
+        slices_us = {}
+        for name, (c, count) in forced.items():
+            slices_us.setdefault(c, {})[count] = us.pop(name)
+        extra["slices_us"] = slices_us
     if not args.no_sweep:
         config_us = {picked: ours, **us}
         extra.update(config_us=config_us, best_config=min(config_us, key=config_us.get))
@@ -392,6 +413,8 @@ def _parser():
     parser.add_argument("--shapes", help="comma-separated NxK pairs or label pieces (405b, qkv, row8, ...)")
     parser.add_argument("--no-sweep", action="store_true", help="time ours and cuBLAS only, not every config")
     parser.add_argument("--no-do-bench", action="store_true", help="skip triton.testing.do_bench beside it")
+    parser.add_argument("--sweep-slices", action="store_true",
+                        help=f"also time each split-K config at {SLICE_COUNTS} K slices (slices_us)")
     parser.add_argument("--same-operands", action="store_true", help="no operand copies: L2-resident B for small N*K")
     parser.add_argument("--budget-s", type=float, help="start no row after this many seconds (then write)")
     parser.add_argument("--merge", action="store_true", help="keep the results file's records of rows not run")
