@@ -55,11 +55,12 @@ _SPLIT_K_CASES = [(m, c) for c, bm in split_k_module.CONFIG_NAMES.items() for m 
 
 
 @pytest.mark.parametrize("m,config", _SPLIT_K_CASES)
-@pytest.mark.parametrize("n,k", [(2056, 8248), (1032, 200)], ids=["slices", "one_slice"])
+@pytest.mark.parametrize("n,k", [(520, 8248), (1032, 200)], ids=["slices", "one_slice"])
 def test_split_k_gemm_matches_torch(m, config, n, k):
     """Every split-K config at every M it holds; N and K odd multiples of 8 (a masked tail of
-    columns, K steps that do not divide into equal slices): 8248 deep is cut into several slices at
-    any SM count (the tickets and the sum), 200 deep into one (stored straight into ``out``)."""
+    columns, K steps that do not divide into equal slices): 520 x 8248 (5 n-tiles) is cut into
+    several slices at 8 to 132 SMs, MPS shares included (the tickets and the sum; 2056 wide, 17
+    n-tiles, took one slice at 17-25 SMs), 200 deep into one (stored straight into ``out``)."""
     slices = split_k_module.pick_split_k(m, n, k, gemm_module.num_sms(), config)
     all_ranks_agree((slices > 1) == (k > 1000), f"split-K {m}x{n}x{k} {config}: {slices} slices")
     _check_gemm(m, n, k, torch.bfloat16, config, seed=11 + m)
@@ -83,7 +84,7 @@ def test_split_k_gemm_is_deterministic(config):
     """200 back-to-back calls on the same inputs, each into its own NaN-poisoned output, give the
     same bits (the partials are summed in slice order, whichever program finishes last) and are
     right: a ticket not reset by a call would leave a later call's ``out`` poisoned."""
-    m, n, k = min(split_k_module.CONFIG_NAMES[config], 16), 2056, 8248
+    m, n, k = min(split_k_module.CONFIG_NAMES[config], 16), 520, 8248
     a, b = rank_randn((m, k), torch.bfloat16, 31), rank_randn((n, k), torch.bfloat16, 32)
     outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(200)]
     for out in outs:
@@ -98,7 +99,7 @@ def test_split_k_gemm_is_deterministic(config):
 def test_split_k_gemm_cuda_graph_replay():
     """Captured on the capture stream (its own ticket counters, handed out without GPU work),
     replayed with new inputs: right, and the same bits as an eager call."""
-    m, n, k, config = 16, 2056, 8248, "split_k_m16"
+    m, n, k, config = 16, 520, 8248, "split_k_m16"
     a = rank_randn((m, k), torch.bfloat16, 41)
     b = rank_randn((n, k), torch.bfloat16, 42)
     out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
@@ -123,10 +124,10 @@ def test_split_k_gemm_cuda_graph_replay():
 def test_default_gemm_captured_before_any_uncaptured_call(monkeypatch):
     """A user's first small-M gemm inside a capture: no ticket counters yet (as in a fresh
     process), so the default rule's call runs in one slice instead of zeroing counters in the
-    graph; right on replay. An explicit slice count still refuses, naming the fix."""
+    graph; right on replay."""
     monkeypatch.setattr(split_k_module, "_slabs", {})
     monkeypatch.setattr(split_k_module, "_ranges", {})
-    m, n, k = 1, 2056, 8248
+    m, n, k = 1, 520, 8248
     a, b = rank_randn((m, k), torch.bfloat16, 71), rank_randn((n, k), torch.bfloat16, 72)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     gemm(a, b, out=out)  # compiles every variant outside the capture; leaves no counters behind:
