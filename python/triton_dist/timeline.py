@@ -199,10 +199,13 @@ def check_chrome_trace(trace: dict) -> list[str]:
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
         return ["no traceEvents list"]
-    processes = [e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"]
-    threads = {(e["pid"], e["tid"]) for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    if not all(isinstance(e, dict) for e in events):
+        return ["traceEvents holds something other than event objects"]
+    # .get: a malformed event is a message, not a KeyError.
+    processes = [e.get("pid") for e in events if e.get("ph") == "M" and e.get("name") == "process_name"]
+    threads = {(e.get("pid"), e.get("tid")) for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     if len(processes) != len(set(processes)):
-        problems.append(f"a process named twice: {sorted(processes)}")
+        problems.append(f"a process named twice: {sorted(processes, key=str)}")
     last_start = {}
     for i, e in enumerate(events):
         if e.get("ph") == "M":

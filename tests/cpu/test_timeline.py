@@ -53,6 +53,10 @@ def test_the_trace_check_names_what_a_viewer_rejects():
     per_rank = {0: timeline.spans(_records())}
     good = timeline.chrome_trace(per_rank, "ag_gemm")
     assert timeline.check_chrome_trace({}) == ["no traceEvents list"]
+    assert timeline.check_chrome_trace({"traceEvents": [3]}) == ["traceEvents holds something other than event objects"]
+    # Metadata without a pid: a message, not a KeyError.
+    nameless = {"traceEvents": [{"ph": "M", "name": "process_name"}, {"ph": "X", "name": "t", "ts": 0, "dur": 1}]}
+    assert any("has no name" in p for p in timeline.check_chrome_trace(nameless))
     spans = [e for e in good["traceEvents"] if e["ph"] == "X"]
     unnamed = dict(spans[0], tid=99)
     backwards = dict(spans[-1], ts=-1.0)
