@@ -117,7 +117,8 @@ def main() -> int:
         del k, v, k_cache, v_cache
         torch.cuda.empty_cache()
     bench.print_table(records, extra=("page", "ours_tbps", "sdpa_tbps"))
-    print(f"[flash_decode] wrote {bench.write_results(records, 'flash_decode_splits' if args.sweep_splits else 'flash_decode', root=args.out, rank=0)}")
+    name = "flash_decode_splits" if args.sweep_splits else "flash_decode"
+    print(f"[flash_decode] wrote {bench.write_results(records, name, root=args.out, rank=0)}")
     return 0 if all(r["verified"] for r in records) else 1
 
 

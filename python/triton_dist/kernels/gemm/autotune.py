@@ -53,10 +53,11 @@ def candidates(m: int, n: int, k: int, sms: int) -> list[dict]:
 
 
 def tuned_gemm_config(m: int, n: int, k: int, dtype: Any, *, autotuner=None) -> str:
-    """The name (a key of :data:`gemm.CONFIGS` or :data:`gemm.SKINNY_CONFIGS`) of the fastest config for ``C[m, n] = A[m, k] @
-    B[n, k]^T`` in ``dtype`` (torch.bfloat16/float16 or their names) on the current device, the same
-    on every rank. ``autotuner``: a :class:`triton_dist.autotune.DistributedAutotuner` (default: one
-    shared by the GEMM, CUDA-graph timing, 5 warm-up calls and 20 samples)."""
+    """The name (one of :func:`gemm.config_names`, a split-K config's included) of the fastest
+    config for ``C[m, n] = A[m, k] @ B[n, k]^T`` in ``dtype`` (torch.bfloat16/float16 or their
+    names) on the current device, the same on every rank. ``autotuner``: a
+    :class:`triton_dist.autotune.DistributedAutotuner` (default: one shared by the GEMM, CUDA-graph
+    timing, 5 warm-up calls and 20 samples)."""
     return tune_gemm(m, n, k, dtype, autotuner=autotuner).config["name"]
 
 
