@@ -6,8 +6,10 @@ experts). CUDA-graph timing, median of 30 replays, bf16, tokens packed by expert
 
     python bench/group_gemm.py [--quick]
 
-``bound_us`` is the faster baseline: the bar is ours <= bound. Writes
-bench/results/<gpu>-x1/group_gemm.json.
+``bound_us`` is the faster baseline: the bar is ours <= bound. ``config_us``: every config of
+:func:`sweep_configs` (the swapped decode configs where an expert averages at most 128 rows), each
+first checked against the cuBLAS loop; a config that errs or misses ``REL_TOL`` is left out of it
+and listed in ``config_errors``. Writes bench/results/<gpu>-x1/group_gemm.json.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ except ImportError:
 
 from triton_dist import bench  # noqa: E402
 from triton_dist import residency  # noqa: E402
+from triton_dist.kernels.gemm.split_k import SPLIT_K_MAX_M  # noqa: E402
 from triton_dist.kernels.moe.group_gemm import CONFIGS, group_gemm, pick_group_gemm_config  # noqa: E402
+from triton_dist.kernels.moe.group_gemm_swapped import CONFIG_NAMES as SWAPPED_CONFIGS  # noqa: E402
 
 SHAPES = [
     # name, experts, routed rows (tokens x topk), N, K
@@ -39,6 +43,17 @@ SHAPES = [
 """(name, experts, rows, N, K): a layer's up (gate and up fused) or down projection."""
 
 ROUTINGS = ("uniform", "skewed")
+
+REL_TOL = 1e-2
+"""The largest relative error (``max |got - ref| / max |ref|``) a config may have against the
+cuBLAS loop and still be timed."""
+
+
+def sweep_configs(rows: int, experts: int) -> list[str]:
+    """The configs timed for ``config_us``: every one of :data:`CONFIGS`, and the swapped decode
+    configs where an expert averages at most ``SPLIT_K_MAX_M`` rows (at prefill every ``BM`` rows
+    of an expert would read its weights once more)."""
+    return list(CONFIGS) + (list(SWAPPED_CONFIGS) if rows <= SPLIT_K_MAX_M * experts else [])
 
 
 def _counts(rows: int, experts: int, routing: str, gen):
@@ -106,11 +121,30 @@ def main() -> int:
             ours = bench.median_us(lambda: group_gemm(x, w, offsets=offsets, out=out, check_rows=False), warmup=5,
                                    iters=30, graph=True)
             loop = bench.median_us(cublas_loop, warmup=5, iters=30, graph=True)
-            # Every config, so that the pick rule can be read from the results (ours: its pick).
+            # Every config, so that the pick rule can be read from the results (ours: its pick),
+            # each checked first: the swapped ones have not run on a GPU before.
             picked = pick_group_gemm_config(rows, experts, n, residency.sm_count())
-            config_us = {c: (ours if c == picked else bench.median_us(
-                lambda c=c: group_gemm(x, w, offsets=offsets, out=out, config=c, check_rows=False), warmup=5,
-                iters=30, graph=True)) for c in CONFIGS}
+            config_us, config_errors = {}, {}
+            check = torch.empty_like(out)
+            for c in sweep_configs(rows, experts):
+                if c == picked:
+                    config_us[c] = ours
+                    continue
+                check.fill_(float("nan"))
+                try:
+                    group_gemm(x, w, offsets=offsets, out=check, config=c)
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001  one GPU: a config that cannot build or run this shape
+                    config_errors[c] = f"{type(e).__name__}: {e}".splitlines()[0]
+                    continue
+                err = bench.script.relative_error(check, ref)
+                if not err < REL_TOL:
+                    config_errors[c] = err if err < float("inf") else None  # None: a NaN or an Inf
+                    continue
+                config_us[c] = bench.median_us(
+                    lambda c=c: group_gemm(x, w, offsets=offsets, out=out, config=c, check_rows=False), warmup=5,
+                    iters=30, graph=True)
+            del check
             grouped = _grouped_mm_baseline(x, w.transpose(1, 2), offsets, ref)
             grouped_us = bench.median_us(grouped, warmup=5, iters=30, graph=True) if grouped else None
             bound = min(v for v in (loop, grouped_us) if v is not None)
@@ -120,12 +154,14 @@ def main() -> int:
                   f"{weight_gbps:.0f} GB/s), cuBLAS loop {loop:.1f} us, torch._grouped_mm "
                   f"{'-' if grouped_us is None else f'{grouped_us:.1f} us'}, ours/bound speed {bound / ours:.3f}, "
                   f"rel error {error:.2e}; configs: " + ", ".join(f"{c} {t:.1f} us" for c, t in config_us.items()) +
-                  f" (picked {picked})")
+                  f" (picked {picked})" + (f"; NOT TIMED (errors): {config_errors}" if config_errors else ""))
+            extra = {"config_errors": config_errors} if config_errors else {}
             records.append(bench.record(
                 "group_gemm", shape=[experts, rows, n, k], dtype="bfloat16", world_size=1, gpu=bench.gpu_slug(),
                 ours_us=ours, baselines={"torch_cublas_loop_us": loop, "torch_grouped_mm_us": grouped_us},
                 bound_us=bound, layer=name, routing=routing, empty_experts=experts - len(used), tflops=tflops,
-                weight_gbps=weight_gbps, max_rel_error=error, config=picked, config_us=config_us, timing={"iters": 30, "cuda_graph": True}))
+                weight_gbps=weight_gbps, max_rel_error=error, config=picked, config_us=config_us,
+                timing={"iters": 30, "cuda_graph": True}, **extra))
     bench.print_table(records, extra=("tflops", "weight_gbps", "max_rel_error"))
     print(f"[group_gemm] wrote {bench.write_results(records, 'group_gemm', root=args.out, rank=0)}")
     return 0

@@ -1,13 +1,19 @@
 """The MoE grouped GEMM compiles for sm_90 with the dense GEMM's pipelined TMA + wgmma K loop, in
 both row layouts and both dtypes, within the shared memory of one program, without spills, and
 stores only through masked stores (no TMA store, whose box could cross into another expert's
-rows). Host-side rules (config choice, row checks, argument errors) need no GPU."""
+rows); so do the swapped decode configs (the weights' rows on wgmma's M side, the split-K GEMM's
+table), routed by name to their own kernel. Host-side rules (config choice, row checks, argument
+errors) need no GPU."""
+
+import re
 
 import pytest
 
 from triton_dist import ops
 from triton_dist.kernels.gemm import dense as gemm_module
+from triton_dist.kernels.gemm import split_k as split_k_module
 from triton_dist.kernels.moe import group_gemm as gg
+from triton_dist.kernels.moe import group_gemm_swapped as swapped
 from triton_dist.tools.compile_check import compile_for_hopper, ops_matching, spill_bytes, wgmma_serialized
 
 _SMEM_LIMIT = 232448  # bytes of shared memory one program may use on sm_90
@@ -83,3 +89,100 @@ def test_offsets_or_counts_without_a_gpu():
     for kwargs in ({}, {"offsets": object(), "counts": object()}):
         with pytest.raises(ValueError, match="exactly one of offsets"):
             ops.group_gemm(object(), object(), **kwargs)
+
+
+def _compile_swapped(config, dtype, padded, **extra):
+    c = swapped.config_params(config)
+    signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
+                 "w_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>", "c": f"*{dtype}", "ends": "*i32",
+                 "num_experts": "i32", "total_rows": "i32", "capacity": "i32", "N": "i32", "K": "i32"}
+    if extra:
+        signature["timeline"] = "*i64"
+    meta = swapped.kernel_meta(config, padded) | extra
+    options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
+    return compile_for_hopper(swapped.group_gemm_swapped_kernel, signature, meta, **options)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["packed", "padded"])
+@pytest.mark.parametrize("config,dtype", [(c, "bf16") for c in swapped.CONFIG_NAMES] + [("swapped_m16", "fp16")])
+def test_swapped_configs_put_the_weights_on_wgmmas_m_side(config, dtype, padded):
+    """``m64n<BM>``: the weights' rows are wgmma's M, the expert's rows its N; the split-K GEMM's
+    pipeline (NUM_STAGES - 1 loads of each operand ahead of the loop) not serialised by ptxas, no
+    spills, no TMA store, 16-byte masked stores."""
+    c = swapped.config_params(config)
+    compiled = _compile_swapped(config, dtype, padded)
+    ptx = compiled.asm["ptx"]
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{c['BM']}k16", ptx)
+    assert not wgmma_serialized(ptx)
+    assert spill_bytes(ptx) == (0, 0), config
+    assert compiled.metadata.shared <= _SMEM_LIMIT
+    assert "cp.async.bulk.tensor" in ptx and "cp.async.bulk.tensor.2d.global.shared" not in ptx
+    loads = ops_matching(compiled.asm["ttgir"], r"async_tma_copy_global_to_local")
+    assert len(loads) >= 2 * c["NUM_STAGES"]
+    stores = re.findall(r"st\.global[a-z0-9.]*", ptx)
+    assert stores and all(".v4." in op for op in stores) and "@%p" in ptx
+
+
+def test_swapped_kernel_stamps_only_while_recording():
+    plain = _compile_swapped("swapped_m16", "bf16", False).asm["ptx"]
+    stamped = _compile_swapped("swapped_m16", "bf16", False, TIMELINE=True).asm["ptx"]
+    assert "%globaltimer" not in plain and stamped.count("%globaltimer") == 3
+
+
+def test_swapped_config_names_come_from_the_split_k_table():
+    assert list(swapped.CONFIG_NAMES) == ["swapped_m16", "swapped_m32", "swapped_m64", "swapped_m128"]
+    for name, bm in swapped.CONFIG_NAMES.items():
+        params = swapped.config_params(name)
+        assert params == dict(BM=bm, BN=split_k_module.SPLIT_K_BN, **split_k_module.SPLIT_K_CONFIGS[bm])
+    assert gg.config_names() == list(gg.CONFIGS) + list(swapped.CONFIG_NAMES)
+    with pytest.raises(ValueError, match="not a swapped config.*swapped_m16"):
+        swapped.config_params("small")
+    # Every row block of every expert has a program when the SMs allow: at most cdiv(rows, BM)
+    # + experts row blocks per n-tile.
+    assert swapped.grid_for(128, 8, 14336, "swapped_m16", 132) == (132, )
+    assert swapped.grid_for(1, 8, 256, "swapped_m16", 132) == (18, )
+
+
+def test_swapped_configs_are_opt_in_and_for_the_plain_op_only():
+    # The default rules never pick them (until a GPU measurement), and the overlapped grouped
+    # GEMMs keep their own configs.
+    from triton_dist.kernels.moe import group_gemm_rs
+
+    for rows, experts, n in ((1, 8, 14336), (128, 8, 14336), (1024, 128, 1536), (32768, 128, 1536)):
+        assert gg.pick_group_gemm_config(rows, experts, n, 132) in gg.CONFIGS
+        assert gg.pick_config(rows, experts, n, 132) in gg.CONFIGS
+    assert not set(swapped.CONFIG_NAMES) & (set(gg.CONFIGS) | set(group_gemm_rs.CONFIGS))
+
+
+@pytest.mark.parametrize("config", ["swapped_m32", "small"])
+def test_launch_routes_swapped_names_to_their_kernel(monkeypatch, config):
+    """``launch`` hands a swapped config to the swapped kernel's launcher with the rows as ``[E *
+    capacity, K]`` (padded) and the SM count; any other config goes to the persistent kernel."""
+    calls = []
+    monkeypatch.setattr(gg._gemm, "num_sms", lambda device: 132)
+    monkeypatch.setattr(swapped, "launch", lambda *args, **kwargs: calls.append(("swapped", args, kwargs)))
+    monkeypatch.setattr(gg._gemm, "operand_descriptors", lambda *args: calls.append(("persistent", args)) or (1, 2))
+
+    class Kernel:  # kernel[grid](...)
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(gg, "group_gemm_kernel", Kernel())
+
+    class Rows:  # just the shape and reshape that launch reads
+        def __init__(self, *shape):
+            self.shape, self.device = shape, "cuda:0"
+
+        def reshape(self, *shape):
+            total = 1
+            for d in self.shape:
+                total *= d
+            return Rows(total // shape[1], shape[1])
+
+    gg.launch(Rows(4, 20, 64), Rows(4, 128, 64), "out", "ends", padded=True, config=config)
+    assert calls[0][0] == ("swapped" if config.startswith("swapped") else "persistent")
+    if calls[0][0] == "swapped":
+        _, (a2, w, c, ends), kwargs = calls[0]
+        assert a2.shape == (80, 64) and w.shape == (4, 128, 64) and (c, ends) == ("out", "ends")
+        assert kwargs["padded"] and kwargs["capacity"] == 20 and kwargs["config"] == config
+        assert kwargs["num_sms"] == 132

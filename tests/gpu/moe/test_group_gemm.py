@@ -1,7 +1,8 @@
 """The MoE grouped GEMM (ops.group_gemm) against a per-expert fp32 torch reference, on every rank
 (a local op: each rank routes its own random tokens): packed rows with offsets and padded rows
-with counts, uniform and skewed routing, empty experts, one token, no tokens, every config, 500
-back-to-back calls with changing routing, CUDA graph replay with new routing, bad inputs. Outputs
+with counts, uniform and skewed routing, empty experts, one token, no tokens, every config (the
+swapped decode configs too, with experts of more rows than their ``BM``), 500 back-to-back calls
+with changing routing, CUDA graph replay with new routing, bad inputs. Outputs
 are NaN-poisoned first; every element is compared with a per-element tolerance, and rows a call
 must not write (past a padded expert's count) must still hold their poison."""
 
@@ -11,6 +12,7 @@ import torch
 from conftest import all_ranks_agree, raises_everywhere, rank_randn
 from triton_dist import ops
 from triton_dist.kernels.moe import group_gemm as group_gemm_module
+from triton_dist.kernels.moe import group_gemm_swapped as swapped_module
 
 _ATOL, _RTOL = 2e-2, 2e-2  # bf16 output rounding (2**-8) of sums of K products of O(1) values, scaled by 1/sqrt(K)
 
@@ -79,19 +81,46 @@ def test_every_config_and_dtype(config, dtype):
     _check_packed(700, 12, 384, 512, "skewed", dtype=dtype, config=config, seed=7)
 
 
-def test_padded_rows_like_ep_dispatch():
+@pytest.mark.parametrize("config", [None, *swapped_module.CONFIG_NAMES])
+def test_padded_rows_like_ep_dispatch(config):
     experts, capacity, n, k, dtype = 6, 300, 256, 512, torch.bfloat16
     x = _scaled((experts, capacity, k), dtype, 20, k ** -0.25)
     w = _scaled((experts, n, k), dtype, 21, k ** -0.25)
     counts = torch.tensor([0, 1, 300, 77, 128, 255], dtype=torch.int32)
     out = torch.full((experts, capacity, n), float("nan"), device="cuda", dtype=dtype)
-    ops.group_gemm(x, w, counts=counts.cuda(), out=out)
+    ops.group_gemm(x, w, counts=counts.cuda(), out=out, config=config)
     torch.cuda.synchronize()
     ok = True
     for e, c in enumerate(counts.tolist()):
         ok &= _close(out[e, :c], x[e, :c].float() @ w[e].float().T)
         ok &= bool(torch.isnan(out[e, c:]).all())  # rows past the count are not written
-    all_ranks_agree(ok, f"group_gemm padded: counts {counts.tolist()}")
+    all_ranks_agree(ok, f"group_gemm padded, config {config}: counts {counts.tolist()}")
+
+
+@pytest.mark.parametrize("config", list(swapped_module.CONFIG_NAMES))
+@pytest.mark.parametrize("tokens,experts,n,k,skew", [
+    (128, 8, 1024, 512, "uniform"),    # Mixtral-like decode: about 16 rows an expert
+    (256, 32, 384, 512, "skewed"),     # half the experts empty, one with most rows (more than BM)
+    (1, 8, 128, 256, "uniform"),       # one token
+    (300, 4, 136, 264, "one"),         # every row to one expert (300 > BM), N and K off the tiles
+])
+def test_swapped_configs_match_torch(config, tokens, experts, n, k, skew):
+    _check_packed(tokens, experts, n, k, skew, config=config, seed=11)
+
+
+@pytest.mark.parametrize("config", ["swapped_m16", "swapped_m64"])
+def test_swapped_configs_fp16_and_unrouted_rows(config):
+    """fp16, and rows past ``offsets[-1]`` (dropped pairs sorted last) keep their poison."""
+    tokens, routed, experts, n, k, dtype = 200, 190, 16, 256, 384, torch.float16
+    x = _scaled((tokens, k), dtype, 70, k ** -0.25)
+    w = _scaled((experts, n, k), dtype, 71, k ** -0.25)
+    counts = _routing(routed, experts, "skewed", 72)
+    offsets = torch.cumsum(counts, 0).to(torch.int32).cuda()
+    out = torch.full((tokens, n), float("nan"), device="cuda", dtype=dtype)
+    ops.group_gemm(x, w, offsets=offsets, out=out, config=config)
+    torch.cuda.synchronize()
+    ok = _close(out[:routed], _reference(x[:routed], w, counts)) and bool(torch.isnan(out[routed:]).all())
+    all_ranks_agree(ok, f"group_gemm {config} fp16: counts {counts.tolist()}")
 
 
 def test_back_to_back_with_changing_routing():
@@ -108,17 +137,18 @@ def test_back_to_back_with_changing_routing():
     all_ranks_agree(not bad, f"group_gemm back to back: wrong calls {bad[:10]}")
 
 
-def test_cuda_graph_replays_new_routing():
+@pytest.mark.parametrize("config", [None, "swapped_m32"])
+def test_cuda_graph_replays_new_routing(config):
     tokens, experts, n, k, dtype = 512, 8, 256, 256, torch.bfloat16
     x = _scaled((tokens, k), dtype, 30, k ** -0.25)
     w = _scaled((experts, n, k), dtype, 31, k ** -0.25)
     offsets = torch.cumsum(_routing(tokens, experts, "uniform", 32), 0).to(torch.int32).cuda()
     out = torch.empty((tokens, n), device="cuda", dtype=dtype)
-    ops.group_gemm(x, w, offsets=offsets, out=out)  # compiled and loaded outside the capture
+    ops.group_gemm(x, w, offsets=offsets, out=out, config=config)  # compiled and loaded outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        ops.group_gemm(x, w, offsets=offsets, out=out)
+        ops.group_gemm(x, w, offsets=offsets, out=out, config=config)
     ok = True
     for i, skew in enumerate(("skewed", "one", "uniform")):
         counts = _routing(tokens, experts, skew, 40 + i)
@@ -128,7 +158,7 @@ def test_cuda_graph_replays_new_routing():
         graph.replay()
         torch.cuda.synchronize()
         ok &= _close(out, _reference(x, w, counts))
-    all_ranks_agree(ok, "group_gemm in a CUDA graph, replayed with new routing")
+    all_ranks_agree(ok, f"group_gemm (config {config}) in a CUDA graph, replayed with new routing")
 
 
 def test_bad_inputs():
@@ -154,7 +184,7 @@ def test_bad_inputs():
     raises_everywhere(lambda: ops.group_gemm(x.view(2, 32, 128), w, counts=offsets), ValueError, "4 experts")
     raises_everywhere(lambda: ops.group_gemm(x, w, offsets=offsets, out=torch.empty(64, 32, device="cuda",
                                                                                      dtype=bf)), ValueError, "out")
-    raises_everywhere(lambda: ops.group_gemm(x, w, offsets=offsets, config="huge"), ValueError, "config")
+    raises_everywhere(lambda: ops.group_gemm(x, w, offsets=offsets, config="huge"), ValueError, "swapped_m16")
     # Unchecked bad offsets are clamped on the GPU: nothing is written outside out.
     guard = torch.full((3 * 64, 64), float("nan"), device="cuda", dtype=bf)
     out = guard[64:128]

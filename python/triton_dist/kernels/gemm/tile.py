@@ -7,7 +7,8 @@ grouped GEMM of :mod:`triton_dist.kernels.moe.group_gemm`), so that there is one
 Decode-sized M has a second loop, :func:`swapped_tile_product`: B's rows on wgmma's M side and a
 slice of K, shared by the split-K kernels (the plain GEMM's
 :func:`~triton_dist.kernels.gemm.split_k.gemm_split_k_kernel` and GEMM+AllReduce's
-:func:`~triton_dist.kernels.gemm.gemm_ar.gemm_ar_split_k_kernel`)."""
+:func:`~triton_dist.kernels.gemm.gemm_ar.gemm_ar_split_k_kernel`) and the MoE grouped GEMM's
+swapped configs (:mod:`triton_dist.kernels.moe.group_gemm_swapped`)."""
 
 from __future__ import annotations
 
@@ -66,18 +67,20 @@ def tile_product(a_desc, b_desc, off_m, off_n, k_tiles, token, BM: tl.constexpr,
 
 @triton.jit
 def swapped_tile_product(a_desc, b_desc, off_n, k_begin, k_end, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                         NUM_STAGES: tl.constexpr):
-    """``B[off_n:off_n + BN, :] @ A[0:BM, :]^T`` in fp32 over K steps ``[k_begin, k_end)`` of ``BK``
-    (an empty range gives zeros): ``out``'s tile transposed, ``[BN, BM]``. ``b_desc``: block ``[BN,
-    BK]``; ``a_desc``: block ``[BM, BK]``, all of A's rows (``M <= BM``; TMA reads rows past ``M``
-    as zeros). Why swapped: wgmma's M side is 64 rows per warpgroup, so with A there a decode GEMM
-    of 1-16 rows would multiply mostly zeros; with B's rows there (``BN`` = 128) and A's rows as
-    wgmma's N (``BM``: any multiple of 8 up to 256), each pipeline stage carries ``BN * BK``
-    elements of B, the operand whose read bounds a decode GEMM."""
+                         NUM_STAGES: tl.constexpr, off_m=0):
+    """``B[off_n:off_n + BN, :] @ A[off_m:off_m + BM, :]^T`` in fp32 over K steps ``[k_begin,
+    k_end)`` of ``BK`` (an empty range gives zeros): ``out``'s tile transposed, ``[BN, BM]``.
+    ``b_desc``: block ``[BN, BK]``; ``a_desc``: block ``[BM, BK]`` (TMA reads rows past A's end as
+    zeros). The split-K GEMMs take all of A's rows (``off_m`` left 0, a constant: their code is
+    unchanged); the swapped grouped GEMM (:mod:`~triton_dist.kernels.moe.group_gemm_swapped`) one
+    expert's block of rows. Why swapped: wgmma's M side is 64 rows per warpgroup, so with A there
+    a decode GEMM of 1-16 rows would multiply mostly zeros; with B's rows there (``BN`` = 128) and
+    A's rows as wgmma's N (``BM``: any multiple of 8 up to 256), each pipeline stage carries ``BN *
+    BK`` elements of B, the operand whose read bounds a decode GEMM."""
     acc = tl.zeros((BN, BM), dtype=tl.float32)
     for k in tl.range(k_begin, k_end, num_stages=NUM_STAGES):
         w = b_desc.load([off_n, k * BK])
-        x = a_desc.load([0, k * BK])
+        x = a_desc.load([off_m, k * BK])
         acc = tl.dot(w, x.T, acc)
     return acc
 

@@ -24,6 +24,10 @@ the epilogue stores with a mask on the expert's rows and on ``N``, so no tile wr
 another expert. Row offsets are clamped on the GPU (to ``[0, T]``; counts to ``[0, capacity]``),
 so unchecked bad routing cannot write out of bounds (experts' rows may then overlap); the host
 check (``check_rows``) reports it instead.
+
+Decode has a second kernel, :mod:`~triton_dist.kernels.moe.group_gemm_swapped` (the weights' rows
+on wgmma's M side, the expert's few rows on its N side), for :func:`group_gemm` by name only
+(``"swapped_m16"`` ...) until a GPU measurement says where it wins.
 """
 
 from __future__ import annotations
@@ -43,7 +47,22 @@ CONFIGS = ("skinny_n128", "small", "large")
 """The dense GEMM's configs (:data:`triton_dist.kernels.gemm.dense.CONFIGS`,
 :data:`~triton_dist.kernels.gemm.dense.SKINNY_CONFIGS`) the grouped GEMM runs with, chosen by
 :func:`pick_group_gemm_config` (:func:`group_gemm`) or :func:`pick_config` (the overlapped grouped
-GEMMs)."""
+GEMMs). :func:`group_gemm` also takes the swapped decode configs by name (:func:`config_names`)."""
+
+
+def _swapped():
+    """:mod:`~triton_dist.kernels.moe.group_gemm_swapped`, imported on first use: it imports this
+    module (the row convention, :func:`_expert_rows`), so it cannot be imported at this one's top."""
+    from . import group_gemm_swapped
+
+    return group_gemm_swapped
+
+
+def config_names() -> list[str]:
+    """Every config :func:`group_gemm` takes by name: :data:`CONFIGS` (the persistent kernel's,
+    which the overlapped grouped GEMMs run too) and the swapped ones of
+    :data:`~triton_dist.kernels.moe.group_gemm_swapped.CONFIG_NAMES` (the plain op only)."""
+    return list(CONFIGS) + list(_swapped().CONFIG_NAMES)
 
 
 def pick_config(rows: int, experts: int, n: int, num_sms: int) -> str:
@@ -227,7 +246,8 @@ def weight_descriptor(w, config: str):
 def launch(a, w, c, ends, *, padded: bool, config: str | None = None) -> None:
     """Launch :func:`group_gemm_kernel` on the current stream for already checked tensors: ``a``
     ``[T, K]`` (padded: ``[E, capacity, K]``), ``w`` ``[E, N, K]``, ``c`` the output of ``a``'s
-    rows, ``ends`` int32 ``[E]``. ``config``: one of :data:`CONFIGS`, default
+    rows, ``ends`` int32 ``[E]``. ``config``: one of :func:`config_names` (a swapped one launches
+    :func:`~triton_dist.kernels.moe.group_gemm_swapped.group_gemm_swapped_kernel` instead), default
     :func:`pick_group_gemm_config`'s."""
     experts, n, k = w.shape
     capacity = a.shape[1] if padded else 0
@@ -235,6 +255,11 @@ def launch(a, w, c, ends, *, padded: bool, config: str | None = None) -> None:
     rows = a2.shape[0]
     sms = _gemm.num_sms(a.device)
     config = config or pick_group_gemm_config(rows, experts, n, sms)
+    swapped = _swapped()
+    if config in swapped.CONFIG_NAMES:
+        swapped.launch(a2, w, c, ends, padded=padded, capacity=capacity, config=config, num_sms=sms,
+                       timeline_args=_timeline.kernel_args())
+        return
     a_desc, w_desc = _gemm.operand_descriptors(a2, w.reshape(experts * n, k), config)
     group_gemm_kernel[grid_for(rows, experts, n, config, sms)](a_desc, w_desc, c, ends, experts, rows, capacity, n,
                                                                k, **kernel_meta(config, PADDED=padded),
@@ -306,7 +331,9 @@ def group_gemm(x, w, *, offsets=None, counts=None, out=None, config: str | None 
     ``out [T, N]``, rows past ``offsets[-1]`` left as they were: the dropped pairs that
     :func:`triton_dist.ops.ag_group_gemm` sorts last) or ``counts`` (``x [experts, capacity, K]``,
     int32 rows used per expert, ``out [experts, capacity, N]``, rows past the counts left as they
-    were). Empty experts and ``T = 0`` are fine. ``config``: one of :data:`CONFIGS` (default: :func:`pick_group_gemm_config`). ``check_rows``:
+    were). Empty experts and ``T = 0`` are fine. ``config``: one of :func:`config_names` (default:
+    :func:`pick_group_gemm_config`; the swapped decode configs, ``"swapped_m<BM>"``, take experts
+    of any size, every ``BM`` rows of an expert reading its weights once more). ``check_rows``:
     check the offsets or counts on the host (one synchronisation); default: when not capturing a
     CUDA graph. Unchecked bad rows are clamped on the GPU, never written out of bounds."""
     if (offsets is None) == (counts is None):
@@ -317,8 +344,8 @@ def group_gemm(x, w, *, offsets=None, counts=None, out=None, config: str | None 
     padded = counts is not None
     ends = counts if padded else offsets
     shape = _check(x, w, ends, padded, out)
-    if config is not None and config not in CONFIGS:
-        raise ValueError(f"triton_dist group_gemm: config must be None or one of {CONFIGS}, got {config!r}")
+    if config is not None and config not in config_names():
+        raise ValueError(f"triton_dist group_gemm: config must be None or one of {config_names()}, got {config!r}")
     if out is None:
         out = torch.empty(shape, dtype=x.dtype, device=x.device)
     rows = x.shape[0] * (x.shape[1] if padded else 1)
