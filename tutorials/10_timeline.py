@@ -48,9 +48,10 @@ def record(name, call, out_dir):
             print("wrote", path, "and", plot_timeline.plot(json.load(f), path[:-5] + ".png"), flush=True)
 
 
-def cost_of_recording(name, call, rounds=20):
+def cost_of_recording(name, call, out_dir, rounds=20):
     """Median time of ``call`` plain and while recording (CUDA events around each call, after the
-    recorded variants are warm): the stamps' cost. On ranks that share a GPU it says nothing."""
+    recorded variants are warm): the stamps' cost, printed and written to
+    ``<out_dir>/timeline_overhead.json``. On ranks that share a GPU it says little."""
     def median_us():
         times = []
         for _ in range(rounds):
@@ -69,6 +70,10 @@ def cost_of_recording(name, call, rounds=20):
     if tdist.rank() == 0:
         print(f"{name}: {plain:.0f} us plain, {recorded:.0f} us recording ({100 * (recorded / plain - 1):+.1f} %)",
               flush=True)
+        with open(os.path.join(out_dir, "timeline_overhead.json"), "w") as f:
+            json.dump(dict(op=name, world_size=tdist.world_size(), gpu=torch.cuda.get_device_name(),
+                           ranks_share_a_gpu=tdist.world_size() > torch.cuda.device_count(), plain_us=plain,
+                           recording_us=recorded, rounds=rounds, method="CUDA events around one call, median"), f)
 
 
 def main():
@@ -88,7 +93,7 @@ def main():
     torch.cuda.synchronize()
     record("ag_gemm", lambda: ops.ag_gemm(a, b, context=ctx), args.out)
     record("gemm_rs_fused", lambda: ops.gemm_rs(torch.cat([a] * world), b, method="fused"), args.out)
-    cost_of_recording("ag_gemm", lambda: ops.ag_gemm(a, b, context=ctx))
+    cost_of_recording("ag_gemm", lambda: ops.ag_gemm(a, b, context=ctx), args.out)
     tdist.barrier()
     print(f"rank {me}: timelines recorded")
     tdist.finalize()

@@ -49,7 +49,11 @@ def candidates(m: int, n: int, k: int, sms: int) -> list[dict]:
     names += [name for name, bm in split_k.CONFIG_NAMES.items() if m <= bm]
     skinny = _gemm.pick_skinny_config(m, n, sms)
     names += ([skinny] if skinny else []) + list(_gemm.CONFIGS)
-    return [{"name": name, **_gemm.config_params(name)} for name in dict.fromkeys(names)]
+    # A split-K config's time also depends on pick_split_k's constants: part of the key, so that
+    # changing the rule invalidates decisions cached under the old one.
+    rule = dict(split_k_rule=(split_k.MAX_SLICES, split_k.MIN_SLICE_STEPS, split_k.TILE_OVERHEAD_STEPS))
+    return [{"name": name, **_gemm.config_params(name), **(rule if name in split_k.CONFIG_NAMES else {})}
+            for name in dict.fromkeys(names)]
 
 
 def tuned_gemm_config(m: int, n: int, k: int, dtype: Any, *, autotuner=None) -> str:

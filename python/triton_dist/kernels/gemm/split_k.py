@@ -6,8 +6,8 @@ GEMM+AllReduce's ``"split_k"`` runs too) and the contraction cut into slices, so
 Why: a decode GEMM is bound by reading B. The persistent GEMM's skinny configs
 (:data:`~triton_dist.kernels.gemm.dense.SKINNY_CONFIGS`) give an SM one 64-row tile of ``out`` and
 the whole of K, so the SM streams its slice of B through one long K loop, and at 1-16 rows wgmma
-multiplies mostly zeros; on one H200 cuBLAS took 0.61-0.76 of their time at 1x4096x7168,
-1x8192x14336 and 16x8192x14336 (issue 22). Here a stage holds 128 rows of B (``SPLIT_K_BN``) by
+multiplies mostly zeros (bench/results/h100-x1/gemm.json: their ``config_us`` beside this
+kernel's at 1 and 16 rows). Here a stage holds 128 rows of B (``SPLIT_K_BN``) by
 ``BK``, ``out``'s rows padded to ``BM`` (16-128) are wgmma's N side, and :func:`pick_split_k` cuts K
 so that more programs stream B at once.
 
@@ -183,6 +183,21 @@ def _needs_slab(device) -> bool:
     return used == len(_slabs.get(device.index, ())) * STREAMS_PER_SLAB
 
 
+_placeholder_tensors: dict[int, tuple] = {}
+
+
+def _placeholders(device) -> tuple:
+    """An int32 and an fp32 tensor on ``device`` for a one-slice launch's unused tickets and
+    partials (two allocations a call otherwise, on a path that decode calls per token)."""
+    import torch
+
+    pair = _placeholder_tensors.get(device.index)
+    if pair is None:
+        pair = _placeholder_tensors[device.index] = (torch.empty((1, ), dtype=torch.int32, device=device),
+                                                      torch.empty((4, ), dtype=torch.float32, device=device))
+    return pair
+
+
 def ticket_counters(device):
     """This (device, current stream)'s :data:`MAX_N_TILES` int32 ticket counters, zero between
     calls (module notes). The first call on a device makes its slab (a memset and a
@@ -244,9 +259,8 @@ def gemm_split_k(a, b, out, config: str, num_sms: int, *, split_k: int | None = 
             raise ValueError(f"triton_dist gemm: config {config!r} takes N <= {MAX_N_TILES * SPLIT_K_BN}, got N = {n}")
         tickets = ticket_counters(a.device)
         partials = torch.empty((split_k, m, n), dtype=torch.float32, device=a.device)
-    else:  # untouched with one slice: placeholders of the kernel's argument types
-        tickets = torch.empty((1, ), dtype=torch.int32, device=a.device)
-        partials = torch.empty((4, ), dtype=torch.float32, device=a.device)
+    else:  # untouched with one slice: placeholders of the kernel's argument types, made once
+        tickets, partials = _placeholders(a.device)
     a_desc = TensorDescriptor.from_tensor(a, [params["BM"], params["BK"]])
     b_desc = TensorDescriptor.from_tensor(b, [SPLIT_K_BN, params["BK"]])
     gemm_split_k_kernel[(min(tiles * split_k, num_sms), )](
