@@ -26,14 +26,16 @@ def plot(trace: dict, path: str, programs: int = 16) -> str:
     spans = [e for e in trace["traceEvents"] if e.get("ph") == "X" and e["name"] in COLOURS and e["tid"] < programs]
     lanes = sorted({(e["pid"], e["tid"]) for e in spans})
     row = {lane: i for i, lane in enumerate(lanes)}
-    fig, ax = plt.subplots(figsize=(12, max(2.0, 0.18 * len(lanes) + 1)))
+    # Lanes thin out past 48 so that a whole GPU's programs (132 a rank) fit one readable figure.
+    fig, ax = plt.subplots(figsize=(12, max(2.0, min(0.18 * len(lanes), 9.0) + 1)))
     for name, colour in COLOURS.items():
         mine = [e for e in spans if e["name"] == name]
         if not mine:  # an empty bar set still takes a legend entry, in the default colour
             continue
         ax.barh([row[(e["pid"], e["tid"])] for e in mine], [e["dur"] for e in mine], left=[e["ts"] for e in mine],
                 height=0.8, color=colour, label=name, linewidth=0)
-    ax.set_yticks(range(len(lanes)), [f"rank {p} · {t}" for p, t in lanes], fontsize=6)
+    step = max(1, len(lanes) // 48)  # a label every few lanes when they are thin
+    ax.set_yticks(range(0, len(lanes), step), [f"rank {p} · {t}" for p, t in lanes[::step]], fontsize=6)
     ax.invert_yaxis()
     ax.set_xlabel("µs")
     ax.legend(loc="upper right", fontsize=7)
