@@ -15,7 +15,8 @@ Timing (docs/design.md §7). Headline (``ours_us``, ``baselines.torch_cublas_us`
 Each contender (ours, cuBLAS and, unless ``--no-sweep``, every config of
 :data:`~triton_dist.kernels.gemm.dense.CONFIGS`, for M <= ``SKINNY_MAX_M``
 :data:`~triton_dist.kernels.gemm.dense.SKINNY_CONFIGS`, and every split-K config
-(:data:`~triton_dist.kernels.gemm.split_k.CONFIG_NAMES`) whose ``BM`` holds M) is captured in a CUDA graph of up to
+(:data:`~triton_dist.kernels.gemm.split_k.CONFIG_NAMES`) whose ``BM`` holds M, and above 128 rows the
+wave-tail configs, :data:`~triton_dist.kernels.gemm.wave_tail.CONFIG_NAMES`) is captured in a CUDA graph of up to
 :data:`GROUP` calls; the replays of all contenders are issued back to back with no sync between
 them, in turn (ours, cuBLAS, configs, then the reverse order), and each contender's time is the
 median over its replays. Why: one call per sample after a sync gave ours/cuBLAS 1.14 at
@@ -36,7 +37,9 @@ Per row: ``config`` (what ``gemm`` picks: ``pick_gemm_config``), ``config_us``
 (every applicable config, sustained, in the same turns: the data to re-derive the pick rule),
 ``best_config``, ``split_k_slices`` (the K slices each timed split-K config ran with:
 ``pick_split_k``'s; with ``--sweep-slices`` also ``slices_us``, each split-K config at the other
-counts of :data:`SLICE_COUNTS`: the data to re-derive that rule); ``verified``: ours within :data:`REL_TOL` of an fp32 reference on up to
+counts of :data:`SLICE_COUNTS`: the data to re-derive that rule), ``tail_slices`` (the K slices of
+each timed wave-tail config's last-wave tiles, ``pick_tail_split``'s; 1: it ran as its base);
+``verified``: ours within :data:`REL_TOL` of an fp32 reference on up to
 :data:`REF_ROWS` rows (random inputs); a config that misses it is left out of ``config_us`` and
 listed in ``config_errors``. Bar (issue 22): cuBLAS/ours >= 0.95 on every row, median >= 1.
 
@@ -70,6 +73,8 @@ from triton_dist.kernels.gemm.dense import (CONFIGS, SKINNY_CONFIGS, SKINNY_MAX_
                                             pick_gemm_config)
 from triton_dist.kernels.gemm.split_k import CONFIG_NAMES as SPLIT_K_CONFIGS  # noqa: E402
 from triton_dist.kernels.gemm.split_k import config_params as split_k_params, gemm_split_k, pick_split_k  # noqa: E402
+from triton_dist.kernels.gemm.split_k import SPLIT_K_MAX_M  # noqa: E402
+from triton_dist.kernels.gemm.wave_tail import CONFIG_NAMES as WAVE_TAIL_CONFIGS, tail_split_for  # noqa: E402
 
 SLICE_COUNTS = (1, 2, 3, 4, 6, 8)
 """``--sweep-slices``: the K slice counts each split-K config is also timed with."""
@@ -186,9 +191,11 @@ def rows(quick: bool = False, ms=None, shapes=None) -> list[tuple[int, int, int,
 
 def sweep_configs(m: int) -> list[str]:
     """The configs ``gemm`` accepts that are meant for ``m`` rows: CONFIGS always, SKINNY_CONFIGS up to
-    ``SKINNY_MAX_M`` rows, each split-K config whose ``BM`` holds ``m`` rows."""
+    ``SKINNY_MAX_M`` rows, each split-K config whose ``BM`` holds ``m`` rows, and above
+    ``SPLIT_K_MAX_M`` rows the wave-tail configs (not yet measured: timed beside their bases)."""
     return (list(CONFIGS) + (list(SKINNY_CONFIGS) if m <= SKINNY_MAX_M else []) +
-            [name for name, bm in SPLIT_K_CONFIGS.items() if m <= bm])
+            [name for name, bm in SPLIT_K_CONFIGS.items() if m <= bm] +
+            (list(WAVE_TAIL_CONFIGS) if m > SPLIT_K_MAX_M else []))
 
 
 def model_us(m: int, n: int, k: int) -> float:
@@ -388,6 +395,9 @@ def measure_row(m: int, n: int, k: int, labels, args, gpu: str, sms: int, l2_byt
         slices = {c: pick_split_k(m, n, k, sms, c) for c in config_us if c in SPLIT_K_CONFIGS}
         if slices:
             extra["split_k_slices"] = slices
+        tails = {c: tail_split_for(m, n, k, c, sms) for c in config_us if c in WAVE_TAIL_CONFIGS}
+        if tails:
+            extra["tail_slices"] = tails
     if config_errors:
         extra["config_errors"] = config_errors
     if not args.no_do_bench:

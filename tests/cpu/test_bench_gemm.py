@@ -95,6 +95,14 @@ def test_sweep_includes_the_split_k_configs_that_hold_m(script):
     assert not [c for c in script.sweep_configs(129) if c.startswith("split_k")]
 
 
+def test_sweep_includes_the_wave_tail_configs_above_split_k(script):
+    from triton_dist.kernels.gemm.wave_tail import CONFIG_NAMES
+
+    assert not set(CONFIG_NAMES) & set(script.sweep_configs(128))
+    for m in (129, 1024, 8192):
+        assert [c for c in script.sweep_configs(m) if c in CONFIG_NAMES] == list(CONFIG_NAMES)
+
+
 def test_sampling_and_estimate(script):
     for call_us in (1.0, 5.0, 100.0, 2000.0, 40_000.0):
         group, iters = script.sampling(call_us)

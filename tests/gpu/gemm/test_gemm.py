@@ -1,9 +1,9 @@
-"""The persistent GEMM and the split-K GEMM against torch (fp32 reference; split-K: the same bits
-over 200 back-to-back calls and in a CUDA graph), and triton_dist.ops.ag_gemm (every producer;
-under TRITON_DIST_LOCAL_WORLD_SIZE "sm_2d" crosses declared nodes) against
-torch.distributed.all_gather_into_tensor + matmul: back-to-back calls with fresh inputs (a tile read
-before its rows landed, or from a previous call, shows up as a large error or a NaN from the
-poisoned output), CUDA graph replay, bad inputs."""
+"""The persistent GEMM, the split-K GEMM and the wave-tail GEMM against torch (fp32 reference;
+split-K and wave-tail: the same bits over back-to-back calls and in a CUDA graph), and
+triton_dist.ops.ag_gemm (every producer; under TRITON_DIST_LOCAL_WORLD_SIZE "sm_2d" crosses
+declared nodes) against torch.distributed.all_gather_into_tensor + matmul: back-to-back calls
+with fresh inputs (a tile read before its rows landed, or from a previous call, shows up as a
+large error or a NaN from the poisoned output), CUDA graph replay, bad inputs."""
 
 import pytest
 import torch
@@ -15,6 +15,7 @@ from triton_dist import host_collectives, ops
 from triton_dist.kernels import AllGatherGemmContext
 from triton_dist.kernels.gemm import dense as gemm_module
 from triton_dist.kernels.gemm import split_k as split_k_module
+from triton_dist.kernels.gemm import wave_tail
 from triton_dist.kernels.gemm.dense import gemm
 
 _TOL = 1.0  # tolerance_ratio: every element within its own bound (conftest)
@@ -153,6 +154,75 @@ def test_split_k_gemm_refuses_more_rows_than_its_block():
     torch.cuda.synchronize()
     err = tolerance_ratio(got, a.float() @ b.float().T)
     all_ranks_agree(err < _TOL, f"split_k_m32 after the refusals: error/tolerance {err}")
+
+
+# M x N x K (N and K odd multiples of 8: masked column tiles, a K tail in the last slice) and the
+# tail's slices on 132 SMs: "large" 456 tiles, a last wave of 60 in 2 slices, and 80 tiles in 1;
+# "small" 160 tiles, a last wave of 28 in 4 slices (33 K steps: 8, 8, 8, 9), and 904 in 1; 264
+# "large" tiles are two whole waves.
+_WAVE_TAIL_SHAPES = [(1024, 14344, 1032), (1000, 2552, 2056), (1000, 8200, 1032)]
+_WAVE_TAIL_CUT = {"large_tail_split": (1024, 14344, 1032), "small_tail_split": (1000, 2552, 2056)}
+
+
+@pytest.mark.parametrize("config", list(wave_tail.CONFIG_NAMES))
+@pytest.mark.parametrize("m,n,k", _WAVE_TAIL_SHAPES)
+def test_wave_tail_gemm_matches_torch(m, n, k, config):
+    """Each wave-tail config through ``gemm`` (this device's SMs), and on 132 programs (the
+    slices of an H100's waves, whatever this device has), into NaN-poisoned outputs."""
+    _check_gemm(m, n, k, torch.bfloat16, config, seed=81)
+    a, b = rank_randn((m, k), torch.bfloat16, 82), rank_randn((n, k), torch.bfloat16, 83)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    wave_tail.gemm_wave_tail(a, b, out, config, 132)
+    torch.cuda.synchronize()
+    err = tolerance_ratio(out, a.float() @ b.float().T)
+    slices = wave_tail.tail_split_for(m, n, k, config, 132)
+    all_ranks_agree(err < _TOL, f"wave-tail {config} {m}x{n}x{k} on 132 programs ({slices} slices): "
+                                f"error/tolerance {err}")
+
+
+@pytest.mark.parametrize("config", list(wave_tail.CONFIG_NAMES))
+def test_wave_tail_gemm_is_deterministic(config):
+    """100 back-to-back calls whose last wave is cut (132 programs), each into its own NaN-poisoned
+    output: the same bits (partials summed in slice order) and right (a ticket left non-zero by
+    a call would leave a later call's tile unsummed)."""
+    m, n, k = _WAVE_TAIL_CUT[config]
+    assert wave_tail.tail_split_for(m, n, k, config, 132) > 1
+    a, b = rank_randn((m, k), torch.bfloat16, 91), rank_randn((n, k), torch.bfloat16, 92)
+    outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(100)]
+    for out in outs:
+        wave_tail.gemm_wave_tail(a, b, out, config, 132)
+    torch.cuda.synchronize()
+    differ = [i for i, out in enumerate(outs) if not torch.equal(out, outs[0])]
+    err = tolerance_ratio(outs[0], a.float() @ b.float().T)
+    all_ranks_agree(not differ and err < _TOL, f"wave-tail {config}: calls whose bits differ from the first "
+                                                f"{differ}, error/tolerance {err}")
+
+
+def test_wave_tail_gemm_cuda_graph_replay():
+    """Captured after an uncaptured call (which makes the device's ticket counters; the capture
+    stream's are handed out without GPU work), replayed with new inputs: right, the same bits as
+    an eager call."""
+    config = "large_tail_split"
+    m, n, k = _WAVE_TAIL_CUT[config]
+    a, b = rank_randn((m, k), torch.bfloat16, 93), rank_randn((n, k), torch.bfloat16, 94)
+    out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
+    wave_tail.gemm_wave_tail(a, b, out, config, 132)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        wave_tail.gemm_wave_tail(a, b, out, config, 132)
+    errors, same = [], []
+    for replay in range(2):
+        a.copy_(rank_randn((m, k), torch.bfloat16, 95 + replay))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        errors.append(tolerance_ratio(out, a.float() @ b.float().T))
+        eager = torch.empty_like(out)
+        wave_tail.gemm_wave_tail(a, b, eager, config, 132)
+        same.append(torch.equal(out, eager))
+    all_ranks_agree(all(e < _TOL for e in errors) and all(same),
+                    f"wave-tail graph replays: error/tolerance {errors}, same bits as eager {same}")
 
 
 @pytest.mark.parametrize("producer", ["ce_push", "sm_push", "sm_2d"])

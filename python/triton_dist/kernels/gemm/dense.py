@@ -49,6 +49,7 @@ from ... import language as dl
 from ... import residency as _residency
 from ...language import timeline as _timeline
 from . import split_k as _split_k
+from . import wave_tail as _wave_tail
 from .tile import own_node_first, tile_coords, tile_product
 from .epilogues import all_reduce_tile, copy_chunk, partial_destination, publish_pending, sum_own_tile
 
@@ -80,26 +81,33 @@ SKINNY_CONFIGS = {
 
 
 def config_names() -> list[str]:
-    """Every config :func:`gemm` takes by name: :data:`CONFIGS`, :data:`SKINNY_CONFIGS` and the
-    split-K configs (:data:`~triton_dist.kernels.gemm.split_k.CONFIG_NAMES`)."""
-    return sorted(CONFIGS) + sorted(SKINNY_CONFIGS) + list(_split_k.CONFIG_NAMES)
+    """Every config :func:`gemm` takes by name: :data:`CONFIGS`, :data:`SKINNY_CONFIGS`, the
+    split-K configs (:data:`~triton_dist.kernels.gemm.split_k.CONFIG_NAMES`) and the wave-tail
+    ones (:data:`~triton_dist.kernels.gemm.wave_tail.CONFIG_NAMES`)."""
+    return sorted(CONFIGS) + sorted(SKINNY_CONFIGS) + list(_split_k.CONFIG_NAMES) + list(_wave_tail.CONFIG_NAMES)
 
 
 def config_params(config: str) -> dict:
     """The parameters of ``config``, one of :func:`config_names` (a split-K config's: ``BM``,
     ``BN``, ``BK``, ``NUM_STAGES``, ``num_warps`` of
-    :func:`~triton_dist.kernels.gemm.split_k.gemm_split_k_kernel`)."""
+    :func:`~triton_dist.kernels.gemm.split_k.gemm_split_k_kernel`; a wave-tail config's: its base
+    config's, :data:`~triton_dist.kernels.gemm.wave_tail.CONFIG_NAMES`)."""
     params = CONFIGS.get(config) or SKINNY_CONFIGS.get(config) or _split_k.config_params(config)
+    if config in _wave_tail.CONFIG_NAMES:
+        params = CONFIGS[_wave_tail.CONFIG_NAMES[config]]
     if params is None:
         raise ValueError(f"triton_dist gemm: unknown config {config!r}; the configs are {config_names()}")
     return params
 
 
 def _persistent(config: str) -> dict:
-    """:func:`config_params` of a config of :func:`gemm_kernel` (not a split-K one)."""
+    """:func:`config_params` of a config of :func:`gemm_kernel` (not a split-K or wave-tail one)."""
     if config in _split_k.CONFIG_NAMES:
         raise ValueError(f"triton_dist gemm: {config!r} is a config of the split-K kernel "
                          f"(triton_dist.kernels.gemm.split_k), not of gemm_kernel")
+    if config in _wave_tail.CONFIG_NAMES:
+        raise ValueError(f"triton_dist gemm: {config!r} is a config of the wave-tail kernel "
+                         f"(triton_dist.kernels.gemm.wave_tail), not of gemm_kernel")
     return config_params(config)
 
 
@@ -130,7 +138,8 @@ def pick_gemm_config(m: int, n: int, k: int, num_sms: int) -> str:
     tile's area over :data:`CONFIG_EFFICIENCY` (1024 x 14336: "large" has 3.4 waves of 128x256
     tiles, run as 4: cuBLAS/ours 0.84; "small" 6.8 as 7: 0.93). The overlapped GEMMs keep
     :func:`pick_config`: their tiles are walked per rank, and this rule is measured on the plain
-    GEMM only."""
+    GEMM only. It never picks the wave-tail configs (:mod:`~triton_dist.kernels.gemm.wave_tail`):
+    not yet measured on a GPU, they are there for bench/gemm.py to time beside their bases."""
     if m <= _split_k.SPLIT_K_MAX_M:
         return f"split_k_m{max(32, _split_k.block_for(m))}"
     return least_wave_work(lambda c: triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"]), num_sms)
@@ -536,6 +545,8 @@ def gemm(a, b, *, out=None, config: str | None = None):
     target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
     if config in _split_k.CONFIG_NAMES:
         _split_k.gemm_split_k(aligned_for_tma(a), aligned_for_tma(b), target, config, sms)
+    elif config in _wave_tail.CONFIG_NAMES:
+        _wave_tail.gemm_wave_tail(aligned_for_tma(a), aligned_for_tma(b), target, config, sms)
     else:
         a_desc, b_desc, c_desc = descriptors(aligned_for_tma(a), aligned_for_tma(b), target, config)
         gemm_kernel[grid_for(m, n, config, sms)](a_desc, b_desc, c_desc, m, n, k, None, None, 0, 1,

@@ -82,7 +82,9 @@ TILE_OVERHEAD_STEPS = 2
 guess until a GPU measurement replaces it."""
 
 MAX_N_TILES = 4096
-"""Ticket counters per stream: n-tiles of a call, so ``N <= MAX_N_TILES * SPLIT_K_BN``."""
+"""Ticket counters per stream: n-tiles of a call, so ``N <= MAX_N_TILES * SPLIT_K_BN`` (the
+wave-tail GEMM of :mod:`~triton_dist.kernels.gemm.wave_tail` counts its last wave's tiles, fewer
+than its programs, in the same range)."""
 
 STREAMS_PER_SLAB = 32
 """Streams' ticket ranges per device slab (``STREAMS_PER_SLAB * MAX_N_TILES`` int32, 512 KiB)."""
@@ -183,6 +185,16 @@ def _needs_slab(device) -> bool:
     return used == len(_slabs.get(device.index, ())) * STREAMS_PER_SLAB
 
 
+def tickets_available(device) -> bool:
+    """Whether :func:`ticket_counters` can serve the current stream of ``device`` now: always
+    outside a CUDA graph capture; inside one only if it needs no new slab, since a capture may not
+    zero counters. A caller that gets False runs without tickets (the split-K GEMM and the
+    wave-tail GEMM of :mod:`~triton_dist.kernels.gemm.wave_tail`: in one slice)."""
+    import torch
+
+    return not (torch.cuda.is_current_stream_capturing() and _needs_slab(device))
+
+
 _placeholder_tensors: dict[int, tuple] = {}
 
 
@@ -248,9 +260,8 @@ def gemm_split_k(a, b, out, config: str, num_sms: int, *, split_k: int | None = 
     tiles = triton.cdiv(n, SPLIT_K_BN)
     if split_k is None:
         split_k = pick_split_k(m, n, k, num_sms, config)
-        if split_k > 1 and torch.cuda.is_current_stream_capturing() and _needs_slab(a.device):
-            # A capture may not zero counters; one slice needs none (slower, the same result).
-            split_k = 1
+        if split_k > 1 and not tickets_available(a.device):
+            split_k = 1  # one slice needs no counters (slower, the same result)
     elif not 1 <= split_k <= triton.cdiv(k, params["BK"]):
         raise ValueError(f"triton_dist gemm: split_k must be 1 to the {triton.cdiv(k, params['BK'])} K steps of "
                          f"{config!r} at K = {k}, got {split_k}")

@@ -34,10 +34,12 @@ def tile_coords(tile, num_m, num_n, group_size):
 @triton.jit
 def tile_product(a_desc, b_desc, off_m, off_n, k_tiles, token, BM: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, NUM_STAGES: tl.constexpr, A_AFTER_TOKEN: tl.constexpr, a_rows=None, a_mask=None,
-                 K=None):
-    """``A[off_m:off_m + BM, :] @ B[off_n:off_n + BN, :]^T`` in fp32 over ``k_tiles`` steps of
-    ``BK``, TMA loads through ``a_desc`` (block ``[BM, BK]``) and ``b_desc`` (block ``[BN, BK]``)
-    into a ``NUM_STAGES``-deep pipeline feeding wgmma. ``A_AFTER_TOKEN``: A's loads go through
+                 K=None, k_begin=0):
+    """``A[off_m:off_m + BM, :] @ B[off_n:off_n + BN, :]^T`` in fp32 over K steps ``[k_begin,
+    k_tiles)`` of ``BK`` (``k_begin`` left 0, a constant, by every caller but the wave-tail GEMM's
+    slices of K, :mod:`~triton_dist.kernels.gemm.wave_tail`: their code is unchanged), TMA loads
+    through ``a_desc`` (block ``[BM, BK]``) and ``b_desc`` (block ``[BN, BK]``) into a
+    ``NUM_STAGES``-deep pipeline feeding wgmma. ``A_AFTER_TOKEN``: A's loads go through
     ``dl.consume_token(..., token)``, so they are issued after the wait that made ``token`` (with
     the async-proxy fence in between for a descriptor); the wait itself stays outside, between
     tiles, since the pipeliner would otherwise hoist the next tile's loads above it.
@@ -53,7 +55,7 @@ def tile_product(a_desc, b_desc, off_m, off_n, k_tiles, token, BM: tl.constexpr,
     if a_rows is not None:
         cols = tl.arange(0, BK)[None, :]
         a_ptrs = a_rows + cols
-    for k in tl.range(0, k_tiles, num_stages=NUM_STAGES):
+    for k in tl.range(k_begin, k_tiles, num_stages=NUM_STAGES):
         if a_rows is not None:
             a = tl.load(a_ptrs + k * BK, mask=a_mask & (cols < K - k * BK), other=0.0)
         elif A_AFTER_TOKEN:
