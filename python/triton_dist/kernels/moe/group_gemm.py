@@ -104,6 +104,20 @@ def _expert_rows(ends, e, total_rows, capacity, PADDED: tl.constexpr):
     return start, count
 
 
+@triton.jit
+def expert_tiles(ends, e, total_rows, capacity, first_tile, pid, grid, num_n, BM: tl.constexpr,
+                 PADDED: tl.constexpr):
+    """Expert ``e``'s share of a persistent walk over every expert's tiles, numbered one expert after
+    the other from ``first_tile`` (``num_m * num_n`` tiles each, ``num_m`` row blocks of ``BM``):
+    its first row, row count, row blocks, tile count, and this program's first tile of it (tiles
+    ``p, p + G, ...`` of the whole numbering). Shared by the grouped kernels, which walk the same way
+    and differ in the tile they compute."""
+    start, count = _expert_rows(ends, e, total_rows, capacity, PADDED)
+    num_m = tl.cdiv(count, BM)
+    mine = first_tile + (pid - first_tile % grid + grid) % grid
+    return start, count, num_m, num_m * num_n, mine
+
+
 @triton.jit(do_not_specialize=["num_experts", "total_rows", "capacity", "N", "K", "m_per_rank", "half_elems"])
 def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity, N, K, BM: tl.constexpr,
                       BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, NUM_STAGES: tl.constexpr,
@@ -150,11 +164,9 @@ def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity
     if TIMELINE:
         cursor = pid * 0
     for e in range(0, num_experts):
-        start, count = _expert_rows(ends, e, total_rows, capacity, PADDED)
-        num_m = tl.cdiv(count, BM)
-        tiles = num_m * num_n
-        # From this program's first tile at or after first_tile: tiles p, p + G, ... across experts.
-        for tile in range(first_tile + (pid - first_tile % grid + grid) % grid, first_tile + tiles, grid):
+        start, count, num_m, tiles, mine = expert_tiles(ends, e, total_rows, capacity, first_tile, pid, grid, num_n,
+                                                        BM, PADDED)
+        for tile in range(mine, first_tile + tiles, grid):
             pid_m, pid_n = tile_coords(tile - first_tile, num_m, num_n, GROUP_M)
             if TIMELINE:
                 cursor = _stamps.stamp(timeline, cursor, _stamps.TILE)

@@ -44,7 +44,7 @@ import triton.language as tl
 from ...language import timeline as _stamps
 from ..gemm.split_k import SPLIT_K_BN, SPLIT_K_CONFIGS
 from ..gemm.tile import swapped_tile_product
-from .group_gemm import _expert_rows
+from .group_gemm import expert_tiles
 
 CONFIG_NAMES = {f"swapped_m{bm}": bm for bm in SPLIT_K_CONFIGS}
 """The swapped configs of :func:`~triton_dist.kernels.moe.group_gemm.group_gemm`: name -> ``BM``
@@ -81,11 +81,9 @@ def group_gemm_swapped_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, 
     if TIMELINE:
         cursor = pid * 0
     for e in range(0, num_experts):
-        start, count = _expert_rows(ends, e, total_rows, capacity, PADDED)
-        num_m = tl.cdiv(count, BM)
-        tiles = num_m * num_n
-        # From this program's first tile at or after first_tile: tiles p, p + G, ... across experts.
-        for tile in range(first_tile + (pid - first_tile % grid + grid) % grid, first_tile + tiles, grid):
+        start, count, num_m, tiles, mine = expert_tiles(ends, e, total_rows, capacity, first_tile, pid, grid, num_n,
+                                                        BM, PADDED)
+        for tile in range(mine, first_tile + tiles, grid):
             if TIMELINE:
                 cursor = _stamps.stamp(timeline, cursor, _stamps.TILE)
             local = tile - first_tile
