@@ -180,3 +180,40 @@ def depends_on(ir: str, op: str, values: set[str]) -> bool:
 def results(ops: list[str]) -> set[str]:
     """The SSA names the given ops define."""
     return {m.group(1) for m in map(_DEFINITION.match, ops) if m}
+
+
+def ticket_order_problems(compiled) -> list[str]:
+    """What breaks the order a ticket-reduced kernel needs (the split-K and wave-tail GEMMs): its one
+    fp32 partial store, then a CTA barrier and one acq_rel add at GPU scope (the ticket,
+    :func:`~triton_dist.kernels.common.tickets.last_to_finish`); the relaxed reset and every fp32
+    partial load only after it; in the PTX, those loads after the barrier that hands the add's
+    result to the CTA, and none through the read-only (``.nc``) path, since they were just
+    written. Empty when the order holds."""
+    problems = []
+    ttir = compiled.asm["ttir"].splitlines()
+    ticket = [i for i, line in enumerate(ttir) if "tt.atomic_rmw add" in line]
+    if len(ticket) != 1 or "acq_rel, gpu" not in ttir[ticket[0]]:
+        return [f"expected one acq_rel GPU-scope ticket add, found {[ttir[i].strip() for i in ticket]}"]
+    partial = [i for i, line in enumerate(ttir) if "tt.store" in line and "f32>>" in line]
+    if len(partial) != 1 or partial[0] > ticket[0]:
+        problems.append(f"expected one fp32 partial store before the ticket, at TTIR lines {partial}")
+    else:
+        between = [line for line in ttir[partial[0]:ticket[0]] if re.search(r"gpu\.barrier|tt\.store|tt\.atomic", line)]
+        if "gpu.barrier" not in between[-1]:
+            problems.append(f"no CTA barrier between the partial store and the ticket: {between[-1].strip()}")
+    loads = [i for i, line in enumerate(ttir) if "tt.load" in line and "f32>>" in line]
+    if not loads or min(loads) < ticket[0]:
+        problems.append(f"fp32 partial loads {loads} not all after the ticket (line {ticket[0]})")
+    elif not any("tt.atomic_rmw exch, relaxed, gpu" in line for line in ttir[ticket[0]:min(loads)]):
+        problems.append("no relaxed reset of the ticket between the add and the partial loads")
+    ptx = compiled.asm["ptx"].splitlines()
+    add = [i for i, line in enumerate(ptx) if "atom.global.gpu.acq_rel.add" in line]
+    if len(add) != 1:
+        return problems + [f"expected one atom.global.gpu.acq_rel.add in the PTX, found {len(add)}"]
+    after = next(i for i in range(add[0], len(ptx)) if "bar.sync" in ptx[i])
+    partial_loads = [i for i, line in enumerate(ptx) if re.search(r"ld\.global(\.v4)?\.b32", line)]
+    if not partial_loads or min(partial_loads) < after:
+        problems.append(f"PTX partial loads {partial_loads} not all after the barrier at line {after}")
+    if any(".nc" in ptx[i] for i in partial_loads):
+        problems.append("a partial load goes through the read-only path (.nc)")
+    return problems

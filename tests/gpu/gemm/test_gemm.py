@@ -25,6 +25,20 @@ def _reference(a_shard, b):
     return host_collectives.all_gather(a_shard).float() @ b.float().T
 
 
+def _check_same_bits_every_call(what, a, b, run, calls):
+    """``run(out)`` ``calls`` times back to back, each into its own NaN-poisoned ``out``: every call
+    the same bits as the first (a sum in a fixed order), and the first right (a ticket a call left
+    non-zero would leave a later call's tile unsummed, still NaN)."""
+    outs = [torch.full((a.shape[0], b.shape[0]), float("nan"), device="cuda", dtype=a.dtype) for _ in range(calls)]
+    for out in outs:
+        run(out)
+    torch.cuda.synchronize()
+    differ = [i for i, out in enumerate(outs) if not torch.equal(out, outs[0])]
+    err = tolerance_ratio(outs[0], a.float() @ b.float().T)
+    all_ranks_agree(not differ and err < _TOL, f"{what}: calls whose bits differ from the first {differ}, "
+                                                f"error/tolerance {err}")
+
+
 def _check_gemm(m, n, k, dtype, config, seed):
     """``gemm`` into a NaN-poisoned ``out`` against the fp32 reference, on every rank."""
     a, b = rank_randn((m, k), dtype, seed), rank_randn((n, k), dtype, seed + 1)
@@ -87,14 +101,7 @@ def test_split_k_gemm_is_deterministic(config):
     right: a ticket not reset by a call would leave a later call's ``out`` poisoned."""
     m, n, k = min(split_k_module.CONFIG_NAMES[config], 16), 520, 8248
     a, b = rank_randn((m, k), torch.bfloat16, 31), rank_randn((n, k), torch.bfloat16, 32)
-    outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(200)]
-    for out in outs:
-        gemm(a, b, out=out, config=config)
-    torch.cuda.synchronize()
-    differ = [i for i, out in enumerate(outs) if not torch.equal(out, outs[0])]
-    err = tolerance_ratio(outs[0], a.float() @ b.float().T)
-    all_ranks_agree(not differ and err < _TOL, f"split-K {config}: calls whose bits differ from the first {differ}, "
-                                                f"error/tolerance {err}")
+    _check_same_bits_every_call(f"split-K {config}", a, b, lambda out: gemm(a, b, out=out, config=config), 200)
 
 
 def test_split_k_gemm_cuda_graph_replay():
@@ -188,14 +195,8 @@ def test_wave_tail_gemm_is_deterministic(config):
     m, n, k = _WAVE_TAIL_CUT[config]
     assert wave_tail.tail_split_for(m, n, k, config, 132) > 1
     a, b = rank_randn((m, k), torch.bfloat16, 91), rank_randn((n, k), torch.bfloat16, 92)
-    outs = [torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(100)]
-    for out in outs:
-        wave_tail.gemm_wave_tail(a, b, out, config, 132)
-    torch.cuda.synchronize()
-    differ = [i for i, out in enumerate(outs) if not torch.equal(out, outs[0])]
-    err = tolerance_ratio(outs[0], a.float() @ b.float().T)
-    all_ranks_agree(not differ and err < _TOL, f"wave-tail {config}: calls whose bits differ from the first "
-                                                f"{differ}, error/tolerance {err}")
+    _check_same_bits_every_call(f"wave-tail {config}", a, b,
+                                lambda out: wave_tail.gemm_wave_tail(a, b, out, config, 132), 100)
 
 
 def test_wave_tail_gemm_cuda_graph_replay():

@@ -87,6 +87,9 @@ def config_names() -> list[str]:
     return sorted(CONFIGS) + sorted(SKINNY_CONFIGS) + list(_split_k.CONFIG_NAMES) + list(_wave_tail.CONFIG_NAMES)
 
 
+_CONFIG_NAME_SET = frozenset(config_names())  # gemm() checks every call's config: no list built per call
+
+
 def config_params(config: str) -> dict:
     """The parameters of ``config``, one of :func:`config_names` (a split-K config's: ``BM``,
     ``BN``, ``BK``, ``NUM_STAGES``, ``num_warps`` of
@@ -539,7 +542,7 @@ def gemm(a, b, *, out=None, config: str | None = None):
 
         config = tuned_gemm_config(m, n, k, a.dtype)
     config = config or pick_gemm_config(m, n, k, sms)
-    if config not in config_names():
+    if config not in _CONFIG_NAME_SET:
         raise ValueError(f"triton_dist gemm: config must be None, \"auto\" or one of {config_names()}, got "
                          f"{config!r}")
     target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)

@@ -52,7 +52,7 @@ GEMMs). :func:`group_gemm` also takes the swapped decode configs by name (:func:
 
 def _swapped():
     """:mod:`~triton_dist.kernels.moe.group_gemm_swapped`, imported on first use: it imports this
-    module (the row convention, :func:`_expert_rows`), so it cannot be imported at this one's top."""
+    module (the row convention and walk, :func:`expert_tiles`), so it cannot be imported at this one's top."""
     from . import group_gemm_swapped
 
     return group_gemm_swapped
