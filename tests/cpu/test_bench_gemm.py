@@ -90,8 +90,8 @@ def test_sweep_includes_the_split_k_configs_that_hold_m(script):
 
     assert [c for c in script.sweep_configs(1) if c.startswith("split_k")] == list(CONFIG_NAMES)
     assert [c for c in script.sweep_configs(17) if c.startswith("split_k")] == ["split_k_m32", "split_k_m64",
-                                                                               "split_k_m128"]
-    assert [c for c in script.sweep_configs(128) if c.startswith("split_k")] == ["split_k_m128"]
+                                                                               "split_k_m128", "split_k_m128_n64"]
+    assert [c for c in script.sweep_configs(128) if c.startswith("split_k")] == ["split_k_m128", "split_k_m128_n64"]
     assert not [c for c in script.sweep_configs(129) if c.startswith("split_k")]
 
 

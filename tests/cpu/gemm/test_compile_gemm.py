@@ -200,10 +200,11 @@ def test_split_k_gemm_reads_partials_after_the_ticket():
 
 def test_split_k_configs():
     names = split_k_module.CONFIG_NAMES
-    assert list(names) == ["split_k_m16", "split_k_m32", "split_k_m64", "split_k_m128"]
+    assert list(names) == ["split_k_m16", "split_k_m32", "split_k_m64", "split_k_m128", "split_k_m128_n64"]
     for name, bm in names.items():
         c = gemm_module.config_params(name)
-        assert c["BM"] == bm and c["BN"] == split_k_module.SPLIT_K_BN and name in gemm_module.config_names()
+        bn = 64 if name in split_k_module.NARROW_CONFIGS else split_k_module.SPLIT_K_BN
+        assert c["BM"] == bm and c["BN"] == bn and name in gemm_module.config_names()
         with pytest.raises(ValueError, match="split-K kernel"):
             gemm_module.kernel_meta(name, False)
         with pytest.raises(ValueError, match="split-K kernel"):

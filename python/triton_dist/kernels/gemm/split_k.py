@@ -12,7 +12,8 @@ kernel's at 1 and 16 rows). Here a stage holds 128 rows of B (``SPLIT_K_BN``) by
 so that more programs stream B at once.
 
 Configs: :data:`SPLIT_K_CONFIGS` (by ``BM``; GEMM+AllReduce's table too), named ``"split_k_m16"``,
-``"split_k_m32"``, ``"split_k_m64"``, ``"split_k_m128"`` (:data:`CONFIG_NAMES`) where
+``"split_k_m32"``, ``"split_k_m64"``, ``"split_k_m128"``, and the narrower-tiled
+``"split_k_m128_n64"`` (:data:`NARROW_CONFIGS`) (:data:`CONFIG_NAMES`) where
 :func:`~triton_dist.kernels.gemm.dense.gemm` takes a config; its default for up to 128 rows
 (:func:`~triton_dist.kernels.gemm.dense.pick_gemm_config`: on one H100, cuBLAS's time over its
 was 0.96-0.99 at 1-16 rows, over the skinny persistent tiles' 0.72-0.97,
@@ -67,7 +68,18 @@ SPLIT_K_CONFIGS = {
 """The swapped split-K loop's configs by ``BM`` (plain GEMM and GEMM+AllReduce's ``"split_k"``):
 :func:`block_for` picks the smallest ``BM`` holding the call's rows."""
 
-CONFIG_NAMES = {f"split_k_m{bm}": bm for bm in SPLIT_K_CONFIGS}
+NARROW_CONFIGS = {
+    # 64 rows of B per tile (one warpgroup's wgmma M): twice the n-tiles of SPLIT_K_BN, so half
+    # the slices fill the SMs and 128-row calls write half the fp32 partials. For 128 rows,
+    # whose partials (slices x 128 x N x 4 bytes) are the split-K kernel's largest. Shared
+    # memory per stage (64 + 128) * 128 * 2 bytes; 4 stages, 192 KiB.
+    "split_k_m128_n64": dict(BM=128, BN=64, BK=128, NUM_STAGES=4, num_warps=4),
+}
+"""Split-K configs of :func:`~triton_dist.kernels.gemm.dense.gemm` with another tile width than
+:data:`SPLIT_K_BN` (plain GEMM only; chosen by name, and swept by bench/gemm.py)."""
+
+CONFIG_NAMES = {**{f"split_k_m{bm}": bm for bm in SPLIT_K_CONFIGS},
+                **{name: c["BM"] for name, c in NARROW_CONFIGS.items()}}
 """The split-K configs of :func:`~triton_dist.kernels.gemm.dense.gemm`: name -> ``BM``."""
 
 MAX_SLICES = 8
@@ -101,6 +113,8 @@ def block_for(m: int) -> int:
 def config_params(config: str) -> dict | None:
     """The parameters (``BM``, ``BN``, ``BK``, ``NUM_STAGES``, ``num_warps``) of a split-K config
     name of :data:`CONFIG_NAMES`, None for any other name."""
+    if config in NARROW_CONFIGS:
+        return dict(NARROW_CONFIGS[config])
     bm = CONFIG_NAMES.get(config)
     return None if bm is None else dict(BM=bm, BN=SPLIT_K_BN, **SPLIT_K_CONFIGS[bm])
 
@@ -118,7 +132,7 @@ def pick_split_k(m: int, n: int, k: int, num_sms: int, config: str | None = None
     if params is None:
         raise ValueError(f"triton_dist split-K GEMM: unknown config {config!r}; one of {sorted(CONFIG_NAMES)}")
     steps = triton.cdiv(k, params["BK"])
-    tiles = triton.cdiv(n, SPLIT_K_BN)
+    tiles = triton.cdiv(n, params["BN"])
     most = max(1, min(MAX_SLICES, steps // MIN_SLICE_STEPS))
     partial = 2.0 * m / params["BK"]  # m x BN fp32 over a K step's BN x BK 2-byte elements
 
@@ -257,7 +271,7 @@ def gemm_split_k(a, b, out, config: str, num_sms: int, *, split_k: int | None = 
         raise ValueError(f"triton_dist gemm: config {config!r} takes M <= {params['BM']} rows, got M = {m}; use "
                          + (f"one of {wider}" if wider else f"a config of more rows (split-K takes M <= "
                             f"{SPLIT_K_MAX_M})") + " or config=None")
-    tiles = triton.cdiv(n, SPLIT_K_BN)
+    tiles = triton.cdiv(n, params["BN"])
     if split_k is None:
         split_k = pick_split_k(m, n, k, num_sms, config)
         if split_k > 1 and not tickets_available(a.device):
@@ -267,13 +281,13 @@ def gemm_split_k(a, b, out, config: str, num_sms: int, *, split_k: int | None = 
                          f"{config!r} at K = {k}, got {split_k}")
     if split_k > 1:
         if tiles > MAX_N_TILES:
-            raise ValueError(f"triton_dist gemm: config {config!r} takes N <= {MAX_N_TILES * SPLIT_K_BN}, got N = {n}")
+            raise ValueError(f"triton_dist gemm: config {config!r} takes N <= {MAX_N_TILES * params['BN']}, got N = {n}")
         tickets = ticket_counters(a.device)
         partials = torch.empty((split_k, m, n), dtype=torch.float32, device=a.device)
     else:  # untouched with one slice: placeholders of the kernel's argument types, made once
         tickets, partials = _placeholders(a.device)
     a_desc = TensorDescriptor.from_tensor(a, [params["BM"], params["BK"]])
-    b_desc = TensorDescriptor.from_tensor(b, [SPLIT_K_BN, params["BK"]])
+    b_desc = TensorDescriptor.from_tensor(b, [params["BN"], params["BK"]])
     gemm_split_k_kernel[(min(tiles * split_k, num_sms), )](
-        a_desc, b_desc, out, partials, tickets, m, n, k, split_k, BM=params["BM"], BN=SPLIT_K_BN, BK=params["BK"],
+        a_desc, b_desc, out, partials, tickets, m, n, k, split_k, BM=params["BM"], BN=params["BN"], BK=params["BK"],
         NUM_STAGES=params["NUM_STAGES"], num_warps=params["num_warps"])
