@@ -28,6 +28,7 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the row's contenders (module notes); ``argv``: the command line's arguments."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", required=True, help="MxNxK, C[M, N] = A[M, K] @ B[N, K]^T")
     parser.add_argument("--config", action="append", default=[],
