@@ -130,7 +130,7 @@ def test_plain_gemm_rule_follows_the_measured_configs():
     # more up to 128 rows, then the config with the least work in its waves of tiles.
     rule = gemm_module.pick_gemm_config
     assert [rule(m, 4096, 7168, 132) for m in (1, 16, 32, 33, 64, 65, 128)] == \
-        ["split_k_m32"] * 3 + ["split_k_m64"] * 2 + ["split_k_m128"] * 2
+        ["split_k_m32"] * 3 + ["split_k_m64"] * 2 + ["split_k_m128_n64"] * 2
     assert rule(1024, 4096, 7168, 132) == "large"  # 128 tiles, one wave (small: two)
     assert rule(1024, 14336, 8192, 132) == "small"  # large: 3.4 waves run as 4; small: 6.8 as 7
     assert rule(1024, 8192, 14336, 132) == "large"
@@ -219,30 +219,36 @@ def test_split_k_configs():
 
 
 def test_split_k_slice_rule():
-    """Issue 22's decode rows: the n-tiles and slices fill the SMs once (at one row the partials
-    cost nothing); 128 rows with 112 n-tiles keep one slice (its partials would be 128 rows)."""
+    """Issue 22's decode rows as measured on one H100 (bench/results/h100-x1/gemm.json,
+    ``slices_us``): a few rows cut K only until about half the SMs stream B (64 programs), 128-row
+    tiles until the SMs are full, and never into a second wave that costs more than it saves."""
     pick = split_k_module.pick_split_k
-    assert pick(1, 8192, 14336, 132) == 2  # 64 n-tiles x 2: 128 programs
-    assert pick(1, 4096, 7168, 132) == 4  # 32 x 4
-    assert pick(16, 8192, 14336, 132) == 2
-    assert pick(128, 14336, 8192, 132) == 1
+    assert pick(1, 4096, 7168, 132, "split_k_m32") == 2  # 32 n-tiles x 2 (measured best of 1-8)
+    assert pick(16, 8192, 14336, 132, "split_k_m32") == 1  # 64 n-tiles (1 ran 3 % faster than 2)
+    assert pick(16, 8192, 8192, 132, "split_k_m32") == 1
+    assert pick(1, 14336, 8192, 132, "split_k_m32") == 1
+    assert pick(128, 4096, 7168, 132, "split_k_m128_n64") == 2  # 64 n-tiles x 2 fill the SMs
+    for n, k in ((8192, 14336), (8192, 8192), (14336, 8192)):
+        assert pick(128, n, k, 132, "split_k_m128_n64") == 1
     assert pick(1, 65536, 8192, 132) == 1  # 512 n-tiles: the SMs are full without slices
     assert pick(1, 4096, 256, 132) == 1  # 2 K steps: too short to cut
-    for m in (1, 7, 16, 32, 64, 128):
-        for n in (512, 1024, 4096, 8192, 14336, 28672, 106496):
-            for k in (128, 512, 1024, 4096, 8192, 14336, 53248):
-                for sms in (78, 132):
-                    bk = gemm_module.config_params(f"split_k_m{split_k_module.block_for(m)}")["BK"]
-                    steps, tiles = triton.cdiv(k, bk), triton.cdiv(n, 128)
-                    s = pick(m, n, k, sms)
-                    assert 1 <= s <= split_k_module.MAX_SLICES
-                    assert s == 1 or steps // s >= split_k_module.MIN_SLICE_STEPS, (m, n, k, s)
-                    if steps < 2 * split_k_module.MIN_SLICE_STEPS:
-                        assert s == 1
-                    # Slices fill idle SMs: at a few rows and a long K, n-tiles short of the SMs
-                    # get slices up to at least 3/4 of them.
-                    if m <= 16 and steps >= 32 and tiles * split_k_module.MAX_SLICES >= sms:
-                        assert tiles * s >= 0.75 * sms or tiles >= sms, (m, n, k, sms, s)
+    for config, bm in split_k_module.CONFIG_NAMES.items():
+        c = gemm_module.config_params(config)
+        for m in {1, 7, 16, 32, 64, 128} & set(range(1, bm + 1)):
+            for n in (512, 1024, 4096, 8192, 14336, 28672, 106496):
+                for k in (128, 512, 1024, 4096, 8192, 14336, 53248):
+                    for sms in (78, 132):
+                        steps, tiles = triton.cdiv(k, c["BK"]), triton.cdiv(n, c["BN"])
+                        s = pick(m, n, k, sms, config)
+                        assert 1 <= s <= split_k_module.MAX_SLICES
+                        assert s == 1 or steps // s >= split_k_module.MIN_SLICE_STEPS, (m, n, k, s)
+                        if steps < 2 * split_k_module.MIN_SLICE_STEPS:
+                            assert s == 1
+                        # Slices give B streams to idle SMs: at a long K, n-tiles short of the
+                        # streaming share get slices up to at least most of it.
+                        share = split_k_module.STREAMING_SHARE[bm] * sms
+                        if steps >= 64 and tiles * split_k_module.MAX_SLICES >= share:
+                            assert tiles * s >= 0.6 * share or tiles >= share, (config, m, n, k, sms, s)
     with pytest.raises(ValueError, match="unknown config"):
         pick(1, 4096, 4096, 132, "skinny_n32")
 

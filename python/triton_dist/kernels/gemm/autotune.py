@@ -51,7 +51,8 @@ def candidates(m: int, n: int, k: int, sms: int) -> list[dict]:
     names += ([skinny] if skinny else []) + list(_gemm.CONFIGS)
     # A split-K config's time also depends on pick_split_k's constants: part of the key, so that
     # changing the rule invalidates decisions cached under the old one.
-    rule = dict(split_k_rule=(split_k.MAX_SLICES, split_k.MIN_SLICE_STEPS, split_k.TILE_OVERHEAD_STEPS))
+    rule = dict(split_k_rule=(split_k.MAX_SLICES, split_k.MIN_SLICE_STEPS, split_k.TILE_OVERHEAD_STEPS,
+                              tuple(sorted(split_k.STREAMING_SHARE.items())), split_k.SLICE_TIE))
     return [{"name": name, **_gemm.config_params(name), **(rule if name in split_k.CONFIG_NAMES else {})}
             for name in dict.fromkeys(names)]
 

@@ -93,6 +93,19 @@ TILE_OVERHEAD_STEPS = 2
 """A tile's fixed cost in K steps (pipeline fill, epilogue) in :func:`pick_split_k`'s estimate: a
 guess until a GPU measurement replaces it."""
 
+STREAMING_SHARE = {16: 0.5, 32: 0.5, 64: 0.5, 128: 1.0}
+"""By ``BM``: the share of the SMs whose programs, each streaming its own part of B, already draw
+all of HBM's bandwidth in :func:`pick_split_k`'s estimate; more programs than that only divide it.
+Measured on one H100 (bench/results/h100-x1/gemm.json, ``slices_us``): at 1 and 16 rows 64
+programs (2 slices of 32 n-tiles, or 1 of 64) ran 2-4 % faster than 128 (4 or 2 slices), the
+extra slices' partials and shorter loops buying nothing. At 128 rows A's tile is as large as B's
+and the products 8 times longer: there slices that fill every SM paid (128 x 4096 x 7168: 2
+slices of 64-row tiles, cuBLAS/ours 0.855 against 0.806 with one)."""
+
+SLICE_TIE = 1.05
+""":func:`pick_split_k` takes the fewest slices whose estimate is within this factor of the
+least: the estimate does not resolve a few percent, and each slice adds partials to write."""
+
 MAX_N_TILES = 4096
 """Ticket counters per stream: n-tiles of a call, so ``N <= MAX_N_TILES * SPLIT_K_BN`` (the
 wave-tail GEMM of :mod:`~triton_dist.kernels.gemm.wave_tail` counts its last wave's tiles, fewer
@@ -123,11 +136,13 @@ def pick_split_k(m: int, n: int, k: int, num_sms: int, config: str | None = None
     """Slices of K for an ``m x n x k`` GEMM on ``num_sms`` SMs with ``config`` (default: the
     smallest block holding ``m``): a fixed rule, from 1 to :data:`MAX_SLICES`, each slice at least
     :data:`MIN_SLICE_STEPS` K steps (so one slice when K is short). Among those, the fewest slices
-    with the least estimated time of the busiest SM, in K steps of B: waves of ``(slice, n-tile)``
-    programs times a tile's K steps plus :data:`TILE_OVERHEAD_STEPS` plus its fp32 partial (``2 *
-    m / BK`` steps' worth of bytes), and the last program's read of ``split_k`` partials. So the
-    programs fill the SMs about once where K allows, without a second wave that costs more than it
-    saves, and a wide ``m`` (partials of 128 rows) keeps fewer slices."""
+    whose estimated time is within :data:`SLICE_TIE` of the least, in K steps of B: a program's
+    work is its tile's K steps plus :data:`TILE_OVERHEAD_STEPS` plus its fp32 partial (``2 * m /
+    BK`` steps' worth of bytes); the programs take the larger of their waves (``ceil(programs /
+    SMs)`` times that work) and their total work over the programs that saturate HBM
+    (:data:`STREAMING_SHARE` of the SMs); the last program adds its read of ``split_k`` partials.
+    So a few rows cut K only until enough programs stream B, 128 rows until the SMs are full,
+    without a second wave that costs more than it saves."""
     params = config_params(config) if config else config_params(f"split_k_m{block_for(m)}")
     if params is None:
         raise ValueError(f"triton_dist split-K GEMM: unknown config {config!r}; one of {sorted(CONFIG_NAMES)}")
@@ -136,13 +151,17 @@ def pick_split_k(m: int, n: int, k: int, num_sms: int, config: str | None = None
     most = max(1, min(MAX_SLICES, steps // MIN_SLICE_STEPS))
     partial = 2.0 * m / params["BK"]  # m x BN fp32 over a K step's BN x BK 2-byte elements
 
-    def cost(s: int) -> float:
-        waves = triton.cdiv(tiles * s, num_sms)
-        if s == 1:
-            return waves * (steps + TILE_OVERHEAD_STEPS)
-        return waves * (triton.cdiv(steps, s) + TILE_OVERHEAD_STEPS + partial) + s * partial
+    streams = STREAMING_SHARE[params["BM"]] * num_sms
 
-    return min(range(1, most + 1), key=lambda s: (cost(s), s))
+    def cost(s: int) -> float:
+        programs = tiles * s
+        work = triton.cdiv(steps, s) + TILE_OVERHEAD_STEPS + (partial if s > 1 else 0.0)
+        busiest = max(triton.cdiv(programs, num_sms) * work, programs * work / streams)
+        return busiest + (s * partial if s > 1 else 0.0)
+
+    costs = {s: cost(s) for s in range(1, most + 1)}
+    least = min(costs.values())
+    return min(s for s, c in costs.items() if c <= SLICE_TIE * least)
 
 
 @triton.jit(do_not_specialize=["M", "N", "K", "split_k"])
