@@ -28,14 +28,27 @@ def pytest_runtest_logreport(report):
               file=sys.stderr, flush=True)
 
 
+def _heap_gib(world: int) -> int:
+    """Symmetric heap per rank. Contexts sized by the world (gathered rows, every rank's partials)
+    grow with it: 2 GiB was measured enough at two ranks; each rank gets 1 GiB more per rank
+    beyond, but ranks sharing a GPU (MPS) must fit beside each other: at world 8 on one H100 8 GiB
+    heaps left each rank ~1 GiB for torch, and 20 MiB allocations failed (2026-12-07). So at most
+    70 % of the GPU's memory over its ranks, less ~2 GiB each of CUDA context and NVSHMEM state."""
+    import torch
+
+    wanted = 2 + max(0, world - 2)
+    per_gpu = int(os.environ.get("TRITON_DIST_RANKS_PER_GPU", "1") or 1)
+    if per_gpu <= 1:
+        return wanted
+    gib = torch.cuda.get_device_properties(0).total_memory / (1 << 30)
+    return max(1, min(wanted, int(0.7 * gib / per_gpu) - 2))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def runtime():
     if "RANK" not in os.environ:
         pytest.skip("GPU tests run under torchrun (scripts/gpu-test)", allow_module_level=True)
-    # Contexts sized by the world (gathered rows, every rank's partials) grow with it: 2 GiB was
-    # measured enough at two ranks; give each rank 1 GiB more per rank beyond.
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    tdist.init(heap_size=f"{2 + max(0, world - 2)}G")
+    tdist.init(heap_size=f"{_heap_gib(int(os.environ.get('WORLD_SIZE', '1')))}G")
     yield
     if tdist.is_initialized():
         tdist.finalize()
