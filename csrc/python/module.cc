@@ -290,7 +290,8 @@ NB_MODULE(_C, m) {
           },
           "stream"_a)
       .def("__len__", &tdist::StreamSchedule::size)
-      .def_prop_ro("driver_calls", &tdist::StreamSchedule::driver_calls);
+      .def_prop_ro("driver_calls", &tdist::StreamSchedule::driver_calls)
+      .def_prop_ro("launches_as_graph", &tdist::StreamSchedule::launches_as_graph);
 
   m.def(
       "name_signals",

@@ -43,6 +43,16 @@ const CudaDriver& CudaDriver::get() {
     library->bind(driver.ctx_set_current, "cuCtxSetCurrent");
     library->bind(driver.device_get_count, "cuDeviceGetCount");
     library->bind(driver.device_primary_ctx_retain, "cuDevicePrimaryCtxRetain");
+    library->bind(driver.ctx_get_current, "cuCtxGetCurrent");
+    library->bind(driver.stream_is_capturing, "cuStreamIsCapturing");
+    library->bind(driver.stream_create, "cuStreamCreate");
+    library->bind(driver.stream_destroy, "cuStreamDestroy_v2");
+    library->bind(driver.stream_begin_capture, "cuStreamBeginCapture_v2");
+    library->bind(driver.stream_end_capture, "cuStreamEndCapture");
+    library->bind(driver.graph_instantiate, "cuGraphInstantiateWithFlags");
+    library->bind(driver.graph_launch, "cuGraphLaunch");
+    library->bind(driver.graph_destroy, "cuGraphDestroy");
+    library->bind(driver.graph_exec_destroy, "cuGraphExecDestroy");
     check_cuda(driver.init(0), -1, "cuda_driver", "cuInit");
   });
   return driver;

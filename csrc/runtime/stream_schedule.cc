@@ -8,7 +8,12 @@
 
 namespace tdist {
 
+StreamSchedule::Graph::~Graph() {
+  if (exec != nullptr) CudaDriver::get().graph_exec_destroy(exec);
+}
+
 void StreamSchedule::add_memop(const CUstreamBatchMemOpParams& op) {
+  graph_.reset();
   ++operations_;
   if (!steps_.empty()) {
     if (auto* batch = std::get_if<MemOpBatch>(&steps_.back()); batch && batch->size() < kMaxBatch) {
@@ -43,6 +48,7 @@ void StreamSchedule::write_value64(std::uint64_t* address, std::uint64_t value) 
 
 void StreamSchedule::copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
+  graph_.reset();
   ++operations_;
   steps_.emplace_back(Copy1D{reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), bytes});
 }
@@ -50,11 +56,61 @@ void StreamSchedule::copy(void* dst, const void* src, std::size_t bytes) {
 void StreamSchedule::copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
                              std::size_t width_bytes, std::size_t height) {
   if (width_bytes == 0 || height == 0) return;
+  graph_.reset();
   steps_.emplace_back(device_copy_2d("StreamSchedule.copy_2d", dst, dst_pitch, src, src_pitch, width_bytes, height));
   ++operations_;
 }
 
 void StreamSchedule::enqueue(CUstream stream) const {
+  if (steps_.empty()) return;
+  const CudaDriver& driver = CudaDriver::get();
+  if (launches_as_graph()) {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    check_cuda(driver.stream_is_capturing(stream, &status), -1, "StreamSchedule.enqueue", "cuStreamIsCapturing");
+    if (status == CU_STREAM_CAPTURE_STATUS_NONE) {
+      CUcontext context = nullptr;
+      check_cuda(driver.ctx_get_current(&context), -1, "StreamSchedule.enqueue", "cuCtxGetCurrent");
+      if (!graph_ || graph_->context != context) graph_ = capture(context);
+      check_cuda(driver.graph_launch(graph_->exec, stream), -1, "StreamSchedule.enqueue", "cuGraphLaunch");
+      return;
+    }
+  }
+  enqueue_each(stream);
+}
+
+std::shared_ptr<StreamSchedule::Graph> StreamSchedule::capture(CUcontext context) const {
+  const CudaDriver& driver = CudaDriver::get();
+  const char* op = "StreamSchedule.enqueue (capturing its graph)";
+  // A private stream of the current context, so that nothing else is captured with the
+  // operations; relaxed mode, so that other threads' CUDA calls meanwhile are not refused.
+  CUstream private_stream = nullptr;
+  check_cuda(driver.stream_create(&private_stream, CU_STREAM_NON_BLOCKING), -1, op, "cuStreamCreate");
+  struct StreamGuard {
+    CUstream stream;
+    ~StreamGuard() { CudaDriver::get().stream_destroy(stream); }
+  } stream_guard{private_stream};
+  check_cuda(driver.stream_begin_capture(private_stream, CU_STREAM_CAPTURE_MODE_RELAXED), -1, op,
+             "cuStreamBeginCapture");
+  CUgraph graph = nullptr;
+  try {
+    enqueue_each(private_stream);
+  } catch (...) {
+    driver.stream_end_capture(private_stream, &graph);
+    if (graph != nullptr) driver.graph_destroy(graph);
+    throw;
+  }
+  check_cuda(driver.stream_end_capture(private_stream, &graph), -1, op, "cuStreamEndCapture");
+  struct GraphGuard {
+    CUgraph graph;
+    ~GraphGuard() { CudaDriver::get().graph_destroy(graph); }
+  } graph_guard{graph};
+  auto result = std::make_shared<Graph>();
+  check_cuda(driver.graph_instantiate(&result->exec, graph, 0), -1, op, "cuGraphInstantiateWithFlags");
+  result->context = context;
+  return result;
+}
+
+void StreamSchedule::enqueue_each(CUstream stream) const {
   const CudaDriver& driver = CudaDriver::get();
   for (const Step& step : steps_) {
     if (const auto* batch = std::get_if<MemOpBatch>(&step)) {

@@ -50,6 +50,18 @@ TEST(StreamSchedule, BatchesStopBelowTheDriversLimit) {
   EXPECT_LT(StreamSchedule::kMaxBatch, 256u);
 }
 
+TEST(StreamSchedule, ThreeDriverCallsOrMoreLaunchAsOneGraph) {
+  StreamSchedule s;
+  s.wait_value64(flag(0), 1);
+  s.copy(buffer(0), buffer(1), 4096);
+  EXPECT_FALSE(s.launches_as_graph());  // two calls: a graph launch would save nothing
+  s.write_value64(flag(1), 1);
+  EXPECT_EQ(s.driver_calls(), StreamSchedule::kGraphMinDriverCalls);
+  EXPECT_TRUE(s.launches_as_graph());
+  StreamSchedule empty;
+  EXPECT_FALSE(empty.launches_as_graph());
+}
+
 TEST(StreamSchedule, EmptyCopiesAreDropped) {
   StreamSchedule s;
   s.copy(buffer(0), buffer(1), 0);

@@ -7,7 +7,8 @@ H200, eager timings in ``bench/results/h200-x2/gemm_rs.json``). The
 operations' addresses and values are fixed per shape (the protocols use 0/1 flags for exactly
 this reason: a CUDA graph replays them unchanged too), so a context records them once per shape
 and :meth:`StreamSchedule.enqueue` hands them to the C++ core in one call, which merges
-consecutive waits and writes into one ``cuStreamBatchMemOp``.
+consecutive waits and writes into one ``cuStreamBatchMemOp`` and, from three driver calls, launches
+them as one CUDA graph captured at the first enqueue (csrc/include/tdist/stream_schedule.h).
 
 Example (a chunked push to a peer, each chunk published by a flag)::
 
@@ -65,8 +66,10 @@ class StreamSchedule:
         return self
 
     def enqueue(self, stream=None) -> None:
-        """Enqueue every operation on ``stream`` (default: current), in order. Safe under CUDA
-        graph capture (the operations become graph nodes)."""
+        """Enqueue every operation on ``stream`` (default: current), in order: one launch of a CUDA
+        graph of them where :attr:`launches_as_graph` (the driver calls one by one cost most of an
+        eager GEMM+ReduceScatter's host time), else the driver calls. Safe under CUDA graph
+        capture (the operations become graph nodes)."""
         import torch
 
         self._schedule.enqueue((stream or torch.cuda.current_stream()).cuda_stream)
@@ -76,5 +79,12 @@ class StreamSchedule:
 
     @property
     def driver_calls(self) -> int:
-        """Driver calls :meth:`enqueue` makes (waits and writes in a row share one)."""
+        """Driver calls :meth:`enqueue` makes (waits and writes in a row share one) where it does
+        not launch a graph."""
         return self._schedule.driver_calls
+
+    @property
+    def launches_as_graph(self) -> bool:
+        """Whether :meth:`enqueue` outside a CUDA graph capture is one launch of a graph of the
+        operations (made at the first such enqueue; three driver calls or more)."""
+        return self._schedule.launches_as_graph

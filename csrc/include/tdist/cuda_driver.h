@@ -36,6 +36,17 @@ struct CudaDriver {
   decltype(&cuCtxSetCurrent) ctx_set_current;                      // cuCtxSetCurrent
   decltype(&cuDeviceGetCount) device_get_count;                    // cuDeviceGetCount
   decltype(&cuDevicePrimaryCtxRetain) device_primary_ctx_retain;   // cuDevicePrimaryCtxRetain
+  // A StreamSchedule's operations captured once into a CUDA graph (stream_schedule.h).
+  decltype(&cuCtxGetCurrent) ctx_get_current;                      // cuCtxGetCurrent
+  decltype(&cuStreamIsCapturing) stream_is_capturing;              // cuStreamIsCapturing
+  decltype(&cuStreamCreate) stream_create;                         // cuStreamCreate
+  decltype(&cuStreamDestroy) stream_destroy;                       // cuStreamDestroy_v2
+  decltype(&cuStreamBeginCapture) stream_begin_capture;            // cuStreamBeginCapture_v2
+  decltype(&cuStreamEndCapture) stream_end_capture;                // cuStreamEndCapture
+  decltype(&cuGraphInstantiateWithFlags) graph_instantiate;        // cuGraphInstantiateWithFlags
+  decltype(&cuGraphLaunch) graph_launch;                           // cuGraphLaunch
+  decltype(&cuGraphDestroy) graph_destroy;                         // cuGraphDestroy
+  decltype(&cuGraphExecDestroy) graph_exec_destroy;                // cuGraphExecDestroy
 
   // Loads libcuda.so.1 once per process; throws Error when no driver is installed.
   static const CudaDriver& get();
