@@ -1,6 +1,7 @@
 // triton_dist._C.KernelLauncher: the eager launch path's one call per kernel. Arguments arrive as
-// Python objects (ints, floats, bools, None, or anything with data_ptr(), such as a torch tensor)
-// and are classified here as Triton would, so that the Python side passes them through untouched.
+// Python objects (ints, floats, bools, None, anything with data_ptr(), such as a torch tensor, or a
+// host TensorDescriptor) and are classified here as Triton would, so that the Python side passes
+// them through untouched.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -19,12 +20,46 @@ namespace {
 // More runtime arguments than any kernel of the library takes; a launcher refuses more.
 constexpr std::size_t kMaxArguments = 64;
 
-// The core launcher plus, per argument, the dtype a tensor must have (None for non-pointers):
-// Triton's variant is per element type, which the core never sees.
+// The core launcher plus, per argument, the dtype a tensor must have (None for non-pointers;
+// a tensor descriptor's base) and a tensor descriptor's block shape: Triton's variant is per
+// element type and block, which the core never sees.
 struct PyKernelLauncher {
   tdist::KernelLauncher core;
   std::vector<nb::object> dtypes;
+  std::vector<nb::object> blocks;  // None, or a descriptor argument's block shape (a list)
 };
+
+// Whether two sequences of ints (a list and a tuple alike) hold the same values.
+bool same_ints(nb::handle a, nb::handle b) {
+  const std::size_t n = nb::len(a);
+  if (nb::len(b) != n) return false;
+  for (std::size_t i = 0; i < n; ++i)
+    if (nb::cast<std::int64_t>(a[i]) != nb::cast<std::int64_t>(b[i])) return false;
+  return true;
+}
+
+// A host TensorDescriptor (triton.tools.tensor_descriptor: base, shape, strides, block_shape,
+// padding) of the variant's block shape and base dtype, into `v`; false for anything else.
+bool classify_descriptor(nb::handle h, const nb::object& dtype, const nb::object& block, tdist::ParamValue& v) {
+  if (!nb::hasattr(h, "block_shape") || !nb::hasattr(h, "base")) return false;
+  if (!same_ints(h.attr("block_shape"), block)) return false;
+  nb::object base = h.attr("base");
+  if (!base.attr("dtype").is(dtype)) return false;
+  nb::object shape = h.attr("shape");
+  nb::object strides = h.attr("strides");
+  const std::size_t rank = nb::len(shape);
+  if (rank == 0 || rank > tdist::kMaxTensorMapRank || nb::len(strides) != rank) return false;
+  v.type = tdist::ParamValue::Type::kValue;
+  v.kind = tdist::ParamKind::kTensorMap;
+  v.rank = static_cast<unsigned>(rank);
+  for (std::size_t d = 0; d < rank; ++d) {
+    v.shape[d] = nb::cast<std::int64_t>(shape[d]);
+    v.strides[d] = nb::cast<std::int64_t>(strides[d]);
+  }
+  v.nan_padding = nb::cast<std::string>(h.attr("padding")) == "nan";
+  v.integer = static_cast<std::int64_t>(nb::cast<std::uint64_t>(base.attr("data_ptr")()));
+  return true;
+}
 
 // `h` classified as Triton's specialisation would (see ParamValue); false for what no launcher
 // variant takes (a tensor of another dtype, an int past 64 bits, a tensor descriptor, ...).
@@ -89,25 +124,47 @@ void bind_kernel_launcher(nb::module_& m) {
              const std::vector<std::string>& types, const std::vector<bool>& divisible_by_16,
              const std::vector<std::int64_t>& constants, const std::vector<bool>& constant_is_none,
              std::vector<nb::object> dtypes, unsigned block_threads, unsigned shared_bytes, unsigned cluster_ctas,
-             bool cooperative, bool programmatic_serialization) {
+             bool cooperative, bool programmatic_serialization, nb::object tensor_maps) {
             const std::size_t n = types.size();
             TDIST_CHECK(divisible_by_16.size() == n && constants.size() == n && constant_is_none.size() == n &&
-                            dtypes.size() == n,
-                        rank, "KernelLauncher", name << ": one type, divisibility, constant and dtype per argument");
+                            dtypes.size() == n && (tensor_maps.is_none() || nb::len(tensor_maps) == n),
+                        rank, "KernelLauncher",
+                        name << ": one type, divisibility, constant, dtype (and tensor map) per argument");
             TDIST_CHECK(n <= kMaxArguments, rank, "KernelLauncher",
                         name << ": " << n << " runtime arguments, the launcher takes at most " << kMaxArguments);
             std::vector<tdist::ParamRule> rules(n);
-            for (std::size_t i = 0; i < n; ++i)
-              rules[i] = {tdist::param_kind_of(types[i]), divisible_by_16[i], constants[i], constant_is_none[i]};
+            std::vector<nb::object> blocks(n, nb::none());
+            for (std::size_t i = 0; i < n; ++i) {
+              nb::object map = tensor_maps.is_none() ? nb::none() : nb::object(tensor_maps[i]);
+              if (map.is_none()) {
+                rules[i] = {tdist::param_kind_of(types[i]), divisible_by_16[i], constants[i], constant_is_none[i]};
+                continue;
+              }
+              // (block_shape, element_type, element_bytes, swizzle, box, fp4_padded): Triton's
+              // tensordesc_meta entry and the descriptor's block (eager_launch.tensor_map_rule).
+              rules[i].kind = tdist::ParamKind::kTensorMap;
+              tdist::TensorMapRule& t = rules[i].tensor_map;
+              blocks[i] = map[0];
+              t.rank = static_cast<unsigned>(nb::len(blocks[i]));
+              t.element_type = nb::cast<unsigned>(map[1]);
+              t.element_bytes = nb::cast<unsigned>(map[2]);
+              t.swizzle = nb::cast<unsigned>(map[3]);
+              nb::object box = map[4];
+              TDIST_CHECK(t.rank >= 1 && t.rank <= tdist::kMaxTensorMapRank && nb::len(box) == t.rank, rank,
+                          "KernelLauncher", name << ": argument " << i << "'s TMA box has " << nb::len(box)
+                                                 << " dimensions, its block " << t.rank);
+              for (unsigned d = 0; d < t.rank; ++d) t.box[d] = nb::cast<std::uint32_t>(box[d]);
+              t.fp4_padded = nb::cast<bool>(map[5]);
+            }
             tdist::KernelLaunchShape shape{block_threads, shared_bytes, cluster_ctas, cooperative,
                                            programmatic_serialization};
             new (self) PyKernelLauncher{
                 tdist::KernelLauncher(name, rank, reinterpret_cast<CUfunction>(function), std::move(rules), shape),
-                std::move(dtypes)};
+                std::move(dtypes), std::move(blocks)};
           },
           "name"_a, "rank"_a, "function"_a, "types"_a, "divisible_by_16"_a, "constants"_a, "constant_is_none"_a,
           "dtypes"_a, "block_threads"_a, "shared_bytes"_a, "cluster_ctas"_a, "cooperative"_a,
-          "programmatic_serialization"_a)
+          "programmatic_serialization"_a, "tensor_maps"_a = nb::none())
       .def(
           "launch",
           [](PyKernelLauncher& self, unsigned grid_x, unsigned grid_y, unsigned grid_z, std::uintptr_t stream,
@@ -115,8 +172,12 @@ void bind_kernel_launcher(nb::module_& m) {
             const std::size_t n = args.size();
             if (n != self.dtypes.size()) return false;
             std::array<tdist::ParamValue, kMaxArguments> values;
-            for (std::size_t i = 0; i < n; ++i)
-              if (!classify(args[i], self.dtypes[i], values[i])) return false;
+            for (std::size_t i = 0; i < n; ++i) {
+              const bool fits = self.blocks[i].is_none() ? classify(args[i], self.dtypes[i], values[i])
+                                                         : classify_descriptor(args[i], self.dtypes[i], self.blocks[i],
+                                                                               values[i]);
+              if (!fits) return false;
+            }
             const unsigned grid[3] = {grid_x, grid_y, grid_z};
             return self.core.launch(grid, reinterpret_cast<CUstream>(stream), values.data(), n);
           },
@@ -124,5 +185,6 @@ void bind_kernel_launcher(nb::module_& m) {
           "Launch with these runtime arguments on `stream`; False (nothing launched) when they are not this "
           "variant's (another kind, dtype, alignment or constant), so that the caller takes Triton's path.")
       .def_prop_ro("name", [](const PyKernelLauncher& self) { return self.core.name(); })
-      .def_prop_ro("arguments", [](const PyKernelLauncher& self) { return self.core.arguments(); });
+      .def_prop_ro("arguments", [](const PyKernelLauncher& self) { return self.core.arguments(); })
+      .def_prop_ro("kernel_parameters", [](const PyKernelLauncher& self) { return self.core.kernel_param_count(); });
 }

@@ -34,6 +34,7 @@ const CudaDriver& CudaDriver::get() {
     library->bind(driver.mem_host_get_device_pointer, "cuMemHostGetDevicePointer_v2");
     library->bind(driver.mem_free_host, "cuMemFreeHost");
     library->bind(driver.launch_kernel_ex, "cuLaunchKernelEx");
+    library->bind(driver.tensor_map_encode_tiled, "cuTensorMapEncodeTiled");
     library->bind(driver.module_load_data, "cuModuleLoadData");
     library->bind(driver.module_get_function, "cuModuleGetFunction");
     library->bind(driver.module_unload, "cuModuleUnload");

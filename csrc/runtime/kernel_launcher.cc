@@ -36,6 +36,27 @@ ParamKind param_kind_of(const std::string& t) {
   throw Error(message.str());
 }
 
+TensorMapEncoding tensor_map_encoding(const TensorMapRule& rule, const ParamValue& v) {
+  // Triton's launcher (backends/nvidia/driver.py make_tensordesc_arg, driver.c fillTMADescriptor):
+  // dimensions reversed to innermost first, strides in bytes for all but the innermost, the box
+  // from the compiled metadata, unit element strides, no interleave, 128-byte L2 promotion.
+  TensorMapEncoding e;
+  e.rank = rule.rank;
+  e.element_type = rule.element_type;
+  e.swizzle = rule.swizzle;
+  e.nan_fill = v.nan_padding;
+  const unsigned n = rule.rank;
+  for (unsigned i = 0; i < n; ++i) {
+    std::int64_t dim = v.shape[i];
+    if (rule.fp4_padded && i + 1 == n) dim *= 2;
+    e.dims[n - 1 - i] = static_cast<std::uint64_t>(dim);
+    e.box[n - 1 - i] = rule.box[i];
+  }
+  for (unsigned i = 0; i + 1 < n; ++i)
+    e.stride_bytes[n - 2 - i] = static_cast<std::uint64_t>(v.strides[i]) * rule.element_bytes;
+  return e;
+}
+
 KernelLauncher::KernelLauncher(std::string name, int rank, CUfunction function, std::vector<ParamRule> rules,
                                KernelLaunchShape shape)
     : name_(std::move(name)), rank_(rank), function_(function), rules_(std::move(rules)), shape_(shape) {
@@ -44,14 +65,61 @@ KernelLauncher::KernelLauncher(std::string name, int rank, CUfunction function, 
               name_ << ": " << shape_.block_threads << " threads per CTA and clusters of " << shape_.cluster_ctas
                     << " CTAs is no launch");
   slot_of_.assign(rules_.size(), 0);
+  map_of_.assign(rules_.size(), 0);
   std::size_t slots = 0;
-  for (std::size_t i = 0; i < rules_.size(); ++i)
-    if (rules_[i].kind != ParamKind::kConstant) slot_of_[i] = slots++;
+  std::size_t maps = 0;
+  for (std::size_t i = 0; i < rules_.size(); ++i) {
+    const ParamRule& rule = rules_[i];
+    if (rule.kind == ParamKind::kConstant) continue;
+    if (rule.kind == ParamKind::kTensorMap) {
+      TDIST_CHECK(rule.tensor_map.rank >= 1 && rule.tensor_map.rank <= kMaxTensorMapRank, rank_, kOp,
+                  name_ << ": argument " << i << " is a tensor descriptor of rank " << rule.tensor_map.rank
+                        << "; TMA takes 1 to " << kMaxTensorMapRank);
+      map_of_[i] = maps++;
+      slot_of_[i] = slots;
+      slots += 2 * rule.tensor_map.rank;  // its shape, then its strides
+    } else {
+      slot_of_[i] = slots++;
+    }
+  }
   // Triton 3.6 kernels end with a global and a profile scratch pointer; variants that need
   // either are refused by the Python side (their memory is per launch), so both stay null.
   slots_.assign(slots + 2, 0);
-  params_.resize(slots_.size());
-  for (std::size_t s = 0; s < slots_.size(); ++s) params_[s] = &slots_[s];
+  maps_.assign(maps, CUtensorMap{});
+  // The kernel's parameters in order: a descriptor is its CUtensorMap, then its shape and strides.
+  for (std::size_t i = 0; i < rules_.size(); ++i) {
+    const ParamRule& rule = rules_[i];
+    if (rule.kind == ParamKind::kConstant) continue;
+    if (rule.kind == ParamKind::kTensorMap) {
+      params_.push_back(&maps_[map_of_[i]]);
+      for (unsigned d = 0; d < 2 * rule.tensor_map.rank; ++d) params_.push_back(&slots_[slot_of_[i] + d]);
+    } else {
+      params_.push_back(&slots_[slot_of_[i]]);
+    }
+  }
+  params_.push_back(&slots_[slots]);
+  params_.push_back(&slots_[slots + 1]);
+}
+
+void KernelLauncher::encode(std::size_t i, const ParamValue& v) {
+  const ParamRule& rule = rules_[i];
+  const TensorMapEncoding e = tensor_map_encoding(rule.tensor_map, v);
+  const CUresult result = CudaDriver::get().tensor_map_encode_tiled(
+      &maps_[map_of_[i]], static_cast<CUtensorMapDataType>(e.element_type), e.rank,
+      reinterpret_cast<void*>(static_cast<std::uintptr_t>(v.integer)), e.dims, e.stride_bytes, e.box,
+      e.element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, static_cast<CUtensorMapSwizzle>(e.swizzle),
+      CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+      e.nan_fill ? CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA : CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  check_cuda(result, rank_, kOp + (": " + name_ + ", tensor descriptor argument " + std::to_string(i)),
+             "cuTensorMapEncodeTiled");
+  // The kernel's own view of the descriptor: its shape (i32) and strides (i64), in elements.
+  const unsigned n = rule.tensor_map.rank;
+  for (unsigned d = 0; d < n; ++d) {
+    std::int64_t dim = v.shape[d];
+    if (rule.tensor_map.fp4_padded && d + 1 == n) dim *= 2;
+    slots_[slot_of_[i] + d] = static_cast<std::uint64_t>(static_cast<std::uint32_t>(dim));
+    slots_[slot_of_[i] + n + d] = static_cast<std::uint64_t>(v.strides[d]);
+  }
 }
 
 ArgumentFit argument_fit(const ParamRule& rule, const ParamValue& v) {
@@ -63,6 +131,11 @@ ArgumentFit argument_fit(const ParamRule& rule, const ParamValue& v) {
   }
   if (v.type != ParamValue::Type::kValue) return ArgumentFit::kNoneGiven;
   if (v.kind != rule.kind) return ArgumentFit::kOtherKind;
+  if (rule.kind == ParamKind::kTensorMap) {
+    if (v.rank != rule.tensor_map.rank) return ArgumentFit::kOtherRank;
+    if ((v.integer & 15) != 0) return ArgumentFit::kNotDivisibleBy16;  // TMA's base alignment
+    return ArgumentFit::kFits;
+  }
   if (rule.divisible_by_16 && (v.integer & 15) != 0) return ArgumentFit::kNotDivisibleBy16;
   return ArgumentFit::kFits;
 }
@@ -76,6 +149,7 @@ bool KernelLauncher::pack(const ParamValue* values, std::size_t count) {
     const ParamValue& v = values[i];
     if (argument_fit(rule, v) != ArgumentFit::kFits) return false;
     if (rule.kind == ParamKind::kConstant) continue;
+    if (rule.kind == ParamKind::kTensorMap) continue;  // encoded by launch(): a driver call
     std::uint64_t& slot = slots_[slot_of_[i]];
     slot = 0;
     if (rule.kind == ParamKind::kFloat32) {
@@ -94,6 +168,8 @@ bool KernelLauncher::pack(const ParamValue* values, std::size_t count) {
 bool KernelLauncher::launch(const unsigned grid[3], CUstream stream, const ParamValue* values, std::size_t count) {
   if (!pack(values, count)) return false;
   if (static_cast<std::uint64_t>(grid[0]) * grid[1] * grid[2] == 0) return true;
+  for (std::size_t i = 0; i < count; ++i)
+    if (rules_[i].kind == ParamKind::kTensorMap) encode(i, values[i]);
   CUlaunchAttribute attrs[3];
   unsigned num_attrs = 0;
   if (shape_.programmatic_serialization) {

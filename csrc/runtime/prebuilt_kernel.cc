@@ -60,6 +60,7 @@ const char* kind_name(ParamKind kind) {
     case ParamKind::kFloat32: return "an fp32";
     case ParamKind::kFloat64: return "an fp64";
     case ParamKind::kConstant: return "a constant";
+    case ParamKind::kTensorMap: return "a tensor descriptor";
   }
   return "an unknown kind";
 }
@@ -188,6 +189,9 @@ std::string argument_misfit(const ParamRule& rule, const std::string& type, cons
     case ArgumentFit::kNotDivisibleBy16:
       why << v.integer << " is not a multiple of 16, which the kernel was compiled to assume"
           << (rule.kind == ParamKind::kPointer ? " (pass a 16-byte aligned address)" : "");
+      break;
+    case ArgumentFit::kOtherRank:
+      why << "a tensor descriptor of rank " << v.rank << " given where the kernel takes rank " << rule.tensor_map.rank;
       break;
   }
   return why.str();

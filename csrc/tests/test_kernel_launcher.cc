@@ -114,5 +114,71 @@ TEST(KernelLauncher, RefusesImpossibleShapes) {
   EXPECT_THROW(KernelLauncher("null", 0, nullptr, {}, {}), Error);
 }
 
+// A bf16 descriptor of a [120, 4104] tensor in blocks of [128, 256], lowered by Triton to a TMA
+// box of [128, 64] with 128-byte swizzling (gemm_kernel's c_desc, compiled for sm_90).
+TensorMapRule bf16_rule() {
+  TensorMapRule r;
+  r.rank = 2;
+  r.element_type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  r.element_bytes = 2;
+  r.swizzle = CU_TENSOR_MAP_SWIZZLE_128B;
+  r.box[0] = 128;
+  r.box[1] = 64;
+  return r;
+}
+
+ParamValue descriptor(std::int64_t base, std::int64_t rows, std::int64_t cols, std::int64_t row_stride) {
+  ParamValue v{ParamValue::Type::kValue, ParamKind::kTensorMap, base, 0.0};
+  v.rank = 2;
+  v.shape[0] = rows;
+  v.shape[1] = cols;
+  v.strides[0] = row_stride;
+  v.strides[1] = 1;
+  return v;
+}
+
+TEST(KernelLauncher, TensorMapsAreEncodedInnermostFirstAsTritonsLauncherDoes) {
+  const TensorMapEncoding e = tensor_map_encoding(bf16_rule(), descriptor(0x10000, 120, 4104, 4112));
+  EXPECT_EQ(e.rank, 2u);
+  EXPECT_EQ(e.dims[0], 4104u);  // innermost (columns) first
+  EXPECT_EQ(e.dims[1], 120u);
+  EXPECT_EQ(e.stride_bytes[0], 4112u * 2);  // the row stride in bytes; the innermost has none
+  EXPECT_EQ(e.box[0], 64u);
+  EXPECT_EQ(e.box[1], 128u);
+  EXPECT_EQ(e.element_strides[0], 1u);
+  EXPECT_EQ(e.swizzle, static_cast<unsigned>(CU_TENSOR_MAP_SWIZZLE_128B));
+  EXPECT_FALSE(e.nan_fill);
+  TensorMapRule fp4 = bf16_rule();
+  fp4.fp4_padded = true;
+  EXPECT_EQ(tensor_map_encoding(fp4, descriptor(0x10000, 120, 4104, 4112)).dims[0], 2u * 4104);
+}
+
+TEST(KernelLauncher, ADescriptorIsItsTensorMapThenShapeThenStrides) {
+  // gemm_kernel(a_desc, b_desc, M): a CUtensorMap, 2 x i32, 2 x i64 per descriptor (its PTX
+  // parameters), then M, then the two scratch pointers.
+  ParamRule map;
+  map.kind = ParamKind::kTensorMap;
+  map.tensor_map = bf16_rule();
+  ParamRule m;
+  m.kind = ParamKind::kInt32;
+  KernelLauncher l("descriptors", 0, fake_function(), {map, map, m}, {});
+  EXPECT_EQ(l.kernel_param_count(), 2u * 5 + 1 + 2);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(l.kernel_params()[0]) % 64, 0u);  // .param .align 64 .b8[128]
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(l.kernel_params()[5]) % 64, 0u);
+  // Packing checks what it can without the driver; the encoding waits for a launch.
+  ParamValue ok[] = {descriptor(0x10000, 120, 4104, 4112), descriptor(0x20000, 64, 64, 64), i32(120)};
+  EXPECT_TRUE(l.pack(ok, 3));
+  EXPECT_EQ(*static_cast<std::int32_t*>(l.kernel_params()[10]), 120);
+  const unsigned empty[3] = {0, 1, 1};
+  EXPECT_TRUE(l.launch(empty, nullptr, ok, 3));  // nothing to launch: no driver call
+  ParamValue misaligned[] = {descriptor(0x10008, 120, 4104, 4112), descriptor(0x20000, 64, 64, 64), i32(1)};
+  EXPECT_FALSE(l.pack(misaligned, 3));
+  ParamValue rank3[] = {descriptor(0x10000, 120, 4104, 4112), descriptor(0x20000, 64, 64, 64), i32(1)};
+  rank3[1].rank = 3;
+  EXPECT_FALSE(l.pack(rank3, 3));
+  EXPECT_EQ(argument_fit(map, rank3[1]), ArgumentFit::kOtherRank);
+  EXPECT_EQ(argument_fit(map, pointer(0x10000)), ArgumentFit::kOtherKind);
+}
+
 }  // namespace
 }  // namespace tdist

@@ -130,6 +130,12 @@ class Config:
     triton_dist.prebuilt_cache`` writes by default; a directory that does not exist turns the
     layer off (TRITON_DIST_PREBUILT_CACHE_DIR)."""
 
+    eager_tensor_descriptors: bool = False
+    """Kernels that take host tensor descriptors (the GEMMs' TMA operands) launch eagerly from C++
+    too, the TMA descriptors encoded there (:mod:`triton_dist.eager_launch`), instead of through
+    Triton's launcher, whose per-call binding cost an eager ag_gemm or gemm_rs tens of µs
+    (TRITON_DIST_EAGER_TENSOR_DESCRIPTORS=1). Off until the GPU suites have run with it on."""
+
     @staticmethod
     def from_environment() -> "Config":
         heap = os.environ.get("TRITON_DIST_SYMMETRIC_HEAP_SIZE")
@@ -159,6 +165,7 @@ class Config:
             commit=os.environ.get("TRITON_DIST_COMMIT", ""),
             record_variants=os.environ.get("TRITON_DIST_RECORD_VARIANTS", ""),
             prebuilt_cache_dir=os.environ.get("TRITON_DIST_PREBUILT_CACHE_DIR", ""),
+            eager_tensor_descriptors=_env_int("TRITON_DIST_EAGER_TENSOR_DESCRIPTORS", 0) != 0,
         )
 
 

@@ -16,8 +16,13 @@ arguments meet, which is what Triton would guarantee too (Triton might pick a mo
 variant; running the less specialised one is correct).
 
 Triton's path is kept whenever the C++ one would differ: a launch hook is installed (profilers
-see every launch), the grid is a callable, an argument goes by keyword or is a tuple or a
-tensor descriptor, or the variant needs per-launch scratch memory or clusters.
+see every launch), the grid is a callable, an argument goes by keyword or is a tuple, or the
+variant needs per-launch scratch memory or clusters. Host tensor descriptors
+(``triton.tools.tensor_descriptor.TensorDescriptor``) take the C++ path only with
+``Config.eager_tensor_descriptors`` and where Triton lowered them to TMA: the variant is Triton's
+for the descriptor's dtype and block shape (its whole specialisation), and the C++ launcher encodes
+each call's CUtensorMap with the variant's ``tensordesc_meta`` (:func:`tensor_map_rule`), as
+Triton's launcher does.
 """
 
 from __future__ import annotations
@@ -53,6 +58,23 @@ class EagerLaunches:
         self._attempts: dict = {}
         self._runtime_params = [p for p in fn.params if not p.is_constexpr]
         self._runtime_names = frozenset(p.name for p in self._runtime_params)
+        # Trailing runtime parameters with defaults (the GEMM's optional epilogue operands) that a
+        # launch may leave out: the C++ launcher takes every runtime argument.
+        defaults = []
+        for p in reversed(self._runtime_params):
+            if not p.has_default:
+                break
+            defaults.append(p.default)
+        self._defaults = tuple(reversed(defaults))
+        self._required = len(self._runtime_params) - len(self._defaults)
+
+    def _complete(self, args: tuple) -> tuple:
+        """``args`` with the left-out trailing defaults appended (unchanged when complete, or too
+        short to complete: the C++ launcher then refuses them)."""
+        missing = len(self._runtime_params) - len(args)
+        if missing <= 0 or len(args) < self._required:
+            return args
+        return args + self._defaults[len(self._defaults) - missing:]
 
     def _key(self, device: int, kwargs: dict):
         # A runtime argument by keyword (a tensor, a count) is never learnt, and must not make a
@@ -97,6 +119,7 @@ class EagerLaunches:
         gx = grid[0]
         gy = grid[1] if size > 1 else 1
         gz = grid[2] if size > 2 else 1
+        args = self._complete(args)
         for launcher in launchers:
             if launcher.launch(gx, gy, gz, stream, *args):
                 return True
@@ -123,20 +146,29 @@ class EagerLaunches:
         from . import _C
         from . import runtime as _runtime
 
+        from . import config as _config
+
         md = compiled.metadata
-        if not launchable(md):
+        descriptors = _config.get().eager_tensor_descriptors
+        if not launchable(md, descriptors):
             return None
+        given = args
+        # Left-out defaults are completed only with the descriptors' switch, for now: the kernels
+        # that leave them out are the GEMMs, which take descriptors.
+        args = self._complete(args) if descriptors else args
         if len(args) != len(self._runtime_params) or any(p.name in kwargs for p in self._runtime_params):
             return None
         binder = self.fn.device_caches[device][4]
-        _, specialization, _ = binder(*args, **kwargs)
-        rules = argument_rules(self._runtime_params, specialization, args)
+        _, specialization, _ = binder(*given, **kwargs)  # it fills the defaults in itself
+        rules = argument_rules(self._runtime_params, specialization, args,
+                               getattr(md, "tensordesc_meta", None) if descriptors else None)
         if rules is None:
             return None
         rank = _runtime.rank() if _runtime.is_initialized() else -1
+        maps = rules.tensor_maps if any(m is not None for m in rules.tensor_maps) else None
         return _C.KernelLauncher(compiled.name, rank, compiled.function, rules.types, rules.divisible,
                                  rules.constants, rules.is_none, rules.dtypes, 32 * md.num_warps, md.shared, 1,
-                                 bool(md.launch_cooperative_grid), bool(md.launch_pdl))
+                                 bool(md.launch_cooperative_grid), bool(md.launch_pdl), maps)
 
     def variants(self) -> int:
         """How many variants have been learnt (all devices and keywords)."""
@@ -147,13 +179,30 @@ _C_KINDS = frozenset(("i1", "u1", "i8", "i16", "i32", "i64", "u8", "u16", "u32",
 """Scalar kinds _C.KernelLauncher passes (tdist::param_kind_of)."""
 
 
-def launchable(metadata) -> bool:
+def launchable(metadata, tensor_descriptors: bool = False) -> bool:
     """Whether a compiled variant (its ``metadata``) can be launched from C++: it must need no
-    per-launch scratch memory, no clusters and no tensor descriptors, which only Triton's launcher
-    provides."""
+    per-launch scratch memory and no clusters, which only Triton's launcher provides, and take
+    tensor descriptors only where ``tensor_descriptors`` and every one was lowered to TMA."""
     md = metadata
-    return not (md.global_scratch_size or md.profile_scratch_size or getattr(md, "num_ctas", 1) != 1
-                or getattr(md, "tensordesc_meta", None))
+    if md.global_scratch_size or md.profile_scratch_size or getattr(md, "num_ctas", 1) != 1:
+        return False
+    descriptors = getattr(md, "tensordesc_meta", None)
+    return not descriptors or (tensor_descriptors and all(d is not None for d in descriptors))
+
+
+TMA_DTYPE_DEVICE_TO_HOST = {**{i: i for i in range(16)}, 8: 10, 9: 8, 10: 9}
+"""Triton's ``tensordesc_meta`` names element types by the device-side enum; cuTensorMapEncodeTiled
+takes the host's ``CUtensorMapDataType``, which numbers three of them differently (Triton's
+launcher maps them the same way)."""
+
+
+def tensor_map_rule(descriptor, meta: dict) -> tuple:
+    """``(block_shape, element_type, element_bytes, swizzle, box, fp4_padded)``: what
+    ``_C.KernelLauncher`` needs to encode a descriptor argument the way Triton's launcher does, from
+    the call's ``descriptor`` (its block shape: Triton's variant is per block) and the variant's
+    ``tensordesc_meta`` entry ``meta``."""
+    return (list(descriptor.block_shape), TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], meta["elem_size"],
+            meta["swizzle"], list(meta["block_size"]), bool(meta["fp4_padded"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,16 +220,33 @@ class ArgumentRules:
     is_none: list
     """Whether a folded argument was None."""
     dtypes: list
-    """The element type of each pointer argument's tensor (None for the others)."""
+    """The element type of each pointer argument's tensor, and of a descriptor's base (None for
+    the others)."""
+    tensor_maps: list = dataclasses.field(default_factory=list)
+    """Per argument, None or a tensor descriptor's :func:`tensor_map_rule`."""
 
 
-def argument_rules(runtime_params, specialization, args: tuple) -> ArgumentRules | None:
+def argument_rules(runtime_params, specialization, args: tuple, tensordesc_meta=None) -> ArgumentRules | None:
     """The rules of the variant Triton's binder specialised ``args`` into (``specialization``:
     one ``(kind, attribute)`` per parameter, from the binder of the kernel's ``runtime_params``
-    and constexprs), or None when an argument is of a kind the C++ launcher does not pass."""
+    and constexprs), or None when an argument is of a kind the C++ launcher does not pass: tensor
+    descriptors only with the variant's ``tensordesc_meta`` (one entry per descriptor, in order)."""
     rules = ArgumentRules([], [], [], [], [])
+    descriptors = iter(tensordesc_meta or ())
     for param, arg in zip(runtime_params, args):
         kind, attr = specialization[param.num]
+        if isinstance(kind, str) and kind.startswith("tensordesc") and tensordesc_meta:
+            meta = next(descriptors, None)
+            if meta is None:
+                return None
+            rules.types.append(kind)
+            rules.divisible.append(False)
+            rules.constants.append(0)
+            rules.is_none.append(False)
+            rules.dtypes.append(arg.base.dtype)
+            rules.tensor_maps.append(tensor_map_rule(arg, meta))
+            continue
+        rules.tensor_maps.append(None)
         if not isinstance(kind, str) or kind.startswith("tensordesc") or kind == "nvTmaDesc":
             return None
         if kind == "constexpr":

@@ -132,3 +132,105 @@ def test_a_launch_hook_or_a_callable_grid_keeps_tritons_path(launches, monkeypat
     hooks = triton.knobs.runtime.launch_enter_hook
     monkeypatch.setattr(hooks, "calls", [lambda metadata: None])
     assert not launches.launch(NONE, example(), META)
+
+
+# Tensor descriptors (Config.eager_tensor_descriptors): the GEMM kernel compiled for sm_90 here.
+
+class HostDtype:
+    """A torch dtype as Triton's TensorDescriptor and binder read it (no torch here)."""
+
+    def __init__(self, name: str, itemsize: int):
+        self.name, self.itemsize, self.is_floating_point = name, itemsize, True
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+
+HOST_BF16, HOST_FP32 = HostDtype("bfloat16", 2), HostDtype("float32", 4)
+
+
+def FakeDescriptor(base, shape, strides, block_shape, padding="zero"):
+    """Triton's host TensorDescriptor of a stand-in tensor."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(base, shape, strides, block_shape, padding)
+
+
+def _compiled_gemm():
+    from triton_dist.kernels.gemm import dense
+    from triton_dist.tools.compile_check import compile_for_hopper
+
+    c = dense.config_params("large")
+    meta = dense.kernel_meta("large", False)
+    options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
+    # The variant Triton's binder picks for dense.gemm()'s launch: the trailing integer defaults
+    # as i32, the None ones folded.
+    folded = dict(signals=None, calls=None, out=None, chunk_flags=None, tickets=None, timeline=None)
+    signature = {"a_desc": f"tensordesc<bf16[{c['BM']}, {c['BK']}]>", "b_desc": f"tensordesc<bf16[{c['BN']}, {c['BK']}]>",
+                 "c_desc": f"tensordesc<bf16[{c['BM']}, {c['BN']}]>", "M": "i32", "N": "i32", "K": "i32", "rank": "i32",
+                 "m_per_rank": "i32", "half_elems": "i32", "signal_region": "i32", "chunk_n": "i32"}
+    compiled = compile_for_hopper(dense.gemm_kernel, signature, {**meta, **folded}, **options)
+    return dense.gemm_kernel, compiled, c, meta, options
+
+
+def test_tensor_map_rules_are_what_tritons_launcher_encodes(monkeypatch):
+    import triton.runtime
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    _, compiled, c, _, _ = _compiled_gemm()
+    seen = []
+    utils = types.SimpleNamespace(fill_tma_descriptor=lambda *a: seen.append(a) or "map")
+    monkeypatch.setattr(triton.runtime.driver, "_active", types.SimpleNamespace(utils=utils))
+    base = FakeTensor(1 << 20, HOST_BF16)
+    for desc, meta in zip([FakeDescriptor(base, [120, 4104], [4112, 1], [c["BM"], c["BK"]]),
+                           FakeDescriptor(base, [4104, 4104], [4104, 1], [c["BN"], c["BK"]], "nan"),
+                           FakeDescriptor(base, [120, 4104], [4104, 1], [c["BM"], c["BN"]])],
+                          compiled.metadata.tensordesc_meta):
+        args = nvidia_driver.make_tensordesc_arg(desc, meta)
+        _, swizzle, elem_size, elem_type, block_size, shape, strides, padding = seen[-1]
+        block, ours_type, ours_size, ours_swizzle, box, fp4 = eager_launch.tensor_map_rule(desc, meta)
+        assert (ours_type, ours_size, ours_swizzle, box, fp4) == (elem_type, elem_size, swizzle, list(block_size), False)
+        assert block == desc.block_shape and padding == (desc.padding == "nan")
+        assert args[1:] == [*desc.shape, *desc.strides]  # then the kernel's own shape and strides
+    assert eager_launch.tensor_map_rule(FakeDescriptor(base, [8, 8], [8, 1], [128, 256]),
+                                        compiled.metadata.tensordesc_meta[2])[4] == [128, 64]  # box != block
+
+
+def test_descriptor_kernels_launch_from_cpp_only_when_asked(monkeypatch):
+    from triton.runtime.jit import create_function_from_signature
+
+    from triton_dist import config
+
+    kernel, compiled, c, meta, options = _compiled_gemm()
+    backend = CUDABackend(GPUTarget("cuda", 90, 32))
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    monkeypatch.setitem(kernel.device_caches, 0, ({}, {}, backend.target, backend, binder))
+    monkeypatch.setattr(eager_launch, "_device_and_stream", lambda: (0, 0))
+    base = FakeTensor(1 << 20, HOST_BF16)
+    args = (FakeDescriptor(base, [120, 4104], [4104, 1], [c["BM"], c["BK"]]),
+            FakeDescriptor(base, [4104, 4104], [4104, 1], [c["BN"], c["BK"]]),
+            FakeDescriptor(base, [120, 4104], [4104, 1], [c["BM"], c["BN"]]), 120, 4104, 4104, None, None, 0, 1)
+    kwargs = {**meta, **options}
+    variant = types.SimpleNamespace(name=compiled.name, function=0x1, metadata=compiled.metadata)
+
+    launches = eager_launch.EagerLaunches(kernel)
+    launches.learn(variant, args, kwargs)
+    assert launches.variants() == 0  # off by default: Triton's launcher encodes them
+
+    monkeypatch.setattr(config, "_current", config.Config(eager_tensor_descriptors=True))
+    launches = eager_launch.EagerLaunches(kernel)
+    launches.learn(variant, args, kwargs)
+    assert launches.variants() == 1
+    (launcher, ), = launches._launchers.values()
+    ptx = compiled.asm["ptx"]
+    entry = ptx[ptx.index(".entry"):ptx.index(")", ptx.index(".entry"))]
+    assert launcher.kernel_parameters == entry.count(".param")  # its two scratch pointers included
+    assert launches.launch(NONE, args, kwargs)  # every check, no launch, no driver
+    other_block = (FakeDescriptor(base, [120, 4104], [4104, 1], [64, c["BK"]]), *args[1:])
+    assert not launches.launch(NONE, other_block, kwargs)
+    other_dtype = (FakeDescriptor(FakeTensor(1 << 20, HOST_FP32), [120, 4104], [4104, 1], [c["BM"], c["BK"]]),
+                   *args[1:])
+    assert not launches.launch(NONE, other_dtype, kwargs)
+    misaligned = FakeDescriptor(FakeTensor(1 << 20, HOST_BF16), [120, 4104], [4104, 1], [c["BM"], c["BK"]])
+    misaligned.base = FakeTensor((1 << 20) + 8, HOST_BF16)  # TensorDescriptor itself refuses one
+    assert not launches.launch(NONE, (misaligned, *args[1:]), kwargs)

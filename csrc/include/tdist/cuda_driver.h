@@ -26,6 +26,7 @@ struct CudaDriver {
   decltype(&cuMemHostGetDevicePointer) mem_host_get_device_pointer;  // cuMemHostGetDevicePointer_v2
   decltype(&cuMemFreeHost) mem_free_host;                          // cuMemFreeHost
   decltype(&cuLaunchKernelEx) launch_kernel_ex;                    // cuLaunchKernelEx
+  decltype(&cuTensorMapEncodeTiled) tensor_map_encode_tiled;       // cuTensorMapEncodeTiled
   // Loading prebuilt kernels and running them from a C++ program (prebuilt_kernel.h).
   decltype(&cuModuleLoadData) module_load_data;                    // cuModuleLoadData
   decltype(&cuModuleGetFunction) module_get_function;              // cuModuleGetFunction

@@ -37,6 +37,36 @@ enum class ParamKind : std::uint8_t {
   kFloat32,   // "fp32": passed as float
   kFloat64,   // "fp64"
   kConstant,  // folded into the variant (an integer Triton specialised to a value): no slot
+  kTensorMap,  // a host tensor descriptor Triton lowered to TMA ("tensordesc<...>"): a CUtensorMap
+               // parameter encoded per call, then its shape (i32 each) and strides (i64 each)
+};
+
+// Up to this many dimensions per tensor descriptor (TMA's limit).
+inline constexpr std::size_t kMaxTensorMapRank = 5;
+
+// How a variant encodes one tensor descriptor: Triton's compiled metadata for it
+// (``tensordesc_meta``: swizzle, element size and type, the TMA box, which may be smaller than the
+// descriptor's block, and fp4 padding) and its rank.
+struct TensorMapRule {
+  unsigned rank = 2;                                 // dimensions
+  unsigned element_type = 0;                         // CUtensorMapDataType (the host enum)
+  unsigned element_bytes = 2;                        // bytes per element
+  unsigned swizzle = 0;                              // CUtensorMapSwizzle
+  std::uint32_t box[kMaxTensorMapRank] = {};         // the TMA box, outermost dimension first
+  bool fp4_padded = false;                           // the innermost dimension counts twice
+};
+
+// What cuTensorMapEncodeTiled receives for a descriptor (dimensions innermost first, as the
+// driver takes them), derived from the rule and the call's descriptor by tensor_map_encoding().
+struct TensorMapEncoding {
+  unsigned rank = 0;                                   // dimensions
+  unsigned element_type = 0;                           // CUtensorMapDataType
+  std::uint64_t dims[kMaxTensorMapRank] = {};          // innermost first
+  std::uint64_t stride_bytes[kMaxTensorMapRank] = {};  // of dimensions 1.. (rank - 1 entries)
+  std::uint32_t box[kMaxTensorMapRank] = {};           // innermost first
+  std::uint32_t element_strides[kMaxTensorMapRank] = {1, 1, 1, 1, 1};  // every element
+  unsigned swizzle = 0;                                // CUtensorMapSwizzle
+  bool nan_fill = false;                               // out-of-range elements read as NaN
 };
 
 // One runtime argument's rule: its kind, whether the variant assumed it divisible by 16 (Triton's
@@ -46,6 +76,7 @@ struct ParamRule {
   bool divisible_by_16 = false;        // the variant assumed it (pointers: 16-byte aligned)
   std::int64_t constant = 0;           // kConstant: the value the variant was compiled with
   bool constant_is_none = false;       // kConstant: the argument was None (an absent optional pointer)
+  TensorMapRule tensor_map;            // kTensorMap: how to encode it
 };
 
 // One argument as the caller has it, classified the way Triton's specialisation classifies it
@@ -56,9 +87,17 @@ struct ParamValue {
   enum class Type : std::uint8_t { kValue, kNone };
   Type type = Type::kNone;             // a value or None
   ParamKind kind = ParamKind::kInt64;  // kValue: Triton's kind for the argument
-  std::int64_t integer = 0;            // integers and pointers: the value's 64 bits
+  std::int64_t integer = 0;            // integers and pointers: the value's 64 bits (kTensorMap: base)
   double real = 0.0;                   // kFloat32 / kFloat64
+  unsigned rank = 0;                             // kTensorMap: the descriptor's dimensions
+  std::int64_t shape[kMaxTensorMapRank] = {};    // kTensorMap: its shape, outermost first
+  std::int64_t strides[kMaxTensorMapRank] = {};  // kTensorMap: its strides in elements, outermost first
+  bool nan_padding = false;                      // kTensorMap: padding="nan" (out of range reads NaN)
 };
+
+// The driver's arguments for a descriptor `value` under `rule` (what Triton's launcher passes to
+// cuTensorMapEncodeTiled for it); the caller checked that the ranks agree.
+TensorMapEncoding tensor_map_encoding(const TensorMapRule& rule, const ParamValue& value);
 
 // What the driver needs besides the parameters: from Triton's compiled metadata.
 struct KernelLaunchShape {
@@ -78,8 +117,9 @@ class KernelLauncher {
                  KernelLaunchShape shape);
 
   // Checks `values` (one per rule, in the kernel's order of runtime arguments) and writes them
-  // into the parameter block. False when a value breaks its rule (another kind, a misaligned
-  // pointer, another constant: the file notes); throws when the count is wrong.
+  // into the parameter block, all but the tensor descriptors' (launch() encodes those: a driver
+  // call). False when a value breaks its rule (another kind, a misaligned pointer, another
+  // constant: the file notes); throws when the count is wrong.
   bool pack(const ParamValue* values, std::size_t count);
 
   // pack(), then cuLaunchKernelEx on `stream` with `grid` programs (grid[0] counts programs, as
@@ -87,8 +127,9 @@ class KernelLauncher {
   // A zero-sized grid launches nothing and returns true.
   bool launch(const unsigned grid[3], CUstream stream, const ParamValue* values, std::size_t count);
 
-  // The parameter block's pointers, one per kernel parameter (runtime arguments with a slot, then
-  // Triton 3.6's two scratch pointers, always null here): what cuLaunchKernelEx receives.
+  // The parameter block's pointers, one per kernel parameter (runtime arguments with a slot, a
+  // tensor descriptor's CUtensorMap, shape and strides, then Triton 3.6's two scratch pointers,
+  // always null here): what cuLaunchKernelEx receives.
   void* const* kernel_params() const { return params_.data(); }
   // How many pointers kernel_params() holds.
   std::size_t kernel_param_count() const { return params_.size(); }
@@ -99,14 +140,19 @@ class KernelLauncher {
   std::size_t arguments() const { return rules_.size(); }
 
  private:
+  // Writes argument i's CUtensorMap (cuTensorMapEncodeTiled), shape and strides.
+  void encode(std::size_t i, const ParamValue& value);
+
   std::string name_;
   int rank_;
   CUfunction function_;
   std::vector<ParamRule> rules_;
   KernelLaunchShape shape_;
-  std::vector<std::uint64_t> slots_;  // 8 bytes per parameter: every kind fits, little-endian
+  std::vector<std::uint64_t> slots_;  // 8 bytes per scalar parameter: every kind fits, little-endian
+  std::vector<CUtensorMap> maps_;     // one per tensor descriptor (64-byte aligned, as the kernel takes it)
   std::vector<void*> params_;
-  std::vector<std::size_t> slot_of_;  // rule index -> slot (kConstant: unused)
+  std::vector<std::size_t> slot_of_;  // rule index -> its first slot (kTensorMap: its shape's; kConstant: unused)
+  std::vector<std::size_t> map_of_;   // rule index -> its CUtensorMap (kTensorMap only)
 };
 
 // How a value stands to its parameter's rule.
@@ -115,7 +161,9 @@ enum class ArgumentFit : std::uint8_t {
   kOtherConstant,     // a folded parameter given another value (or None where an int was folded)
   kNoneGiven,         // None where the variant takes a value
   kOtherKind,         // a value of another kind (an i64 where the variant takes i32, ...)
-  kNotDivisibleBy16,  // the variant assumed divisibility by 16 (pointers: 16-byte alignment)
+  kNotDivisibleBy16,  // the variant assumed divisibility by 16 (pointers: 16-byte alignment;
+                      // a tensor descriptor's base always, as TMA requires)
+  kOtherRank,         // a tensor descriptor of another rank than the variant's
 };
 // The one check of a value against its rule: what pack() applies to every argument, and what
 // PrebuiltKernel's errors put into words (argument_misfit).
