@@ -285,10 +285,10 @@ NB_MODULE(_C, m) {
           "dst"_a, "dst_pitch"_a, "src"_a, "src_pitch"_a, "width_bytes"_a, "height"_a)
       .def(
           "enqueue",
-          [](const tdist::StreamSchedule& self, std::uintptr_t stream) {
-            self.enqueue(reinterpret_cast<CUstream>(stream));
+          [](const tdist::StreamSchedule& self, std::uintptr_t stream, bool as_graph) {
+            self.enqueue(reinterpret_cast<CUstream>(stream), as_graph);
           },
-          "stream"_a)
+          "stream"_a, "as_graph"_a = false)
       .def("__len__", &tdist::StreamSchedule::size)
       .def_prop_ro("driver_calls", &tdist::StreamSchedule::driver_calls)
       .def_prop_ro("launches_as_graph", &tdist::StreamSchedule::launches_as_graph);

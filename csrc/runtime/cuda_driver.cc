@@ -44,7 +44,9 @@ const CudaDriver& CudaDriver::get() {
     library->bind(driver.ctx_set_current, "cuCtxSetCurrent");
     library->bind(driver.device_get_count, "cuDeviceGetCount");
     library->bind(driver.device_primary_ctx_retain, "cuDevicePrimaryCtxRetain");
-    library->bind(driver.ctx_get_current, "cuCtxGetCurrent");
+    library->bind(driver.stream_get_ctx, "cuStreamGetCtx");
+    library->bind(driver.ctx_push_current, "cuCtxPushCurrent_v2");
+    library->bind(driver.ctx_pop_current, "cuCtxPopCurrent_v2");
     library->bind(driver.stream_is_capturing, "cuStreamIsCapturing");
     library->bind(driver.stream_create, "cuStreamCreate");
     library->bind(driver.stream_destroy, "cuStreamDestroy_v2");

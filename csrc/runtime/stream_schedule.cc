@@ -13,7 +13,7 @@ StreamSchedule::Graph::~Graph() {
 }
 
 void StreamSchedule::add_memop(const CUstreamBatchMemOpParams& op) {
-  graph_.reset();
+  discard_graphs();
   ++operations_;
   if (!steps_.empty()) {
     if (auto* batch = std::get_if<MemOpBatch>(&steps_.back()); batch && batch->size() < kMaxBatch) {
@@ -48,7 +48,7 @@ void StreamSchedule::write_value64(std::uint64_t* address, std::uint64_t value) 
 
 void StreamSchedule::copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
-  graph_.reset();
+  discard_graphs();
   ++operations_;
   steps_.emplace_back(Copy1D{reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), bytes});
 }
@@ -56,33 +56,57 @@ void StreamSchedule::copy(void* dst, const void* src, std::size_t bytes) {
 void StreamSchedule::copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
                              std::size_t width_bytes, std::size_t height) {
   if (width_bytes == 0 || height == 0) return;
-  graph_.reset();
+  discard_graphs();
   steps_.emplace_back(device_copy_2d("StreamSchedule.copy_2d", dst, dst_pitch, src, src_pitch, width_bytes, height));
   ++operations_;
 }
 
-void StreamSchedule::enqueue(CUstream stream) const {
+void StreamSchedule::enqueue(CUstream stream, bool as_graph) const {
   if (steps_.empty()) return;
-  const CudaDriver& driver = CudaDriver::get();
-  if (launches_as_graph()) {
-    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-    check_cuda(driver.stream_is_capturing(stream, &status), -1, "StreamSchedule.enqueue", "cuStreamIsCapturing");
-    if (status == CU_STREAM_CAPTURE_STATUS_NONE) {
-      CUcontext context = nullptr;
-      check_cuda(driver.ctx_get_current(&context), -1, "StreamSchedule.enqueue", "cuCtxGetCurrent");
-      if (!graph_ || graph_->context != context) graph_ = capture(context);
-      check_cuda(driver.graph_launch(graph_->exec, stream), -1, "StreamSchedule.enqueue", "cuGraphLaunch");
-      return;
+  if (as_graph && launches_as_graph() && !graphs_failed_) {
+    if (const Graph* graph = graph_for(stream)) {
+      // A failed launch enqueues nothing, so the operations can still go one by one.
+      if (CudaDriver::get().graph_launch(graph->exec, stream) == CUDA_SUCCESS) return;
+      graphs_failed_ = true;
     }
   }
   enqueue_each(stream);
 }
 
-std::shared_ptr<StreamSchedule::Graph> StreamSchedule::capture(CUcontext context) const {
+const StreamSchedule::Graph* StreamSchedule::graph_for(CUstream stream) const {
+  const CudaDriver& driver = CudaDriver::get();
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  check_cuda(driver.stream_is_capturing(stream, &status), -1, "StreamSchedule.enqueue", "cuStreamIsCapturing");
+  if (status != CU_STREAM_CAPTURE_STATUS_NONE) return nullptr;  // the caller's capture takes the operations
+  // The stream's own context: the graph must be instantiated where the stream launches it.
+  CUcontext context = nullptr;
+  check_cuda(driver.stream_get_ctx(stream, &context), -1, "StreamSchedule.enqueue", "cuStreamGetCtx");
+  for (const auto& graph : graphs_)
+    if (graph->context == context && graph->stream == stream) return graph.get();
+  if (graphs_.size() >= kMaxGraphs) return nullptr;
+  try {
+    graphs_.push_back(capture(context, stream));
+  } catch (const Error&) {
+    // A driver that cannot capture or instantiate these operations: the one-by-one path, which
+    // needs neither, serves every later call.
+    graphs_failed_ = true;
+    return nullptr;
+  }
+  return graphs_.back().get();
+}
+
+std::unique_ptr<StreamSchedule::Graph> StreamSchedule::capture(CUcontext context, CUstream stream) const {
   const CudaDriver& driver = CudaDriver::get();
   const char* op = "StreamSchedule.enqueue (capturing its graph)";
-  // A private stream of the current context, so that nothing else is captured with the
+  // In the stream's context, on a private stream, so that nothing else is captured with the
   // operations; relaxed mode, so that other threads' CUDA calls meanwhile are not refused.
+  check_cuda(driver.ctx_push_current(context), -1, op, "cuCtxPushCurrent");
+  struct ContextGuard {
+    ~ContextGuard() {
+      CUcontext popped = nullptr;
+      CudaDriver::get().ctx_pop_current(&popped);
+    }
+  } context_guard;
   CUstream private_stream = nullptr;
   check_cuda(driver.stream_create(&private_stream, CU_STREAM_NON_BLOCKING), -1, op, "cuStreamCreate");
   struct StreamGuard {
@@ -104,9 +128,10 @@ std::shared_ptr<StreamSchedule::Graph> StreamSchedule::capture(CUcontext context
     CUgraph graph;
     ~GraphGuard() { CudaDriver::get().graph_destroy(graph); }
   } graph_guard{graph};
-  auto result = std::make_shared<Graph>();
+  auto result = std::make_unique<Graph>();
   check_cuda(driver.graph_instantiate(&result->exec, graph, 0), -1, op, "cuGraphInstantiateWithFlags");
   result->context = context;
+  result->stream = stream;
   return result;
 }
 

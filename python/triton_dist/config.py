@@ -136,6 +136,12 @@ class Config:
     Triton's launcher, whose per-call binding cost an eager ag_gemm or gemm_rs tens of µs
     (TRITON_DIST_EAGER_TENSOR_DESCRIPTORS=1). Off until the GPU suites have run with it on."""
 
+    stream_schedule_graphs: bool = False
+    """Copy-engine protocols (:class:`triton_dist.StreamSchedule`) enqueue their fixed operations
+    as one CUDA-graph launch per call instead of a driver call each, most of an eager
+    GEMM+ReduceScatter's host time (TRITON_DIST_STREAM_SCHEDULE_GRAPHS=1). Off until run on GPUs:
+    a captured peer copy must still run on a copy engine (csrc/include/tdist/stream_schedule.h)."""
+
     @staticmethod
     def from_environment() -> "Config":
         heap = os.environ.get("TRITON_DIST_SYMMETRIC_HEAP_SIZE")
@@ -166,6 +172,7 @@ class Config:
             record_variants=os.environ.get("TRITON_DIST_RECORD_VARIANTS", ""),
             prebuilt_cache_dir=os.environ.get("TRITON_DIST_PREBUILT_CACHE_DIR", ""),
             eager_tensor_descriptors=_env_int("TRITON_DIST_EAGER_TENSOR_DESCRIPTORS", 0) != 0,
+            stream_schedule_graphs=_env_int("TRITON_DIST_STREAM_SCHEDULE_GRAPHS", 0) != 0,
         )
 
 

@@ -7,8 +7,10 @@ H200, eager timings in ``bench/results/h200-x2/gemm_rs.json``). The
 operations' addresses and values are fixed per shape (the protocols use 0/1 flags for exactly
 this reason: a CUDA graph replays them unchanged too), so a context records them once per shape
 and :meth:`StreamSchedule.enqueue` hands them to the C++ core in one call, which merges
-consecutive waits and writes into one ``cuStreamBatchMemOp`` and, from three driver calls, launches
-them as one CUDA graph captured at the first enqueue (csrc/include/tdist/stream_schedule.h).
+consecutive waits and writes into one ``cuStreamBatchMemOp`` and, with
+``Config.stream_schedule_graphs``, from three driver calls launches them as one CUDA graph per
+stream, captured at its first enqueue (csrc/include/tdist/stream_schedule.h says why it is off by
+default).
 
 Example (a chunked push to a peer, each chunk published by a flag)::
 
@@ -31,7 +33,10 @@ class StreamSchedule:
     addresses: the tensors must outlive the schedule (contexts keep both)."""
 
     def __init__(self):
+        from . import config
+
         self._schedule = _core().StreamSchedule()
+        self._as_graph = config.get().stream_schedule_graphs
 
     def wait(self, signals, index: int, value: int, cmp: str = "ge") -> "StreamSchedule":
         """Hold the stream until ``signals[index] >= value`` (``cmp="ge"``) or ``== value`` (``"eq"``)."""
@@ -66,13 +71,14 @@ class StreamSchedule:
         return self
 
     def enqueue(self, stream=None) -> None:
-        """Enqueue every operation on ``stream`` (default: current), in order: one launch of a CUDA
-        graph of them where :attr:`launches_as_graph` (the driver calls one by one cost most of an
-        eager GEMM+ReduceScatter's host time), else the driver calls. Safe under CUDA graph
-        capture (the operations become graph nodes)."""
+        """Enqueue every operation on ``stream`` (default: current), in order: with
+        ``Config.stream_schedule_graphs`` one launch of a CUDA graph of them where
+        :attr:`launches_as_graph` (the driver calls one by one cost most of an eager
+        GEMM+ReduceScatter's host time), else the driver calls. Safe under CUDA graph capture (the
+        operations become graph nodes)."""
         import torch
 
-        self._schedule.enqueue((stream or torch.cuda.current_stream()).cuda_stream)
+        self._schedule.enqueue((stream or torch.cuda.current_stream()).cuda_stream, self._as_graph)
 
     def __len__(self) -> int:
         return len(self._schedule)
@@ -86,5 +92,6 @@ class StreamSchedule:
     @property
     def launches_as_graph(self) -> bool:
         """Whether :meth:`enqueue` outside a CUDA graph capture is one launch of a graph of the
-        operations (made at the first such enqueue; three driver calls or more)."""
-        return self._schedule.launches_as_graph
+        operations (``Config.stream_schedule_graphs`` on, three driver calls or more; the graph of
+        a stream is made at its first such enqueue)."""
+        return self._as_graph and self._schedule.launches_as_graph

@@ -38,7 +38,9 @@ struct CudaDriver {
   decltype(&cuDeviceGetCount) device_get_count;                    // cuDeviceGetCount
   decltype(&cuDevicePrimaryCtxRetain) device_primary_ctx_retain;   // cuDevicePrimaryCtxRetain
   // A StreamSchedule's operations captured once into a CUDA graph (stream_schedule.h).
-  decltype(&cuCtxGetCurrent) ctx_get_current;                      // cuCtxGetCurrent
+  decltype(&cuStreamGetCtx) stream_get_ctx;                        // cuStreamGetCtx
+  decltype(&cuCtxPushCurrent) ctx_push_current;                    // cuCtxPushCurrent_v2
+  decltype(&cuCtxPopCurrent) ctx_pop_current;                      // cuCtxPopCurrent_v2
   decltype(&cuStreamIsCapturing) stream_is_capturing;              // cuStreamIsCapturing
   decltype(&cuStreamCreate) stream_create;                         // cuStreamCreate
   decltype(&cuStreamDestroy) stream_destroy;                       // cuStreamDestroy_v2

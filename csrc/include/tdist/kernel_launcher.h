@@ -115,6 +115,14 @@ class KernelLauncher {
   // must outlive the launcher. `name` and `rank` appear in errors.
   KernelLauncher(std::string name, int rank, CUfunction function, std::vector<ParamRule> rules,
                  KernelLaunchShape shape);
+  // kernel_params() points into the launcher's own storage: a copy would launch with the
+  // original's arguments.
+  KernelLauncher(const KernelLauncher&) = delete;
+  KernelLauncher& operator=(const KernelLauncher&) = delete;
+  // A move keeps the storage (the vectors' buffers move with it, and the pointers into them).
+  KernelLauncher(KernelLauncher&&) = default;
+  // As the move constructor.
+  KernelLauncher& operator=(KernelLauncher&&) = default;
 
   // Checks `values` (one per rule, in the kernel's order of runtime arguments) and writes them
   // into the parameter block, all but the tensor descriptors' (launch() encodes those: a driver

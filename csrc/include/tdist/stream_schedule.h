@@ -6,11 +6,15 @@
 //
 // Even those driver calls were most of an eager GEMM+ReduceScatter's host time: its two schedules
 // took ~450 µs a call under cProfile (one H100, two ranks under MPS, 2026-12-07; 318 µs per
-// gemm_rs call unprofiled). So a schedule of kGraphMinDriverCalls or more is captured once into a
-// CUDA graph and each enqueue is one cuGraphLaunch: the same operations in the same order on the
-// same stream (a launch is ordered behind the stream's earlier work and behind earlier launches of
-// its graph). Inside a capture the operations are enqueued one by one as before and become the
-// caller's graph nodes.
+// gemm_rs call unprofiled). So, when asked (enqueue's `as_graph`; Python: the
+// Config.stream_schedule_graphs switch), a schedule of kGraphMinDriverCalls or more is captured
+// once per (context, stream) into a CUDA graph and each enqueue is one cuGraphLaunch: the same
+// operations in the same order on that stream. One graph per stream, because launches of one
+// executable graph wait for each other whatever their streams, which would order streams that the
+// operations alone leave independent. Not yet the default: whether the driver runs a captured
+// peer copy on a copy engine, as it runs cuMemcpyDtoDAsync, is unverified, and a copy that needs
+// SMs would wait behind a GEMM that holds every SM while it waits for that copy. Inside a capture,
+// where graphs fail, or past kMaxGraphs streams, the operations are enqueued one by one as before.
 #pragma once
 
 #include <cuda.h>
@@ -42,14 +46,30 @@ class StreamSchedule {
   void copy_2d(void* dst, std::size_t dst_pitch, const void* src, std::size_t src_pitch,
                std::size_t width_bytes, std::size_t height);
 
+  // No operations.
+  StreamSchedule() = default;
+  // A copy records the same operations and makes its own graphs (file notes: one per stream).
+  StreamSchedule(const StreamSchedule& other) : steps_(other.steps_), operations_(other.operations_) {}
+  // As the copy constructor: the operations, not the graphs.
+  StreamSchedule& operator=(const StreamSchedule& other) {
+    if (this != &other) {
+      steps_ = other.steps_;
+      operations_ = other.operations_;
+      graphs_.clear();
+    }
+    return *this;
+  }
+
   // Enqueues every recorded operation on `stream`, in order (file notes: as one graph launch
-  // where launches_as_graph() and `stream` is not capturing). Safe under stream capture. The
-  // graph is made at the first such enqueue in the current context; operations recorded after it
-  // discard it.
-  void enqueue(CUstream stream) const;
+  // where `as_graph`, launches_as_graph() and `stream` is not capturing). Safe under stream
+  // capture. A stream's graph is made at its first such enqueue; recording discards them all. Not
+  // thread-safe (Python calls it under the GIL).
+  void enqueue(CUstream stream, bool as_graph = false) const;
 
   // Fewest driver calls for which enqueue() launches a graph: below, the calls cost no more.
   static constexpr std::size_t kGraphMinDriverCalls = 3;
+  // Most (context, stream) graphs kept per schedule; more streams enqueue one by one.
+  static constexpr std::size_t kMaxGraphs = 4;
 
   // Operations recorded.
   std::size_t size() const { return operations_; }
@@ -67,10 +87,11 @@ class StreamSchedule {
   using MemOpBatch = std::vector<CUstreamBatchMemOpParams>;
   using Step = std::variant<MemOpBatch, Copy1D, CUDA_MEMCPY2D>;
 
-  // The operations as an instantiated graph of one context; destroys it (ignoring errors: the
-  // context may be gone at exit).
+  // The operations as an instantiated graph for one stream of one context; destroys it (ignoring
+  // errors: the context may be gone at exit).
   struct Graph {
     CUcontext context = nullptr;
+    CUstream stream = nullptr;
     CUgraphExec exec = nullptr;
     Graph() = default;
     Graph(const Graph&) = delete;
@@ -79,13 +100,16 @@ class StreamSchedule {
   };
 
   void add_memop(const CUstreamBatchMemOpParams& op);
+  void discard_graphs() { graphs_.clear(); graphs_failed_ = false; }
   void enqueue_each(CUstream stream) const;
-  std::shared_ptr<Graph> capture(CUcontext context) const;
+  // `stream`'s graph, captured now if it has none; null where graphs cannot serve it.
+  const Graph* graph_for(CUstream stream) const;
+  std::unique_ptr<Graph> capture(CUcontext context, CUstream stream) const;
 
   std::vector<Step> steps_;
   std::size_t operations_ = 0;
-  // Shared by copies of the schedule (same operations); reset by every recording call.
-  mutable std::shared_ptr<Graph> graph_;
+  mutable std::vector<std::unique_ptr<Graph>> graphs_;  // per (context, stream); see kMaxGraphs
+  mutable bool graphs_failed_ = false;  // a capture or launch failed: enqueue one by one from then on
 };
 
 }  // namespace tdist

@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     sms = dense.num_sms(a.device)
     contenders = {"cublas": lambda: torch.matmul(a, b.t(), out=out)}
     for config in args.config or [dense.pick_gemm_config(m, n, k, sms)]:
+        if args.split_k is not None and config not in split_k.CONFIG_NAMES:
+            raise SystemExit(f"profile_gemm: --split-k applies to the split-K configs {sorted(split_k.CONFIG_NAMES)}, "
+                             f"not {config!r}")
         if config in split_k.CONFIG_NAMES and args.split_k is not None:
             contenders[f"{config}/s{args.split_k}"] = (
                 lambda c=config: split_k.gemm_split_k(a, b, out, c, sms, split_k=args.split_k))

@@ -146,8 +146,7 @@ def pick_gemm_config(m: int, n: int, k: int, num_sms: int) -> str:
     GEMM only. It never picks the wave-tail configs (:mod:`~triton_dist.kernels.gemm.wave_tail`):
     not yet measured on a GPU, they are there for bench/gemm.py to time beside their bases."""
     if m <= _split_k.SPLIT_K_MAX_M:
-        bm = max(32, _split_k.block_for(m))
-        return "split_k_m128_n64" if bm == 128 else f"split_k_m{bm}"
+        return _split_k.default_config(m)
     return least_wave_work(lambda c: triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"]), num_sms)
 
 

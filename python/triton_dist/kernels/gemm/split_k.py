@@ -123,6 +123,14 @@ def block_for(m: int) -> int:
     raise ValueError(f"triton_dist split-K GEMM: M = {m} rows; the split-K configs take at most {SPLIT_K_MAX_M}")
 
 
+def default_config(m: int) -> str:
+    """The split-K config :func:`~triton_dist.kernels.gemm.dense.gemm` takes by default for ``m <=
+    SPLIT_K_MAX_M`` rows (:func:`~triton_dist.kernels.gemm.dense.pick_gemm_config` says why): at
+    least 32-row blocks, and from 65 rows ``"split_k_m128_n64"``."""
+    bm = max(32, block_for(m))
+    return "split_k_m128_n64" if bm == 128 else f"split_k_m{bm}"
+
+
 def config_params(config: str) -> dict | None:
     """The parameters (``BM``, ``BN``, ``BK``, ``NUM_STAGES``, ``num_warps``) of a split-K config
     name of :data:`CONFIG_NAMES`, None for any other name."""
@@ -133,8 +141,8 @@ def config_params(config: str) -> dict | None:
 
 
 def pick_split_k(m: int, n: int, k: int, num_sms: int, config: str | None = None) -> int:
-    """Slices of K for an ``m x n x k`` GEMM on ``num_sms`` SMs with ``config`` (default: the
-    smallest block holding ``m``): a fixed rule, from 1 to :data:`MAX_SLICES`, each slice at least
+    """Slices of K for an ``m x n x k`` GEMM on ``num_sms`` SMs with ``config`` (default:
+    :func:`default_config`'s): a fixed rule, from 1 to :data:`MAX_SLICES`, each slice at least
     :data:`MIN_SLICE_STEPS` K steps (so one slice when K is short). Among those, the fewest slices
     whose estimated time is within :data:`SLICE_TIE` of the least, in K steps of B: a program's
     work is its tile's K steps plus :data:`TILE_OVERHEAD_STEPS` plus its fp32 partial (``2 * m /
@@ -143,7 +151,7 @@ def pick_split_k(m: int, n: int, k: int, num_sms: int, config: str | None = None
     (:data:`STREAMING_SHARE` of the SMs); the last program adds its read of ``split_k`` partials.
     So a few rows cut K only until enough programs stream B, 128 rows until the SMs are full,
     without a second wave that costs more than it saves."""
-    params = config_params(config) if config else config_params(f"split_k_m{block_for(m)}")
+    params = config_params(config or default_config(m))
     if params is None:
         raise ValueError(f"triton_dist split-K GEMM: unknown config {config!r}; one of {sorted(CONFIG_NAMES)}")
     steps = triton.cdiv(k, params["BK"])
