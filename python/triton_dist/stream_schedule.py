@@ -32,11 +32,13 @@ class StreamSchedule:
     each with the semantics of its one-shot counterpart in :mod:`triton_dist.signals`. Records raw
     addresses: the tensors must outlive the schedule (contexts keep both)."""
 
-    def __init__(self):
+    def __init__(self, as_graph: bool | None = None):
+        """``as_graph``: enqueue as one CUDA-graph launch (see :meth:`enqueue`); None takes
+        ``Config.stream_schedule_graphs``."""
         from . import config
 
         self._schedule = _core().StreamSchedule()
-        self._as_graph = config.get().stream_schedule_graphs
+        self._as_graph = config.get().stream_schedule_graphs if as_graph is None else bool(as_graph)
 
     def wait(self, signals, index: int, value: int, cmp: str = "ge") -> "StreamSchedule":
         """Hold the stream until ``signals[index] >= value`` (``cmp="ge"``) or ``== value`` (``"eq"``)."""

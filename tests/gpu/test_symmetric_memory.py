@@ -220,3 +220,41 @@ def test_stream_schedule_replays_a_chunked_push_eagerly_and_in_a_graph():
         send.copy(dst[:10], src[:11])
     with pytest.raises(IndexError, match="out of range"):
         send.write(pad.signals, chunks, 1)
+
+
+@pytest.mark.parametrize("as_graph", [False, True])
+def test_a_stream_schedule_publishes_chunks_to_the_peer(as_graph):
+    """A StreamSchedule of copy-engine copies into the right neighbour, each published by a 0/1
+    flag, then waits for the left neighbour's flags (resetting them): the fixed operations of a
+    copy-engine protocol, enqueued one by one or as one CUDA-graph launch per call, 100 calls with
+    fresh data, every element checked."""
+    me, world = tdist.rank(), tdist.world_size()
+    right, left = (me + 1) % world, (me - 1) % world
+    chunks, chunk = 6, 40_003  # odd sizes
+    flags = tdist.SignalPad(chunks)
+    inbox = tdist.symm_empty((chunks * chunk, ), torch.float32)
+    src = torch.empty(chunks * chunk, device="cuda")
+    peer_inbox, peer_flags = tdist.peer_tensor(inbox, right), tdist.peer_tensor(flags.signals, right)
+    schedule = tdist.StreamSchedule(as_graph=as_graph)
+    for c in range(chunks):
+        part = slice(c * chunk, (c + 1) * chunk)
+        schedule.copy(peer_inbox[part], src[part]).write(peer_flags, c, 1)
+    for c in range(chunks):
+        schedule.wait(flags.signals, c, 1, "eq").write(flags.signals, c, 0)
+    assert schedule.launches_as_graph == as_graph
+    torch.cuda.synchronize()
+    tdist.barrier()
+    ok = True
+    for it in range(100):
+        inbox.fill_(float("nan"))  # poison: the neighbour writes only after the barrier below
+        src.copy_(torch.randn(src.shape, generator=rank_generator(it, me), device="cuda"))
+        torch.cuda.synchronize()
+        tdist.barrier()
+        schedule.enqueue()
+        got = inbox.clone()  # ordered after the waits on this stream
+        expected = torch.randn(src.shape, generator=rank_generator(it, left), device="cuda")
+        ok = ok and torch.equal(got, expected)
+        torch.cuda.synchronize()
+        tdist.barrier()  # nobody overwrites an inbox before its owner read it
+    all_ranks_agree(ok, f"StreamSchedule(as_graph={as_graph}): a chunk arrived wrong or incomplete")
+    assert int(flags.signals.to(torch.int64).sum()) == 0  # every flag reset by the schedule
