@@ -262,4 +262,6 @@ def argument_rules(runtime_params, specialization, args: tuple, tensordesc_meta=
         rules.types.append(kind)
         rules.divisible.append(attr == "D")
         rules.dtypes.append(arg.dtype if kind[0] == "*" else None)
+    if next(descriptors, None) is not None:
+        return None  # more descriptor entries than descriptor arguments: not the layout this expects
     return rules
