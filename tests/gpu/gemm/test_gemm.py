@@ -39,6 +39,32 @@ def _check_same_bits_every_call(what, a, b, run, calls):
                                                 f"error/tolerance {err}")
 
 
+def _check_graph_replays(what, a, b, run, *, captured_calls, replays, seed):
+    """``run(out)`` once uncaptured (compiles, makes the device's ticket counters), then
+    ``captured_calls`` times in a CUDA graph; each of ``replays`` replays with a new A (seed
+    ``seed + replay``) into a NaN-poisoned ``out`` must be right and the same bits as an eager
+    ``run`` of the same inputs."""
+    out = torch.empty((a.shape[0], b.shape[0]), device="cuda", dtype=a.dtype)
+    run(out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for _ in range(captured_calls):
+            run(out)
+    errors, same = [], []
+    for replay in range(replays):
+        a.copy_(rank_randn(tuple(a.shape), a.dtype, seed + replay))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        errors.append(tolerance_ratio(out, a.float() @ b.float().T))
+        eager = torch.empty_like(out)
+        run(eager)
+        same.append(torch.equal(out, eager))
+    all_ranks_agree(all(e < _TOL for e in errors) and all(same),
+                    f"{what} graph replays: error/tolerance {errors}, same bits as eager {same}")
+
+
 def _check_gemm(m, n, k, dtype, config, seed):
     """``gemm`` into a NaN-poisoned ``out`` against the fp32 reference, on every rank."""
     a, b = rank_randn((m, k), dtype, seed), rank_randn((n, k), dtype, seed + 1)
@@ -110,23 +136,8 @@ def test_split_k_gemm_cuda_graph_replay():
     m, n, k, config = 16, 520, 8248, "split_k_m16"
     a = rank_randn((m, k), torch.bfloat16, 41)
     b = rank_randn((n, k), torch.bfloat16, 42)
-    out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-    gemm(a, b, out=out, config=config)  # uncaptured first: compiles, and makes the device's counters
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        gemm(a, b, out=out, config=config)
-        gemm(a, b, out=out, config=config)
-    errors, same = [], []
-    for replay in range(3):
-        a.copy_(rank_randn((m, k), torch.bfloat16, 50 + replay))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        errors.append(tolerance_ratio(out, a.float() @ b.float().T))
-        same.append(torch.equal(out, gemm(a, b, config=config)))
-    all_ranks_agree(all(e < _TOL for e in errors) and all(same),
-                    f"split-K graph replays: error/tolerance {errors}, same bits as eager {same}")
+    _check_graph_replays("split-K", a, b, lambda out: gemm(a, b, out=out, config=config), captured_calls=2,
+                         replays=3, seed=50)
 
 
 def test_default_gemm_captured_before_any_uncaptured_call(monkeypatch):
@@ -206,24 +217,8 @@ def test_wave_tail_gemm_cuda_graph_replay():
     config = "large_tail_split"
     m, n, k = _WAVE_TAIL_CUT[config]
     a, b = rank_randn((m, k), torch.bfloat16, 93), rank_randn((n, k), torch.bfloat16, 94)
-    out = torch.empty((m, n), device="cuda", dtype=torch.bfloat16)
-    wave_tail.gemm_wave_tail(a, b, out, config, 132)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        wave_tail.gemm_wave_tail(a, b, out, config, 132)
-    errors, same = [], []
-    for replay in range(2):
-        a.copy_(rank_randn((m, k), torch.bfloat16, 95 + replay))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        errors.append(tolerance_ratio(out, a.float() @ b.float().T))
-        eager = torch.empty_like(out)
-        wave_tail.gemm_wave_tail(a, b, eager, config, 132)
-        same.append(torch.equal(out, eager))
-    all_ranks_agree(all(e < _TOL for e in errors) and all(same),
-                    f"wave-tail graph replays: error/tolerance {errors}, same bits as eager {same}")
+    _check_graph_replays("wave-tail", a, b, lambda out: wave_tail.gemm_wave_tail(a, b, out, config, 132),
+                         captured_calls=1, replays=2, seed=95)
 
 
 @pytest.mark.parametrize("producer", ["ce_push", "sm_push", "sm_2d"])
