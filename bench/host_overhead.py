@@ -92,6 +92,31 @@ def profile(name: str, fn, calls: int = 200) -> None:
               + "\n".join(line for line in text.getvalue().splitlines() if line.strip()), flush=True)
 
 
+def breakdown(world: int, device, dtype) -> list[tuple[str, float]]:
+    """Host µs per call of the parts of an 8 KiB ``ops.all_reduce`` (``--breakdown``): what a
+    bare launch costs on this host (under MPS too), against what the op's Python adds."""
+    import torch
+
+    from triton_dist.kernels.common import call_counter
+
+    x = torch.randn(4096, device=device).to(dtype)
+    y = torch.empty_like(x)
+    ops.all_reduce(x, out=y)
+    context = ops._cached_context("all_reduce", dtype, x.numel() * x.element_size())
+    counter = torch.zeros(1, dtype=torch.int64, device=device)
+    parts = [
+        ("torch.empty 8 KiB", lambda: torch.empty(4096, device=device, dtype=dtype)),
+        ("x.add(1)", lambda: x.add(1)),
+        ("y.copy_(x)", lambda: y.copy_(x)),
+        ("call counter bump (one C++ launch)", lambda: call_counter.bump(counter)),
+        ("context.run(x, y, 'll')", lambda: context.run(x, y, "ll")),
+        ("ops.all_reduce(x, out=y, method='ll')", lambda: ops.all_reduce(x, out=y, method="ll")),
+        ("ops.all_reduce(x, out=y)", lambda: ops.all_reduce(x, out=y)),
+        ("ops.all_reduce(x)", lambda: ops.all_reduce(x)),
+    ]
+    return [(name, issue_us(fn)) for name, fn in parts]
+
+
 def _cases(world: int, device, dtype, shared: bool):
     """``(name, shape, ours, torch_timed, reference)``: zero-argument callables. ``ours`` returns
     our result, ``reference`` the torch one it is checked against, ``torch_timed`` is the torch
@@ -181,6 +206,8 @@ def main() -> int:
                         help="comma-separated ops to time (default: all six)")
     parser.add_argument("--profile", action="store_true",
                         help="also print, on rank 0, where each op's host time goes (cProfile of 200 calls)")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also print the host µs of an 8 KiB all_reduce's parts (bare launches, torch ops)")
     args = parser.parse_args()
 
     import torch
@@ -194,6 +221,9 @@ def main() -> int:
     wanted = set(args.ops.split(","))
     baseline = "torch_local_us" if shared else "torch_us"
     records = []
+    if args.breakdown:
+        for part, us in breakdown(world, device, dtype):
+            log(f"breakdown: {part}: {us:.1f} us per call")
     for name, shape, ours, torch_timed, reference in _cases(world, device, dtype, shared):
         if name not in wanted:
             continue

@@ -148,7 +148,7 @@ def test_bad_inputs():
     raises_everywhere(lambda: ops.all_gather(torch.ones(16)), ValueError, "CUDA|cuda")
     raises_everywhere(lambda: ops.all_gather(torch.ones(4, 4, device="cuda").t()), ValueError, "contiguous")
     raises_everywhere(lambda: ops.all_gather(x, method="ring9"), ValueError, "method")
-    raises_everywhere(lambda: ops.all_gather(x, out=torch.empty(16, device="cuda")), ValueError, "out")
+    raises_everywhere(lambda: ops.all_gather(x, out=torch.empty(world * 16 + 1, device="cuda")), ValueError, "out")
     raises_everywhere(lambda: ops.all_gather(x, out=torch.empty(world * 16, device="cuda", dtype=torch.bfloat16)),
                       ValueError, "out")
     small = AllGatherContext(1024, torch.float32)
