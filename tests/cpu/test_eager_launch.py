@@ -213,11 +213,12 @@ def test_descriptor_kernels_launch_from_cpp_only_when_asked(monkeypatch):
     kwargs = {**meta, **options}
     variant = types.SimpleNamespace(name=compiled.name, function=0x1, metadata=compiled.metadata)
 
+    monkeypatch.setattr(config, "_current", config.Config(eager_tensor_descriptors=False))
     launches = eager_launch.EagerLaunches(kernel)
     launches.learn(variant, args, kwargs)
-    assert launches.variants() == 0  # off by default: Triton's launcher encodes them
+    assert launches.variants() == 0  # switched off: Triton's launcher encodes them
 
-    monkeypatch.setattr(config, "_current", config.Config(eager_tensor_descriptors=True))
+    monkeypatch.setattr(config, "_current", config.Config())  # on by default
     launches = eager_launch.EagerLaunches(kernel)
     launches.learn(variant, args, kwargs)
     assert launches.variants() == 1
