@@ -21,28 +21,35 @@ def _gen(seed):
 
 
 def _reference(q, ks, vs, scale, soft_cap, causal=True):
-    """fp32 attention of ``q [B, T, Hq, D]`` over ``ks[b]``/``vs[b]`` ``[L_b, Hkv, D]``: ``(out, lse)``."""
-    batch, tokens, q_heads, _ = q.shape
+    """fp32 attention of ``q [B, T, Hq, D]`` over ``ks[b]``/``vs[b]`` ``[L_b, Hkv, D]``: ``(out, lse)``.
+    One KV head at a time, never a KV tensor repeated over its query heads: at 128K tokens that
+    copy was 2 GiB, and eight ranks on one GPU ran out of memory making it (2026-12-07)."""
+    batch, tokens, q_heads, dim = q.shape
     outs, lses = [], []
     for b in range(batch):
-        k, v = ks[b].float(), vs[b].float()
-        group = q_heads // k.shape[1]
-        k = k.repeat_interleave(group, dim=1)  # [L, Hq, D]
-        v = v.repeat_interleave(group, dim=1)
-        s = torch.einsum("thd,lhd->thl", q[b].float(), k) * scale
-        if soft_cap is not None:
-            s = soft_cap * torch.tanh(s / soft_cap)
-        length = k.shape[0]
-        if causal and length:
-            pos = torch.arange(length, device=q.device)
-            last = length - tokens + torch.arange(tokens, device=q.device)
-            s = s.masked_fill(pos[None, None, :] > last[:, None, None], float("-inf"))
+        length, kv_heads = ks[b].shape[0], ks[b].shape[1]
+        group = q_heads // kv_heads
         if length == 0:
             outs.append(torch.zeros(q[b].shape, device=q.device))
             lses.append(torch.full(q[b].shape[:2], float("-inf"), device=q.device))
             continue
-        lse = torch.logsumexp(s, dim=-1)
-        outs.append(torch.einsum("thl,lhd->thd", torch.softmax(s, dim=-1), v))
+        if causal:
+            pos = torch.arange(length, device=q.device)
+            last = length - tokens + torch.arange(tokens, device=q.device)
+            future = pos[None, None, :] > last[:, None, None]  # [T, 1, L]
+        out = torch.empty(tokens, q_heads, dim, device=q.device)
+        lse = torch.empty(tokens, q_heads, device=q.device)
+        for h in range(kv_heads):
+            heads = slice(h * group, (h + 1) * group)
+            k, v = ks[b][:, h].float(), vs[b][:, h].float()  # [L, D]
+            s = torch.einsum("tgd,ld->tgl", q[b, :, heads].float(), k) * scale
+            if soft_cap is not None:
+                s = soft_cap * torch.tanh(s / soft_cap)
+            if causal:
+                s = s.masked_fill(future, float("-inf"))
+            lse[:, heads] = torch.logsumexp(s, dim=-1)
+            out[:, heads] = torch.einsum("tgl,ld->tgd", torch.softmax(s, dim=-1), v)
+        outs.append(out)
         lses.append(lse)
     return torch.stack(outs), torch.stack(lses)
 
