@@ -296,12 +296,15 @@ class GemmReduceScatterContext(OverlappedGemmContext):
             raise ValueError(f"{op}: 2 * max_m * n = {2 * max_m * n} elements is too large (< 2**31)")
         self.max_m = max_m
         self.n = n
-        if reduce_sms is None:  # at most half the SMs when there are few (ranks sharing a GPU)
-            reduce_sms = max(1, min(REDUCE_SMS, self.num_sms // 2))
+        if reduce_sms is None:  # at most half the SMs the headroom leaves (ranks sharing a GPU)
+            reduce_sms = max(1, min(REDUCE_SMS, (self.num_sms - _residency.headroom_sms()) // 2))
         if isinstance(reduce_sms, bool) or not isinstance(reduce_sms, int) or not 0 < reduce_sms < self.num_sms:
             raise ValueError(f"{op}: reduce_sms must be an int in [1, {self.num_sms - 1}], got {reduce_sms!r}")
         self.reduce_sms = reduce_sms
-        self.max_programs = self.num_sms - reduce_sms
+        # "push"/"pull": the reduce spins beside this process's GEMM, which under an MPS cap needs
+        # the same headroom as ag_gemm's push (world 8 on one H100, 2026-12-07: every rank's reduce
+        # timed out in the 500-call back-to-back "push" test with the GEMM on all the other SMs).
+        self.max_programs = _residency.max_waiting_programs(self.device, reserved=reduce_sms, what=op)
         # "fused_ce"'s GEMM waits for the peers' copies, which need SMs when ranks share a GPU.
         self.ce_programs = _residency.max_waiting_programs(self.device, what=op, waits_for_copies=True)
         bm, bn_min = _config_blocks()
