@@ -8,6 +8,8 @@ import faulthandler
 import os
 from pathlib import Path
 
+from .. import config as _config
+
 # NVLink multicast stays off on shared machines (docs/design.md §3); scripts/env.sh sets the same.
 _MULTICAST_OFF = (("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"))
 
@@ -19,7 +21,11 @@ def argument_parser(description: str, results_root: Path) -> argparse.ArgumentPa
     parser.add_argument("--heap-size", default="4G", help="symmetric heap per rank (default 4G)")
     parser.add_argument("--timeout-s", type=float, default=900.0,
                         help="dump every thread's stack and exit if the run takes longer (default 900)")
-    parser.add_argument("--out", default=str(results_root), help=f"results root (default {results_root})")
+    # The environment's root wins over the script's own: gpu-test and the device tool's callers
+    # point TRITON_DIST_RESULTS_DIR at a folder that comes back, and a default taken here hid it.
+    given = _config.get().results_dir
+    parser.add_argument("--out", default=given or str(results_root),
+                        help=f"results root (default: Config.results_dir, TRITON_DIST_RESULTS_DIR, else {results_root})")
     return parser
 
 
