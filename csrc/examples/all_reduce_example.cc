@@ -27,7 +27,6 @@
 #include "tdist/prebuilt_kernel.h"
 #include "tdist/runtime.h"
 #include "tdist/signal_pad.h"
-#include "tdist/stream_ops.h"
 
 namespace {
 
@@ -100,13 +99,19 @@ bool all_reduce_and_check(tdist::Runtime& runtime, CUdevice device) {
   auto x = heap.allocate(bytes, "x");
   auto out = heap.allocate(bytes, "out");
   auto stage = heap.allocate(2 * std::size_t(tiles) * block * sizeof(float), "stage (two halves)");
-  auto epoch = heap.allocate(sizeof(std::uint64_t), "call counter");
+  // The call counter: the epoch of the last call, then the count of the running call's programs
+  // that have entered. The kernel is its call: it runs at one past the epoch and its last program
+  // to enter advances it (call_counter.enter_call), so the host zeroes it once, before the first.
+  auto calls = heap.allocate(2 * sizeof(std::uint64_t), "call counter");
   tdist::SignalPad signals(heap, std::size_t(world) * max_programs, "all_reduce_example");
 
-  // Signals start at 0 (epochs start at 1), on every rank before any rank's first signal lands.
+  // Signals start at 0 (epochs start at 1), on every rank before any rank's first signal lands;
+  // so does the call counter.
   const std::vector<std::uint64_t> zeros(signals.size(), 0);
   tdist::check_cuda(cuda.memcpy_htod(address(signals.local()), zeros.data(), zeros.size() * sizeof(zeros[0])), rank,
                     kOp, "cuMemcpyHtoD");
+  const std::uint64_t no_calls[2] = {0, 0};
+  tdist::check_cuda(cuda.memcpy_htod(address(calls->local()), no_calls, sizeof(no_calls)), rank, kOp, "cuMemcpyHtoD");
   // A copy from pageable memory may return before it lands: it must have landed before any peer,
   // let through by the barrier, signals this pad.
   tdist::check_cuda(cuda.ctx_synchronize(), rank, kOp, "cuCtxSynchronize");
@@ -132,13 +137,10 @@ bool all_reduce_and_check(tdist::Runtime& runtime, CUdevice device) {
   for (int call = 0; call < kCalls; ++call) {
     for (int i = 0; i < kNumel; ++i) host[i] = input(rank, call, i);
     tdist::check_cuda(cuda.memcpy_htod(address(x->local()), host.data(), bytes), rank, kOp, "cuMemcpyHtoD");
-    // The kernel reads its epoch from device memory, written in stream order as the Python
-    // context's counter bump is (a CUDA graph could capture this call as it stands).
-    tdist::stream_write_value64(stream, static_cast<std::uint64_t*>(epoch->local()), signals.next_epoch());
     all_reduce.launch({programs, 1, 1}, stream,
                       {tdist::pointer_arg(x->local()), tdist::pointer_arg(out->local()),
                        tdist::pointer_arg(stage->local()), tdist::pointer_arg(signals.local()), tdist::i32_arg(kNumel),
-                       tdist::pointer_arg(epoch->local()), tdist::i32_arg(tiles)});
+                       tdist::pointer_arg(calls->local()), tdist::i32_arg(tiles)});
     tdist::check_cuda(cuda.ctx_synchronize(), rank, kOp, "cuCtxSynchronize (the kernel failed)");
     tdist::check_cuda(cuda.memcpy_dtoh(host.data(), address(out->local()), bytes), rank, kOp, "cuMemcpyDtoH");
     for (int i = 0; i < kNumel; ++i) {

@@ -16,7 +16,7 @@ _ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # What csrc/examples/all_reduce_example.cc passes, in order: change both together.
 _PARAMS = ["param x *fp32 D", "param out *fp32 D", "param stage *fp32 D", "param signals *u64 D",
-           "param n i32 -", "param epoch_ptr *i64 D", "param half_tiles i32 -"]
+           "param n i32 -", "param calls *i64 D", "param half_tiles i32 -"]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def test_the_three_files_are_written(written):
 
 def test_the_manifest_gives_the_launch_and_the_kernels_parameters(written):
     lines = [line for line in _manifest(written[0]) if not line.startswith("#")]
-    assert lines[:6] == ["tdist-prebuilt 1", "symbol all_reduce_one_shot_kernel", "threads 256", "shared 0",
+    assert lines[:6] == ["tdist-prebuilt 1", "symbol all_reduce_one_shot_kernel", "threads 256", "shared 8",
                          "cooperative 0", "pdl 0"]
     assert lines[6:9] == ["constexpr WORLD 2", "constexpr MAX_PROGRAMS 128", "constexpr BLOCK 2048"]
     assert lines[9:] == ["params 7"] + _PARAMS

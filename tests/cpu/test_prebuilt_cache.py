@@ -319,3 +319,20 @@ def test_the_first_compile_message_says_how_to_prebuild_once(monkeypatch, capsys
     assert "not in the prebuilt set" in first and "TRITON_DIST_RECORD_VARIANTS=FILE" in first
     assert "python -m triton_dist.prebuilt_cache --variants FILE" in first
     assert "not in the prebuilt set" in second and "TRITON_DIST_RECORD_VARIANTS" not in second
+
+
+def test_every_shipped_variant_names_its_kernels_parameters():
+    """The shipped list (python/triton_dist/prebuilt/variants.jsonl) keys signatures by parameter
+    name: a kernel whose parameter was renamed since it was recorded would no longer compile from
+    it, and its op would compile on first use again."""
+    import importlib
+
+    stale = []
+    for r in variant_list.read([prebuilt_cache.default_variant_list()]):
+        kernel = getattr(importlib.import_module(r.variant.module), r.variant.name)
+        fn = kernel
+        while not isinstance(fn, triton.runtime.JITFunction):  # DistributedKernel -> JITFunction
+            fn = fn.fn
+        if set(r.variant.signature) != set(fn.arg_names):
+            stale.append(f"{r.variant.name}: {sorted(set(r.variant.signature) ^ set(fn.arg_names))}")
+    assert not stale, stale

@@ -51,6 +51,22 @@ def without_wait_timeout_report(ptx: str) -> str:
     return _WAIT_TIMEOUT_REPORT.sub("", ptx)
 
 
+# The ticket of call_counter.enter_call: the count of programs that entered a one-kernel call and
+# its reset (64-bit, GPU scope), once per program.
+_CALL_ENTRY = re.compile(
+    r"^[ \t]*(@%p\d+ )?atom\.global\.gpu\.(acq_rel\.add\.u64|relaxed\.exch\.b64)[^\n]*\n", re.M)
+
+
+def without_call_entry(ptx: str) -> str:
+    """``ptx`` without the two atomics of :func:`~triton_dist.kernels.common.call_counter.enter_call`
+    (a kernel that is its call advances the call counter), for tests that ask which atomics a
+    kernel's own protocol uses; raises if they are not there exactly once each."""
+    found = sorted(m.group(2) for m in _CALL_ENTRY.finditer(ptx))
+    if found != ["acq_rel.add.u64", "relaxed.exch.b64"]:
+        raise AssertionError(f"expected enter_call's two atomics once each, found {found}")
+    return _CALL_ENTRY.sub("", ptx)
+
+
 def _ptxas_report(ptx: str) -> str:
     """What the ptxas that Triton ships prints with ``-v`` for ``ptx`` on sm_90a."""
     import os

@@ -11,7 +11,8 @@ import pytest
 from triton_dist.kernels.collectives import allgather, policy
 from triton_dist.kernels.common import ring
 from triton_dist.kernels.common.signal_layout import SignalLayout
-from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls, without_wait_timeout_report
+from triton_dist.tools.compile_check import (compile_for_hopper, ptx_calls, without_call_entry,
+                                             without_wait_timeout_report)
 
 _SPIN = "ld.acquire.sys.global.u64"
 _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
@@ -23,7 +24,7 @@ def _push(dt, world=2, aligned=True, kernel=allgather.all_gather_push_kernel):
     """``kernel``: sm_push's, or the ring's (the same signature)."""
     return compile_for_hopper(kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "gathered": f"*{dt}", "signals": "*u64", "n": "i32",
-                               "epoch_ptr": "*i64", "slot_tiles": "i32"},
+                               "calls": "*i64", "slot_tiles": "i32"},
                               dict(WORLD=world, MAX_PROGRAMS=128, BLOCK=2048, ALIGNED=aligned),
                               num_warps=8).asm["ptx"]
 
@@ -31,7 +32,7 @@ def _push(dt, world=2, aligned=True, kernel=allgather.all_gather_push_kernel):
 def _ll(dt, world=2):
     return compile_for_hopper(allgather.all_gather_ll_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "ll": "*i64", "n": "i32", "words": "i32",
-                               "epoch_ptr": "*i64"},
+                               "calls": "*i64"},
                               dict(WORLD=world, LL_SLOT=4 * allgather.LL_BLOCK, BLOCK_W=allgather.LL_BLOCK,
                                    ELEMS=4 // _DTYPES[dt]), num_warps=8).asm["ptx"]
 
@@ -75,8 +76,9 @@ def test_ll_compiles_with_combined_stores_and_no_signals(dt, world):
     # Data and flag travel in one 64-bit relaxed store at system scope, one per word.
     assert re.search(r"st\.relaxed\.sys\.global\.b64", ptx)
     assert re.search(r"ld\.relaxed\.sys\.global\.b64", ptx)
-    # No separate signal: no atomics, no acquire spins, no fences (but the timeout report's).
-    protocol = without_wait_timeout_report(ptx)
+    # No separate signal: no atomics, no acquire spins, no fences (but the timeout report's and
+    # the call counter's, enter_call).
+    protocol = without_call_entry(without_wait_timeout_report(ptx))
     assert not re.search(_ANY_ATOMIC, protocol)
     assert _SPIN not in protocol
     assert "fence." not in protocol

@@ -10,7 +10,8 @@ import pytest
 
 from triton_dist.kernels.collectives import allreduce, policy
 from triton_dist.kernels.common import ll_protocol
-from triton_dist.tools.compile_check import compile_for_hopper, ptx_calls, without_wait_timeout_report
+from triton_dist.tools.compile_check import (compile_for_hopper, ptx_calls, without_call_entry,
+                                             without_wait_timeout_report)
 
 _META = {"WORLD": 2, "MAX_PROGRAMS": 128, "BLOCK": 2048}
 _SPIN = "ld.acquire.sys.global.u64"
@@ -20,14 +21,14 @@ _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.e
 def _one_shot(dt, world=2):
     return compile_for_hopper(allreduce.all_reduce_one_shot_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "stage": f"*{dt}", "signals": "*u64", "n": "i32",
-                               "epoch_ptr": "*i64", "half_tiles": "i32"}, dict(_META, WORLD=world),
+                               "calls": "*i64", "half_tiles": "i32"}, dict(_META, WORLD=world),
                               num_warps=8).asm["ptx"]
 
 
 def _two_shot(dt, world=2):
     return compile_for_hopper(allreduce.all_reduce_two_shot_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "stage": f"*{dt}", "gather": f"*{dt}",
-                               "signals": "*u64", "n": "i32", "epoch_ptr": "*i64", "shard_tiles": "i32",
+                               "signals": "*u64", "n": "i32", "calls": "*i64", "shard_tiles": "i32",
                                "half_tiles": "i32"},
                               dict(_META, WORLD=world), num_warps=8).asm["ptx"]
 
@@ -42,7 +43,7 @@ def _ll(dt, world=2, scatter=False):
     block = ll_protocol.LL_BLOCK
     return compile_for_hopper(allreduce.ll_reduce_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "ll": "*i64", "n": "i32", "words": "i32",
-                               "epoch_ptr": "*i64"},
+                               "calls": "*i64"},
                               dict(WORLD=world, LL_SLOT=4 * block, BLOCK_W=block, ELEMS=_ELEMS[dt], SCATTER=scatter),
                               num_warps=8).asm["ptx"]
 
@@ -71,7 +72,7 @@ def test_two_shot_compiles(dt):
 def _ring(dt, world=2):
     return compile_for_hopper(allreduce.all_reduce_ring_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "inbox": "*fp32", "stage": f"*{dt}",
-                               "signals": "*u64", "n": "i32", "epoch_ptr": "*i64", "shard_tiles": "i32",
+                               "signals": "*u64", "n": "i32", "calls": "*i64", "shard_tiles": "i32",
                                "half_tiles": "i32"},
                               dict(_META, WORLD=world), num_warps=8).asm["ptx"]
 
@@ -111,8 +112,9 @@ def test_ll_compiles_with_combined_stores_and_no_signals(dt, world):
     # relaxed system-scope loads of its own buffer.
     assert re.search(_LL_STORE, ptx)
     assert re.search(_LL_LOAD, ptx)
-    # No separate signal: no atomics, no acquire spins, no fences (but the timeout report's).
-    protocol = without_wait_timeout_report(ptx)
+    # No separate signal: no atomics, no acquire spins, no fences (but the timeout report's and
+    # the call counter's, enter_call).
+    protocol = without_call_entry(without_wait_timeout_report(ptx))
     assert not re.search(_ANY_ATOMIC, protocol)
     assert _SPIN not in protocol
     assert "fence." not in protocol
@@ -138,7 +140,7 @@ def test_ll_scatter_packs_each_destinations_shard(world):
         assert len(re.findall(pattern, scatter)) == len(re.findall(pattern, gather_all)) > 0
     loads = [len(re.findall(r"ld\.global(\.[a-z0-9]+)*\.(v\d\.)?b16", p)) for p in (gather_all, scatter)]
     assert loads[1] == world * loads[0] > 0, loads
-    protocol = without_wait_timeout_report(scatter)
+    protocol = without_call_entry(without_wait_timeout_report(scatter))
     assert not re.search(_ANY_ATOMIC, protocol) and "fence." not in protocol
 
 

@@ -23,7 +23,7 @@ def _meta(world, vec):
 def _push(dt, world=2, vec=None):
     return compile_for_hopper(reduce_scatter.reduce_scatter_push_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "stage": f"*{dt}", "signals": "*u64",
-                               "shard_vecs": "i32", "shard_tiles": "i32", "epoch_ptr": "*i64", "half_tiles": "i32"},
+                               "shard_vecs": "i32", "shard_tiles": "i32", "calls": "*i64", "half_tiles": "i32"},
                               _meta(world, _VEC[dt] if vec is None else vec),
                               num_warps=8).asm["ptx"]
 
@@ -31,7 +31,7 @@ def _push(dt, world=2, vec=None):
 def _ring(dt, world=2, vec=None):
     return compile_for_hopper(reduce_scatter.reduce_scatter_ring_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "inbox": "*fp32", "signals": "*u64",
-                               "shard_vecs": "i32", "shard_tiles": "i32", "epoch_ptr": "*i64", "half_tiles": "i32"},
+                               "shard_vecs": "i32", "shard_tiles": "i32", "calls": "*i64", "half_tiles": "i32"},
                               _meta(world, _VEC[dt] if vec is None else vec),
                               num_warps=8).asm["ptx"]
 

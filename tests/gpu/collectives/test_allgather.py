@@ -104,7 +104,7 @@ def test_back_to_back_random_sizes(dtype):
 
 @pytest.mark.parametrize("method", _METHODS)
 def test_cuda_graph_replay(method):
-    """One captured call, replayed 20 times with fresh input each time: each replay bumps the
+    """One captured call, replayed 20 times with fresh input each time: each replay advances the
     device call counter, so signals and buffer halves stay correct."""
     dtype, n = torch.bfloat16, 4099 * 3
     world = dist.get_world_size()

@@ -16,7 +16,9 @@ since every rank has the same ``n``).
    Signal layout (for consumers that start per chunk, e.g. AllGather+GEMM): on every rank, pad
    index ``r * MAX_PROGRAMS + p`` holds the epoch of the latest call whose tiles ``p, p + G, ...``
    of rank ``r`` have landed in slot ``r`` of this rank's ``gathered`` buffer (half ``epoch % 2``);
-   see :meth:`AllGatherContext.signals_for` and :meth:`AllGatherContext.slot`.
+   see :meth:`AllGatherContext.signals_for` and :meth:`AllGatherContext.slot`. A consumer takes
+   the call's epoch in stream order, not from ``calls`` while the kernel runs: the kernel moves
+   ``calls[0]`` from ``e - 1`` to ``e`` as its last program enters.
 
 ``"ce_push"`` (copy engine, large messages; host code in :meth:`AllGatherContext._run_ce`): the
 copies are ``cudaMemcpyAsync`` (``peer_tensor(...).copy_``) on the caller's stream, the signalling
@@ -447,23 +449,23 @@ class AllGatherContext(CollectiveContext):
                                               **self._zero_copy_meta(n % ALIGN_ELEMENTS == 0))
             return
         target = out if out.data_ptr() % 16 == 0 else out.new_empty(out.shape)
-        epoch_ptr = self.next_call()
+        calls = self.calls  # the kernel is the call: it advances the counter itself
         if method == "sm_push":
             grid = self.grid(triton.cdiv(n, self.BLOCK))
-            all_gather_push_kernel[grid](x, target, self.gathered, self.pad.signals, n, epoch_ptr,
+            all_gather_push_kernel[grid](x, target, self.gathered, self.pad.signals, n, calls,
                                          self.slot_numel // self.BLOCK, **self._push_meta(n % ALIGN_ELEMENTS == 0))
         elif method == "2d":
             chunk, programs = chunk_and_grid(n, self.max_programs, self.BLOCK)
-            all_gather_2d_kernel[(programs, )](x, target, self.gathered, self.pad_ext.signals, n, chunk, epoch_ptr,
+            all_gather_2d_kernel[(programs, )](x, target, self.gathered, self.pad_ext.signals, n, chunk, calls,
                                                self.slot_numel // self.BLOCK, **self._2d_meta(n % ALIGN_ELEMENTS == 0))
         elif method == "ring":
             grid = self.grid(triton.cdiv(n, self.BLOCK))
-            all_gather_ring_kernel[grid](x, target, self.gathered, self._ring_signals(), n, epoch_ptr,
+            all_gather_ring_kernel[grid](x, target, self.gathered, self._ring_signals(), n, calls,
                                          self.slot_numel // self.BLOCK, **self._push_meta(n % ALIGN_ELEMENTS == 0))
         elif method == "ll_2d":
-            self.launch_ll(all_gather_ll_2d_kernel, x, target, n, epoch_ptr, self._ll_meta(LOCAL=self.local_world))
+            self.launch_ll(all_gather_ll_2d_kernel, x, target, n, self._ll_meta(LOCAL=self.local_world))
         else:
-            self.launch_ll(all_gather_ll_kernel, x, target, n, epoch_ptr, self._ll_meta())
+            self.launch_ll(all_gather_ll_kernel, x, target, n, self._ll_meta())
         if target is not out:
             out.copy_(target)
 

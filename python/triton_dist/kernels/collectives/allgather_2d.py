@@ -43,6 +43,7 @@ import triton.language as tl
 from ... import language as dl
 from ...distributed_jit import jit
 from ...language.signals import _settings
+from ..common.call_counter import enter_call
 from ..common.chunks import copy_chunk, program_chunk
 from ..common.ll_protocol import ll_call, ll_own_copy, ll_receive, ll_store, ll_words
 from ..common.nodes import node_position, same_local_rank
@@ -66,16 +67,16 @@ def _notify_node(signal, epoch, node_first, local, LOCAL: tl.constexpr):
 
 
 @jit(do_not_specialize=["n", "chunk", "slot_tiles"])
-def all_gather_2d_kernel(x, out, gathered, signals, n, chunk, epoch_ptr, slot_tiles, WORLD: tl.constexpr,
+def all_gather_2d_kernel(x, out, gathered, signals, n, chunk, calls, slot_tiles, WORLD: tl.constexpr,
                          LOCAL: tl.constexpr, MAX_PROGRAMS: tl.constexpr, READY: tl.constexpr,
                          ELEMENT_BYTES: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     """``out[r * n:(r + 1) * n] = x of rank r`` for every rank, across nodes then within (module
     notes). ``chunk``: elements per program, a multiple of ``BLOCK``, the same on every rank;
     ``gathered``: the context's symmetric ``2 * WORLD`` slots of ``slot_tiles * BLOCK`` elements;
-    ``signals``: its pad, region ``READY`` of ``WORLD * MAX_PROGRAMS``; ``epoch_ptr``: its call
+    ``signals``: its pad, region ``READY`` of ``WORLD * MAX_PROGRAMS``; ``calls``: its call
     counter. ``LOCAL``: ranks per node (dividing ``WORLD``). ``ALIGNED``: ``n % 8 == 0``."""
     NODES: tl.constexpr = WORLD // LOCAL
-    epoch = tl.load(epoch_ptr)
+    epoch = enter_call(calls)
     me, node_first, local = node_position(LOCAL)
     pid = tl.program_id(0)
     slot_numel = slot_tiles.to(tl.int64) * BLOCK
@@ -140,7 +141,7 @@ def all_gather_2d_kernel(x, out, gathered, signals, n, chunk, epoch_ptr, slot_ti
 
 
 @jit(do_not_specialize=["n", "words"])
-def all_gather_ll_2d_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LOCAL: tl.constexpr,
+def all_gather_ll_2d_kernel(x, out, ll, n, words, calls, WORLD: tl.constexpr, LOCAL: tl.constexpr,
                             LL_SLOT: tl.constexpr, BLOCK_W: tl.constexpr, ELEMS: tl.constexpr):
     """``out[r * n:(r + 1) * n] = x of rank r`` through the LL protocol
     (:mod:`~triton_dist.kernels.common.ll_protocol`: payload and flag in each 8-byte word, no
@@ -154,7 +155,7 @@ def all_gather_ll_2d_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr
     LL_SLOT`` words, zeroed at creation."""
     TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
     NODES: tl.constexpr = WORLD // LOCAL
-    flag, high, half, tiles, lanes = ll_call(epoch_ptr, words, WORLD, LL_SLOT, BLOCK_W)
+    flag, high, half, tiles, lanes = ll_call(calls, words, WORLD, LL_SLOT, BLOCK_W)
     me, node_first, local = node_position(LOCAL)
     pid = tl.program_id(0)
     grid = tl.num_programs(0)

@@ -10,6 +10,7 @@ import triton.language as tl
 from ... import language as dl
 from ...distributed_jit import jit
 from ...language.signals import _settings
+from ..common.call_counter import enter_call
 from ..common.ll_protocol import ll_call, ll_own_copy, ll_receive, ll_store, ll_words
 from ..common.tiles import each_tile, load_tile, program_share, store_tile
 
@@ -29,14 +30,14 @@ def _push_tile(args, offs, n, WORLD: tl.constexpr, MASKED: tl.constexpr):
 
 
 @jit(do_not_specialize=["n", "slot_tiles"])
-def all_gather_push_kernel(x, out, gathered, signals, n, epoch_ptr, slot_tiles, WORLD: tl.constexpr,
+def all_gather_push_kernel(x, out, gathered, signals, n, calls, slot_tiles, WORLD: tl.constexpr,
                            MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     """``out[r * n:(r + 1) * n] = x of rank r`` for every rank. ``gathered``: symmetric, ``2 *
     WORLD`` slots of ``slot_tiles * BLOCK`` elements of x's dtype (half ``epoch % 2``, slot ``r`` =
     rank ``r``'s data; sizes are arguments, so contexts of every size share one compiled kernel);
-    ``signals``: the context's pad (region 0: ``WORLD * MAX_PROGRAMS``); ``epoch_ptr``: the
+    ``signals``: the context's pad (region 0: ``WORLD * MAX_PROGRAMS``); ``calls``: the
     context's device call counter. ``ALIGNED``: ``n % ALIGN_ELEMENTS == 0``."""
-    epoch = tl.load(epoch_ptr)
+    epoch = enter_call(calls)
     me = dl.rank()
     pid, grid, lanes = program_share(BLOCK)
     slot_numel = slot_tiles.to(tl.int64) * BLOCK
@@ -197,13 +198,13 @@ def all_gather_zero_copy_kernel(x, out, signals, n, epoch_ptr, WORLD: tl.constex
 
 
 @jit(do_not_specialize=["n", "words"])
-def all_gather_ll_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LL_SLOT: tl.constexpr,
+def all_gather_ll_kernel(x, out, ll, n, words, calls, WORLD: tl.constexpr, LL_SLOT: tl.constexpr,
                          BLOCK_W: tl.constexpr, ELEMS: tl.constexpr):
     """``out[r * n:(r + 1) * n] = x of rank r`` through the LL protocol. ``ll``: symmetric int64,
     ``2 * WORLD * LL_SLOT`` words, zeroed at creation; ``words``: LL words per rank (``n`` elements
-    of ``4 / ELEMS`` bytes, 4 payload bytes a word); ``epoch_ptr``: the context's call counter."""
+    of ``4 / ELEMS`` bytes, 4 payload bytes a word); ``calls``: the context's call counter."""
     TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
-    flag, high, half, tiles, lanes = ll_call(epoch_ptr, words, WORLD, LL_SLOT, BLOCK_W)
+    flag, high, half, tiles, lanes = ll_call(calls, words, WORLD, LL_SLOT, BLOCK_W)
     me = dl.rank()
     pid = tl.program_id(0)
     grid = tl.num_programs(0)

@@ -132,7 +132,8 @@ be safe after ``"ce_two_shot"`` on three or more ranks: a third rank may still b
 Reuse between calls (one-shot, two-shot, the ring's ``stage``): the epoch is the context's
 device call counter and buffers alternate halves by its parity (see
 :mod:`triton_dist.kernels.common.context` for why that is safe and graph-capturable). Every method
-bumps the same counter, so the argument above holds across methods.
+advances the same counter by one per call (the one-kernel methods in their kernel, ``"ce_two_shot"``
+with a bump first), so the argument above holds across methods.
 
 Inputs and outputs need not be symmetric; only the staging, gather and LL buffers are.
 Accumulation is fp32 for every dtype; staging and gather buffers hold the input dtype.
@@ -345,23 +346,23 @@ class AllReduceContext(CollectiveContext):
                 out.copy_(target)
             return
         inbox = self._ring_inbox() if method == "ring" else None
-        epoch_ptr = self.next_call()
+        calls = self.calls  # the kernel is the call: it advances the counter itself
         meta = self._meta()
         if method == "one_shot":
             grid = self.grid(triton.cdiv(n, self.BLOCK))
-            all_reduce_one_shot_kernel[grid](x, target, self.stage, self.pad.signals, n, epoch_ptr,
+            all_reduce_one_shot_kernel[grid](x, target, self.stage, self.pad.signals, n, calls,
                                              self.half // self.BLOCK, **meta)
         elif method == "two_shot":
             shard_tiles = triton.cdiv(n, self.world * self.BLOCK)
             all_reduce_two_shot_kernel[self.grid(shard_tiles)](x, target, self.stage, self.gather, self.pad.signals,
-                                                               n, epoch_ptr, shard_tiles, self.half // self.BLOCK,
+                                                               n, calls, shard_tiles, self.half // self.BLOCK,
                                                                **meta)
         elif method == "ring":
             shard_tiles = triton.cdiv(n, self.world * self.BLOCK)
             all_reduce_ring_kernel[self.grid(shard_tiles)](x, target, inbox, self.stage, self._ring_signals(), n,
-                                                           epoch_ptr, shard_tiles, self.half // self.BLOCK, **meta)
+                                                           calls, shard_tiles, self.half // self.BLOCK, **meta)
         else:
-            self.launch_ll(ll_reduce_kernel, x, target, n, epoch_ptr, self._ll_meta())
+            self.launch_ll(ll_reduce_kernel, x, target, n, self._ll_meta())
         if target is not out:
             out.copy_(target)
 
@@ -376,7 +377,7 @@ class AllReduceContext(CollectiveContext):
         shard = shard_tiles * self.BLOCK
         chunk_tiles, chunks = self.ce_chunking(shard_tiles)
         chunk = chunk_tiles * self.BLOCK
-        epoch_ptr = self.next_call()
+        epoch_ptr = self.next_call()  # several kernels and copies share the call's epoch
         rank_barrier_kernel[(1, )](self.ce_pad.signals[self._ce_barrier:], epoch_ptr, **self._barrier_meta())
         self._started.record(stream)
         self._push.wait_event(self._started)

@@ -11,6 +11,7 @@ import triton.language as tl
 from ... import language as dl
 from ...distributed_jit import jit
 from ...language.signals import _settings
+from ..common.call_counter import enter_call
 from ..common.ll_protocol import ll_call, ll_receive, ll_store_values, ll_values, ll_words
 from ..common.ring import ring_all_gather_steps
 from ..common.tickets import last_to_finish
@@ -28,13 +29,13 @@ def _reduce_one_shot_tile(args, offs, n, WORLD: tl.constexpr, MASKED: tl.constex
 
 
 @jit(do_not_specialize=["n", "half_tiles"])
-def all_reduce_one_shot_kernel(x, out, stage, signals, n, epoch_ptr, half_tiles, WORLD: tl.constexpr,
+def all_reduce_one_shot_kernel(x, out, stage, signals, n, calls, half_tiles, WORLD: tl.constexpr,
                                MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
     """``out = sum over ranks of x`` (``n`` elements). ``stage``: symmetric, two halves of
     ``half_tiles * BLOCK`` elements of x's dtype (sizes are arguments, so contexts of every size
     share one compiled kernel); ``signals``: the context's pad (region 0: ``WORLD *
-    MAX_PROGRAMS``); ``epoch_ptr``: the context's device call counter."""
-    epoch = tl.load(epoch_ptr)
+    MAX_PROGRAMS``); ``calls``: the context's device call counter."""
+    epoch = enter_call(calls)
     me = dl.rank()
     pid, grid, _ = program_share(BLOCK)
     half = (epoch % 2).to(tl.int64) * half_tiles * BLOCK
@@ -76,14 +77,14 @@ def _reduce_two_shot_tile(x, out, stage, gather, half, shard, local, idx, n, tok
 
 
 @jit(do_not_specialize=["n", "shard_tiles", "half_tiles"])
-def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, epoch_ptr, shard_tiles, half_tiles,
+def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, calls, shard_tiles, half_tiles,
                                WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
     """``out = sum over ranks of x`` by reduce-scatter then all-gather. Shard ``s`` is elements
     ``[s * shard, (s + 1) * shard)``, ``shard = shard_tiles * BLOCK``. ``stage`` and ``gather``:
     symmetric, two halves of ``half_tiles * BLOCK`` elements each (a half holds ``WORLD``
-    shards); ``signals``: regions 1 and 2 of the context's pad; ``epoch_ptr``: the context's
+    shards); ``signals``: regions 1 and 2 of the context's pad; ``calls``: the context's
     device call counter."""
-    epoch = tl.load(epoch_ptr)
+    epoch = enter_call(calls)
     me = dl.rank()
     pid, grid, lanes = program_share(BLOCK)
     half = (epoch % 2).to(tl.int64) * half_tiles * BLOCK
@@ -154,14 +155,14 @@ def _ring_final_tile(x, out, inbox, me, k, shard, local, valid, token, MASKED: t
 
 
 @jit(do_not_specialize=["n", "shard_tiles", "half_tiles"])
-def all_reduce_ring_kernel(x, out, inbox, stage, signals, n, epoch_ptr, shard_tiles, half_tiles,
+def all_reduce_ring_kernel(x, out, inbox, stage, signals, n, calls, shard_tiles, half_tiles,
                            WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
     """``out = sum over ranks of x`` around the ring ``r -> r + 1``: a ring reduce-scatter (fp32
     partials in ``inbox``, symmetric, ``(WORLD - 1)`` slots of ``shard``, one region), then the
     ring all-gather of :mod:`triton_dist.kernels.common.ring` through ``stage`` (half ``epoch % 2``).
     Shards as two-shot's. ``signals``: the ring regions of the context's pad, ``2 * (WORLD - 1) *
     MAX_PROGRAMS`` signals (reduce-scatter steps, then all-gather steps)."""
-    epoch = tl.load(epoch_ptr)
+    epoch = enter_call(calls)
     me = dl.rank()
     nxt = (me + 1) % WORLD
     pid, grid, lanes = program_share(BLOCK)
@@ -247,12 +248,12 @@ def _sum_shard_tile(x, out, stage, gather, start, local, own, shard, token, WORL
 
 
 @jit(do_not_specialize=["n", "words"])
-def ll_reduce_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LL_SLOT: tl.constexpr,
+def ll_reduce_kernel(x, out, ll, n, words, calls, WORLD: tl.constexpr, LL_SLOT: tl.constexpr,
                          BLOCK_W: tl.constexpr, ELEMS: tl.constexpr, SCATTER: tl.constexpr = False):
     """``out = sum over ranks of x`` (``n`` elements) through the LL protocol (module notes).
     ``ll``: symmetric int64, ``2 * WORLD * LL_SLOT`` words (half ``epoch % 2``, slot ``r`` = rank
     ``r``'s data), zeroed at creation; ``words``: LL words per rank (``n`` elements of ``4 / ELEMS``
-    bytes, 4 payload bytes a word); ``epoch_ptr``: the context's device call counter. ``LL_SLOT``
+    bytes, 4 payload bytes a word); ``calls``: the context's device call counter. ``LL_SLOT``
     is a whole number of ``BLOCK_W``-word tiles.
 
     ``SCATTER`` (ReduceScatter, :mod:`~triton_dist.kernels.collectives.reduce_scatter`'s ``"ll"``): ``x`` holds
@@ -260,7 +261,7 @@ def ll_reduce_kernel(x, out, ll, n, words, epoch_ptr, WORLD: tl.constexpr, LL_SL
     ``out`` is this rank's ``n``-element shard of the sum (it may be this rank's shard of
     ``x``)."""
     TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
-    flag, high, half, tiles, lanes = ll_call(epoch_ptr, words, WORLD, LL_SLOT, BLOCK_W)
+    flag, high, half, tiles, lanes = ll_call(calls, words, WORLD, LL_SLOT, BLOCK_W)
     me = dl.rank()
     pid = tl.program_id(0)
     grid = tl.num_programs(0)

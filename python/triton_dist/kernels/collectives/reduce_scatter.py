@@ -52,6 +52,7 @@ from ...symmetric import symm_empty
 from . import policy as _policy
 from .allreduce_kernels import ll_reduce_kernel
 from ... import runtime as _runtime
+from ..common.call_counter import enter_call
 from ..common.chunks import chunk_and_grid
 from ..common.context import CollectiveContext
 from ..common import reach as _reach
@@ -78,15 +79,15 @@ def _reduce_push_tile(args, local, m, WORLD: tl.constexpr, MASKED: tl.constexpr)
 
 
 @jit(do_not_specialize=["shard_vecs", "shard_tiles", "half_tiles"])
-def reduce_scatter_push_kernel(x, out, stage, signals, shard_vecs, shard_tiles, epoch_ptr, half_tiles,
+def reduce_scatter_push_kernel(x, out, stage, signals, shard_vecs, shard_tiles, calls, half_tiles,
                                WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr,
                                VEC: tl.constexpr):
     """``out = shard me of (sum over ranks of x)``; shards of ``m = shard_vecs * VEC`` elements,
     ``shard_tiles = cdiv(m, BLOCK)``. ``stage``: symmetric, ``2 * half_tiles * BLOCK`` elements of
     x's dtype (a half holds ``WORLD`` slots of ``shard_tiles * BLOCK``; sizes are arguments, not
     constants, so contexts of every size share one compiled kernel); ``signals``: the context's pad
-    (region 0, ``WORLD * MAX_PROGRAMS``); ``epoch_ptr``: the context's device call counter."""
-    epoch = tl.load(epoch_ptr)
+    (region 0, ``WORLD * MAX_PROGRAMS``); ``calls``: the context's device call counter."""
+    epoch = enter_call(calls)
     me = dl.rank()
     pid = tl.program_id(0)
     half = (epoch % 2).to(tl.int64) * half_tiles * BLOCK
@@ -128,14 +129,14 @@ def _ring_finish_tile(out, received, chunk, local, m, token, MASKED: tl.constexp
 
 
 @jit(do_not_specialize=["shard_vecs", "shard_tiles", "half_tiles"])
-def reduce_scatter_ring_kernel(x, out, inbox, signals, shard_vecs, shard_tiles, epoch_ptr, half_tiles,
+def reduce_scatter_ring_kernel(x, out, inbox, signals, shard_vecs, shard_tiles, calls, half_tiles,
                                WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr,
                                VEC: tl.constexpr):
     """``out = shard me of (sum over ranks of x)`` around the ring ``r -> r + 1``. ``inbox``:
     symmetric fp32, ``2 * half_tiles * BLOCK`` elements (a half holds ``WORLD - 1`` slots of
     ``shard_tiles * BLOCK``); ``signals``: the context's pad (ring region: ``(WORLD - 1) *
     MAX_PROGRAMS`` signals after the push region's ``WORLD * MAX_PROGRAMS``)."""
-    epoch = tl.load(epoch_ptr)
+    epoch = enter_call(calls)
     me = dl.rank()
     nxt = (me + 1) % WORLD
     pid = tl.program_id(0)
@@ -284,9 +285,9 @@ class ReduceScatterContext(CollectiveContext):
         if x.data_ptr() % 16:
             x = x.clone()
         target = out if out.data_ptr() % 16 == 0 else out.new_empty(out.shape)
-        epoch_ptr = self.next_call()
+        calls = self.calls  # the kernel is the call: it advances the counter itself
         if method == "ll":
-            self.launch_ll(ll_reduce_kernel, x, target, m, epoch_ptr, self._ll_meta())
+            self.launch_ll(ll_reduce_kernel, x, target, m, self._ll_meta())
             if target is not out:
                 out.copy_(target)
             return
@@ -294,17 +295,17 @@ class ReduceScatterContext(CollectiveContext):
         if method == "2d":
             chunk, programs = chunk_and_grid(m, self.max_programs, self.BLOCK)
             reduce_scatter_2d_kernel[(programs, )](x, target, self.stage, self.inbox, self.partials, self.pad.signals,
-                                                   m // vec, chunk, shard_tiles, epoch_ptr, self.half // self.BLOCK,
+                                                   m // vec, chunk, shard_tiles, calls, self.half // self.BLOCK,
                                                    self.ring_half // self.BLOCK, **self._2d_meta(vec))
             if target is not out:
                 out.copy_(target)
             return
         grid = self.grid(shard_tiles)
         if method == "push":
-            reduce_scatter_push_kernel[grid](x, target, self.stage, self.pad.signals, m // vec, shard_tiles, epoch_ptr,
+            reduce_scatter_push_kernel[grid](x, target, self.stage, self.pad.signals, m // vec, shard_tiles, calls,
                                              self.half // self.BLOCK, **self._meta(vec))
         else:
-            reduce_scatter_ring_kernel[grid](x, target, self.inbox, self.pad.signals, m // vec, shard_tiles, epoch_ptr,
+            reduce_scatter_ring_kernel[grid](x, target, self.inbox, self.pad.signals, m // vec, shard_tiles, calls,
                                              self.ring_half // self.BLOCK, **self._meta(vec))
         if target is not out:
             out.copy_(target)

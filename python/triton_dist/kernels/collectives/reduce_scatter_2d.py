@@ -55,6 +55,7 @@ import triton.language as tl
 
 from ... import language as dl
 from ...distributed_jit import jit
+from ..common.call_counter import enter_call
 from ..common.chunks import copy_chunk, program_chunk
 from ..common.nodes import node_position
 from ..common.tiles import load_tile, store_tile
@@ -93,7 +94,7 @@ def _result_tile(out, x, stage, half, inbox_half, slot, m, offs, end, me, node, 
 
 
 @jit(do_not_specialize=["shard_vecs", "chunk", "shard_tiles", "half_tiles", "inbox_half_tiles"])
-def reduce_scatter_2d_kernel(x, out, stage, inbox, partials, signals, shard_vecs, chunk, shard_tiles, epoch_ptr,
+def reduce_scatter_2d_kernel(x, out, stage, inbox, partials, signals, shard_vecs, chunk, shard_tiles, calls,
                              half_tiles, inbox_half_tiles, WORLD: tl.constexpr, LOCAL: tl.constexpr,
                              MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):
     """``out = shard me of (sum over ranks of x)``, within nodes then across (module notes).
@@ -104,7 +105,7 @@ def reduce_scatter_2d_kernel(x, out, stage, inbox, partials, signals, shard_vecs
     ``chunk``: elements per program, a multiple of ``BLOCK``. ``LOCAL``: ranks per node (dividing
     ``WORLD``)."""
     NODES: tl.constexpr = WORLD // LOCAL
-    epoch = tl.load(epoch_ptr)
+    epoch = enter_call(calls)
     me, node_first, local = node_position(LOCAL)
     node = node_first // LOCAL
     pid = tl.program_id(0)

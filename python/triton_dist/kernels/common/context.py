@@ -1,11 +1,14 @@
 """What every collective's context holds: symmetric buffers split in two halves, a signal pad, a
 device-side call counter, and the grid limits its kernels obey.
 
-The call counter lives on the GPU: each call first bumps it with a one-element kernel on the
-caller's stream, and the collective's kernels read it as their epoch. Signals are set to the epoch
-and waited for with ``>=``, buffers alternate halves by its parity. Because the bump is itself a
-stream operation, a CUDA graph that captured a call replays with a fresh epoch every time, which a
-host-side counter baked into the captured launch could not give.
+The call counter lives on the GPU and advances by one per call in stream order: a method of one
+kernel reads one past it as its epoch, and the last of its programs to enter advances it; a
+method of several first bumps it with a one-thread kernel on the caller's stream, and its kernels
+read the bumped value
+(:mod:`~triton_dist.kernels.common.call_counter`). Signals are set to the epoch and waited for
+with ``>=``, buffers alternate halves by its parity. Both are stream operations, so a CUDA graph
+that captured a call replays with a fresh epoch every time, which a host-side counter baked into
+the captured launch could not give.
 
 Why parity halves are enough: a rank cannot start call ``e + 2`` before it finished call ``e + 1``,
 which needs a signal from every peer's call ``e + 1``, sent only after that peer's call ``e``
@@ -96,8 +99,11 @@ class CollectiveContext:
             self.halves[name] = half
             setattr(self, name, symm_empty((2 * half, ), dtype))
         self.pad = SignalPad(max(1, signals_per_program * self.max_programs), owner=op)
-        self.calls = torch.zeros(1, dtype=torch.int64, device=device)
-        """The device-side call counter (the epoch of the latest call)."""
+        self.calls = torch.zeros(2, dtype=torch.int64, device=device)
+        """The device-side call counter: the epoch of the latest call, then the count of a one-kernel
+        call's programs that have entered it, 0 between calls
+        (:mod:`~triton_dist.kernels.common.call_counter`). A context's calls run on one stream at a
+        time (as every collective's must, in the same order on every rank)."""
 
     @staticmethod
     def numel_and_world(op: str, max_bytes: int, dtype) -> tuple[int, int]:
@@ -111,12 +117,13 @@ class CollectiveContext:
         itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 1
         return max(1, max_bytes // itemsize), _runtime.world_size() if _runtime.is_initialized() else 1
 
-    def launch_ll(self, kernel, x, out, n: int, epoch_ptr, meta: dict) -> None:
+    def launch_ll(self, kernel, x, out, n: int, meta: dict) -> None:
         """An LL kernel (:mod:`~triton_dist.kernels.common.ll_protocol`) over the ``n`` elements of
         ``x`` as 4-byte words, one program per ``LL_BLOCK`` words up to the co-resident limit:
-        ``kernel(x, out, self.ll, n, words, epoch_ptr, **meta)``."""
+        ``kernel(x, out, self.ll, n, words, self.calls, **meta)``, the call's only kernel (it
+        advances the call counter itself)."""
         words = triton.cdiv(n * self.dtype.itemsize, 4)
-        kernel[self.grid(triton.cdiv(words, LL_BLOCK))](x, out, self.ll, n, words, epoch_ptr, **meta)
+        kernel[self.grid(triton.cdiv(words, LL_BLOCK))](x, out, self.ll, n, words, self.calls, **meta)
 
     def ran_on_one_rank(self, x, out) -> bool:
         """With one rank a reduction is its input: ``out = x`` (nothing to do when they alias).

@@ -16,6 +16,7 @@ from triton.language import core
 
 from ... import language as dl
 from ...language.signals import _timed_out
+from .call_counter import enter_call
 
 
 @core.builtin
@@ -75,11 +76,14 @@ def ll_flag(epoch):
 
 
 @triton.jit
-def ll_call(epoch_ptr, words, WORLD: tl.constexpr, LL_SLOT: tl.constexpr, BLOCK_W: tl.constexpr):
+def ll_call(calls, words, WORLD: tl.constexpr, LL_SLOT: tl.constexpr, BLOCK_W: tl.constexpr):
     """What every LL kernel derives first from its call: ``(flag, flag << 32)`` of this epoch
-    (:func:`ll_flag`), the offset of this call's half of a ``2 * WORLD * LL_SLOT``-word buffer, the
-    tiles of ``BLOCK_W`` words that ``words`` take, and the lanes of one tile."""
-    epoch = tl.load(epoch_ptr)
+    (:func:`ll_flag`; ``calls``: the context's two-element call counter, which the kernel advances
+    through :func:`~triton_dist.kernels.common.call_counter.enter_call`: a kernel that uses this
+    must be its call's only one, launched with no bump before it), the offset of this call's half of a
+    ``2 * WORLD * LL_SLOT``-word buffer, the tiles of ``BLOCK_W`` words that ``words`` take, and the
+    lanes of one tile."""
+    epoch = enter_call(calls)
     flag, high = ll_flag(epoch)
     half = (epoch % 2).to(tl.int64) * (WORLD * LL_SLOT)
     return flag, high, half, tl.cdiv(words, BLOCK_W), tl.arange(0, BLOCK_W)

@@ -33,6 +33,7 @@ import triton.language as tl
 
 from ... import language as dl
 from ...distributed_jit import jit
+from .call_counter import enter_call
 from .tiles import load_tile, program_share, store_tile
 
 
@@ -85,13 +86,13 @@ def ring_all_gather_steps(own, out, received, signals, epoch, half, chunk_stride
 
 
 @jit(do_not_specialize=["n", "slot_tiles"])
-def all_gather_ring_kernel(x, out, gathered, signals, n, epoch_ptr, slot_tiles, WORLD: tl.constexpr,
+def all_gather_ring_kernel(x, out, gathered, signals, n, calls, slot_tiles, WORLD: tl.constexpr,
                            MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     """``out[r * n:(r + 1) * n] = x of rank r`` around the ring. ``gathered``: symmetric, ``2 *
     WORLD`` slots of ``slot_tiles * BLOCK`` elements of x's dtype (half ``epoch % 2``, slot ``r`` =
     rank ``r``'s data); ``signals``: ``(WORLD - 1) * MAX_PROGRAMS`` signals of the context's pad;
-    ``epoch_ptr``: the context's device call counter. ``ALIGNED``: ``n % 8 == 0``."""
-    epoch = tl.load(epoch_ptr)
+    ``calls``: the context's device call counter. ``ALIGNED``: ``n % 8 == 0``."""
+    epoch = enter_call(calls)
     if ALIGNED:
         stride = ((n // 8) * 8).to(tl.int64)  # == n; tells the compiler slots of out are aligned
     else:

@@ -17,7 +17,7 @@ from ... import language as dl
 
 @triton.jit
 def last_to_finish(tickets, index, parts, scope: tl.constexpr = tl.constexpr("gpu")):
-    """Count one finished part of piece ``index`` (``tickets``: int32 counters, zero between
+    """Count one finished part of piece ``index`` (``tickets``: int32 or int64 counters, zero between
     calls); true in the one program whose part completed the ``parts`` of them. ``scope``:
     ``"sys"`` when the parts are stores to a peer GPU's memory, so that each program's own
     release already covers its stores at the scope of the peer that reads them."""
