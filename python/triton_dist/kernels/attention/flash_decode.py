@@ -34,6 +34,7 @@ from ... import language as dl
 from ...distributed_jit import jit
 from ..common.context import CollectiveContext
 from . import decode as _decode
+from ..common.host_math import cdiv
 
 ROWS_PER_TILE = 16
 """Output rows (``(batch, token, q_head)`` triples of ``head_dim`` values) a program moves at a time."""
@@ -160,7 +161,7 @@ class FlashDecodeContext(CollectiveContext):
             raise ValueError(f"triton_dist {op}: lse must be a contiguous {list(q.shape[:3])} float32 tensor")
         rows = q.shape[0] * q.shape[1] * q.shape[2]
         epoch_ptr = self.next_call()
-        flash_decode_combine_kernel[self.grid(triton.cdiv(rows, ROWS_PER_TILE))](
+        flash_decode_combine_kernel[self.grid(cdiv(rows, ROWS_PER_TILE))](
             part_out, part_lse, self.parts, self.lses, self.pad.signals, out, lse, rows, epoch_ptr, self.max_rows,
             self.halves["parts"], self.halves["lses"], **self._meta())
         return out, lse

@@ -143,8 +143,6 @@ the schedule and why the halves stay safe are in :mod:`triton_dist.kernels.commo
 
 from __future__ import annotations
 
-import triton
-
 from ... import runtime as _runtime
 from ...signals import SignalPad
 from ...symmetric import peer_tensor, symm_empty
@@ -162,6 +160,7 @@ from .allgather_2d import all_gather_2d_kernel, all_gather_ll_2d_kernel
 from .allgather_kernels import (all_gather_ce_chunk_signal_kernel, all_gather_ce_copy_out_kernel,
                                 all_gather_ce_signal_kernel, all_gather_ll_kernel, all_gather_push_kernel,
                                 all_gather_zero_copy_kernel)
+from ..common.host_math import cdiv
 
 LL_MAX_BYTES = 64 * 1024
 """The largest input (bytes per rank) the ``"ll"`` method takes."""
@@ -254,7 +253,7 @@ class AllGatherContext(CollectiveContext):
         if isinstance(ce_chunk_bytes, bool) or not isinstance(ce_chunk_bytes, int) or ce_chunk_bytes <= 0:
             raise ValueError(f"triton_dist AllGatherContext: ce_chunk_bytes must be a positive int, got "
                              f"{ce_chunk_bytes!r}")
-        slot = triton.cdiv(max_numel, self.BLOCK) * self.BLOCK
+        slot = cdiv(max_numel, self.BLOCK) * self.BLOCK
         super().__init__("AllGatherContext", dtype, max_numel, {"gathered": world * slot},
                          SIGNALS_PER_PROGRAM * world, max_programs)
         self.slot_numel = slot
@@ -393,7 +392,7 @@ class AllGatherContext(CollectiveContext):
     def chunk_numel(self, n: int) -> int:
         """``"ce_chunked"``'s chunk (elements, a multiple of ``BLOCK``) for ``n`` elements per rank."""
         chunks = max(1, min(CE_MAX_CHUNKS, n * self.dtype.itemsize // self.ce_chunk_bytes))
-        return triton.cdiv(triton.cdiv(n, chunks), self.BLOCK) * self.BLOCK
+        return cdiv(cdiv(n, chunks), self.BLOCK) * self.BLOCK
 
     # ---------------------------------------------------------------- calls
 
@@ -444,14 +443,14 @@ class AllGatherContext(CollectiveContext):
         if x.data_ptr() % 16:
             x = x.clone()
         if method == "sm_zero_copy":
-            grid = self.grid(triton.cdiv(n, self.BLOCK))
+            grid = self.grid(cdiv(n, self.BLOCK))
             all_gather_zero_copy_kernel[grid](x, out, self.pad_ext.signals, n, self._next_zero_copy(),
                                               **self._zero_copy_meta(n % ALIGN_ELEMENTS == 0))
             return
         target = out if out.data_ptr() % 16 == 0 else out.new_empty(out.shape)
         calls = self.calls  # the kernel is the call: it advances the counter itself
         if method == "sm_push":
-            grid = self.grid(triton.cdiv(n, self.BLOCK))
+            grid = self.grid(cdiv(n, self.BLOCK))
             all_gather_push_kernel[grid](x, target, self.gathered, self.pad.signals, n, calls,
                                          self.slot_numel // self.BLOCK, **self._push_meta(n % ALIGN_ELEMENTS == 0))
         elif method == "2d":
@@ -459,7 +458,7 @@ class AllGatherContext(CollectiveContext):
             all_gather_2d_kernel[(programs, )](x, target, self.gathered, self.pad_ext.signals, n, chunk, calls,
                                                self.slot_numel // self.BLOCK, **self._2d_meta(n % ALIGN_ELEMENTS == 0))
         elif method == "ring":
-            grid = self.grid(triton.cdiv(n, self.BLOCK))
+            grid = self.grid(cdiv(n, self.BLOCK))
             all_gather_ring_kernel[grid](x, target, self.gathered, self._ring_signals(), n, calls,
                                          self.slot_numel // self.BLOCK, **self._push_meta(n % ALIGN_ELEMENTS == 0))
         elif method == "ll_2d":
@@ -535,7 +534,7 @@ class AllGatherContext(CollectiveContext):
         # The copy-out kernel's variants assume a 16-byte aligned out (like run()'s SM methods).
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
         chunk = self.chunk_numel(n)
-        chunks = triton.cdiv(n, chunk)
+        chunks = cdiv(n, chunk)
         _call_counter.bump(self.ce_calls)
         self._side.wait_stream(stream)
         with torch.cuda.stream(self._side):

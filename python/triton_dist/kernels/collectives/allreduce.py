@@ -141,8 +141,6 @@ Accumulation is fp32 for every dtype; staging and gather buffers hold the input 
 
 from __future__ import annotations
 
-import triton
-
 from ... import runtime as _runtime
 from ...signals import SignalPad, stream_wait_value64, stream_write_value64
 from ...symmetric import symm_empty
@@ -156,6 +154,7 @@ from ..common.ll_protocol import LL_BLOCK
 from ..common import reach as _reach
 from ..common.rank_barrier import rank_barrier_kernel
 from ..common.streams import side_stream
+from ..common.host_math import cdiv
 
 
 def _refuse_during_capture(method: str, what: str) -> None:
@@ -211,7 +210,7 @@ class AllReduceContext(CollectiveContext):
         import torch
 
         max_numel, world = self.numel_and_world("AllReduceContext", max_bytes, dtype)
-        half = world * triton.cdiv(max_numel, world * self.BLOCK) * self.BLOCK
+        half = world * cdiv(max_numel, world * self.BLOCK) * self.BLOCK
         # Signals per program slot: one-shot's region, two-shot's two, the ring's 2 (world - 1) steps.
         super().__init__("AllReduceContext", dtype, max_numel, {"stage": half, "gather": half},
                          3 * world + 2 * (world - 1), max_programs)
@@ -308,8 +307,8 @@ class AllReduceContext(CollectiveContext):
         fixed rule: the same on every rank)."""
         tile_bytes = self.BLOCK * self.dtype.itemsize
         most = max(1, min(self.CE_MAX_CHUNKS, shard_tiles * tile_bytes // self.CE_MIN_CHUNK_BYTES))
-        chunk_tiles = triton.cdiv(shard_tiles, most)
-        return chunk_tiles, triton.cdiv(shard_tiles, chunk_tiles)
+        chunk_tiles = cdiv(shard_tiles, most)
+        return chunk_tiles, cdiv(shard_tiles, chunk_tiles)
 
     def run(self, x, out, method: str) -> None:
         """``out = sum over ranks of x`` with ``method`` ``"one_shot"``, ``"two_shot"``, ``"ll"``
@@ -349,16 +348,16 @@ class AllReduceContext(CollectiveContext):
         calls = self.calls  # the kernel is the call: it advances the counter itself
         meta = self._meta()
         if method == "one_shot":
-            grid = self.grid(triton.cdiv(n, self.BLOCK))
+            grid = self.grid(cdiv(n, self.BLOCK))
             all_reduce_one_shot_kernel[grid](x, target, self.stage, self.pad.signals, n, calls,
                                              self.half // self.BLOCK, **meta)
         elif method == "two_shot":
-            shard_tiles = triton.cdiv(n, self.world * self.BLOCK)
+            shard_tiles = cdiv(n, self.world * self.BLOCK)
             all_reduce_two_shot_kernel[self.grid(shard_tiles)](x, target, self.stage, self.gather, self.pad.signals,
                                                                n, calls, shard_tiles, self.half // self.BLOCK,
                                                                **meta)
         elif method == "ring":
-            shard_tiles = triton.cdiv(n, self.world * self.BLOCK)
+            shard_tiles = cdiv(n, self.world * self.BLOCK)
             all_reduce_ring_kernel[self.grid(shard_tiles)](x, target, inbox, self.stage, self._ring_signals(), n,
                                                            calls, shard_tiles, self.half // self.BLOCK, **meta)
         else:
@@ -373,7 +372,7 @@ class AllReduceContext(CollectiveContext):
         x, out = x.view(-1), out.view(-1)  # the copies slice elements
         me, world = self.rank, self.world
         stream = torch.cuda.current_stream()
-        shard_tiles = triton.cdiv(n, world * self.BLOCK)
+        shard_tiles = cdiv(n, world * self.BLOCK)
         shard = shard_tiles * self.BLOCK
         chunk_tiles, chunks = self.ce_chunking(shard_tiles)
         chunk = chunk_tiles * self.BLOCK

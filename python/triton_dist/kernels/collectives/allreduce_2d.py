@@ -16,11 +16,10 @@ does not use) and LL buffer; and ordinary memory for a padded input and one shar
 
 from __future__ import annotations
 
-import triton
-
 from ..common.context import MAX_NUMEL
 from .allgather import AllGatherContext
 from .reduce_scatter import ReduceScatterContext
+from ..common.host_math import cdiv
 
 
 class TwoLevelAllReduce:
@@ -32,7 +31,7 @@ class TwoLevelAllReduce:
         import torch
 
         self.world = world
-        self.shard_numel = triton.cdiv(max_numel, world)
+        self.shard_numel = cdiv(max_numel, world)
         """Elements of the largest shard (the padded input is ``world`` of them)."""
         if world * self.shard_numel >= MAX_NUMEL:
             raise ValueError(f"triton_dist AllReduceContext: method '2d' pads {max_numel} elements to "
@@ -50,7 +49,7 @@ class TwoLevelAllReduce:
         """``out = sum over ranks of x`` (1-D, contiguous, ``x.numel() <= max_numel``; ``out`` may
         be ``x``) on the current stream."""
         n = x.numel()
-        m = triton.cdiv(n, self.world)
+        m = cdiv(n, self.world)
         whole = n == self.world * m
         padded = x if whole else self._padded[:self.world * m]
         if not whole:

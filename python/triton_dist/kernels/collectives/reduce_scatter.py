@@ -60,6 +60,7 @@ from ..common.ll_buffer import ll_buffer
 from ..common.ll_protocol import LL_BLOCK
 from ..common.tiles import copy_program_tiles, each_tile, load_tile, store_tile
 from .reduce_scatter_2d import reduce_scatter_2d_kernel
+from ..common.host_math import cdiv
 
 
 @triton.jit
@@ -209,7 +210,7 @@ class ReduceScatterContext(CollectiveContext):
         import torch
 
         max_numel, world = self.numel_and_world("ReduceScatterContext", max_bytes, dtype)
-        slot = triton.cdiv(max(1, max_numel // world), self.BLOCK) * self.BLOCK  # the largest shard, whole tiles
+        slot = cdiv(max(1, max_numel // world), self.BLOCK) * self.BLOCK  # the largest shard, whole tiles
         super().__init__("ReduceScatterContext", dtype, max_numel, {"stage": world * slot}, 2 * world - 1,
                          max_programs)
         self.half = self.halves["stage"]
@@ -218,7 +219,7 @@ class ReduceScatterContext(CollectiveContext):
         self.vec = 16 // dtype.itemsize
         self.ll_max_bytes = min(self.max_bytes, self.LL_MAX_BYTES)
         """The largest input (bytes, all shards) this context's ``"ll"`` method takes."""
-        self.ll, self.ll_slot = ll_buffer("ReduceScatterContext", world, triton.cdiv(self.ll_max_bytes, world))
+        self.ll, self.ll_slot = ll_buffer("ReduceScatterContext", world, cdiv(self.ll_max_bytes, world))
         self.local_world = _runtime.local_world_size()
         """Ranks per node (``"2d"``'s ``LOCAL``; several nodes make it ``"auto"``'s choice)."""
         self.partials = symm_empty((max(1, (world // self.local_world - 1) * slot), ), torch.float32)
@@ -291,7 +292,7 @@ class ReduceScatterContext(CollectiveContext):
             if target is not out:
                 out.copy_(target)
             return
-        shard_tiles = triton.cdiv(m, self.BLOCK)
+        shard_tiles = cdiv(m, self.BLOCK)
         if method == "2d":
             chunk, programs = chunk_and_grid(m, self.max_programs, self.BLOCK)
             reduce_scatter_2d_kernel[(programs, )](x, target, self.stage, self.inbox, self.partials, self.pad.signals,

@@ -6,15 +6,16 @@ import triton
 import triton.language as tl
 
 from .tiles import copy_tile
+from .host_math import cdiv
 
 
 def chunk_and_grid(n: int, max_programs: int, block: int) -> tuple[int, int]:
     """``(chunk, programs)`` for ``n`` elements: at most ``max_programs`` programs, each a
     contiguous chunk of whole ``block`` tiles (the last one ends at ``n``); the same on every
     rank, since ``n`` is."""
-    tiles = triton.cdiv(n, block)
-    chunk = triton.cdiv(tiles, max(1, min(tiles, max_programs))) * block
-    return chunk, triton.cdiv(n, chunk)
+    tiles = cdiv(n, block)
+    chunk = cdiv(tiles, max(1, min(tiles, max_programs))) * block
+    return chunk, cdiv(n, chunk)
 
 
 @triton.jit

@@ -18,8 +18,6 @@ peer still reads for call ``e``.
 
 from __future__ import annotations
 
-import triton
-
 from ... import parallel_compile as _parallel_compile
 from ... import residency as _residency
 from ... import runtime as _runtime
@@ -28,6 +26,7 @@ from ...symmetric import symm_empty
 from . import call_counter as _call_counter
 from . import reach as _reach
 from .ll_protocol import LL_BLOCK
+from .host_math import cdiv
 
 DTYPES = ("float32", "bfloat16", "float16")
 MAX_NUMEL = 2**31 // 4  # element counts reach the kernels as 32-bit ints
@@ -95,7 +94,7 @@ class CollectiveContext:
         """The grid limit of kernels that wait for copies into this GPU (fewer when ranks share it)."""
         self.halves = {}
         for name, elements in buffers.items():
-            half = triton.cdiv(max(elements, 1), self.BLOCK) * self.BLOCK
+            half = cdiv(max(elements, 1), self.BLOCK) * self.BLOCK
             self.halves[name] = half
             setattr(self, name, symm_empty((2 * half, ), dtype))
         self.pad = SignalPad(max(1, signals_per_program * self.max_programs), owner=op)
@@ -122,8 +121,8 @@ class CollectiveContext:
         ``x`` as 4-byte words, one program per ``LL_BLOCK`` words up to the co-resident limit:
         ``kernel(x, out, self.ll, n, words, self.calls, **meta)``, the call's only kernel (it
         advances the call counter itself)."""
-        words = triton.cdiv(n * self.dtype.itemsize, 4)
-        kernel[self.grid(triton.cdiv(words, LL_BLOCK))](x, out, self.ll, n, words, self.calls, **meta)
+        words = cdiv(n * self.dtype.itemsize, 4)
+        kernel[self.grid(cdiv(words, LL_BLOCK))](x, out, self.ll, n, words, self.calls, **meta)
 
     def ran_on_one_rank(self, x, out) -> bool:
         """With one rank a reduction is its input: ``out = x`` (nothing to do when they alias).

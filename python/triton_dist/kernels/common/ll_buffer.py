@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import weakref
 
-import triton
-
 from .ll_protocol import LL_BLOCK
+from .host_math import cdiv
 
 
 def ll_buffer(owner: str, world: int, slot_bytes: int):
@@ -24,7 +23,7 @@ def ll_buffer(owner: str, world: int, slot_bytes: int):
     from ...runtime import _core
     from ...symmetric import symm_empty
 
-    slot = triton.cdiv(triton.cdiv(slot_bytes, 4), LL_BLOCK) * LL_BLOCK
+    slot = cdiv(cdiv(slot_bytes, 4), LL_BLOCK) * LL_BLOCK
     buffer = symm_empty((2 * world * slot, ), torch.int64)
     buffer.zero_()
     regions = [(f"half{h}.from_rank{r}", (h * world + r) * slot, slot) for h in range(2) for r in range(world)]

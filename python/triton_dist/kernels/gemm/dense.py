@@ -52,6 +52,7 @@ from . import split_k as _split_k
 from . import wave_tail as _wave_tail
 from .tile import own_node_first, tile_coords, tile_product
 from .epilogues import all_reduce_tile, copy_chunk, partial_destination, publish_pending, sum_own_tile
+from ..common.host_math import cdiv
 
 DTYPES = ("bfloat16", "float16")
 
@@ -121,7 +122,7 @@ def pick_skinny_config(m: int, n: int, num_sms: int) -> str | None:
     if m > SKINNY_MAX_M:
         return None
     for name, c in SKINNY_CONFIGS.items():
-        if triton.cdiv(n, c["BN"]) <= num_sms:
+        if cdiv(n, c["BN"]) <= num_sms:
             return name
     return name  # the widest: several waves of tiles
 
@@ -147,7 +148,7 @@ def pick_gemm_config(m: int, n: int, k: int, num_sms: int) -> str:
     not yet measured on a GPU, they are there for bench/gemm.py to time beside their bases."""
     if m <= _split_k.SPLIT_K_MAX_M:
         return _split_k.default_config(m)
-    return least_wave_work(lambda c: triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"]), num_sms)
+    return least_wave_work(lambda c: cdiv(m, c["BM"]) * cdiv(n, c["BN"]), num_sms)
 
 
 def least_wave_work(tiles_of, num_sms: int) -> str:
@@ -157,7 +158,7 @@ def least_wave_work(tiles_of, num_sms: int) -> str:
     ``"large"``, the first."""
     def work(name: str) -> float:
         c = CONFIGS[name]
-        return triton.cdiv(tiles_of(c), num_sms) * c["BM"] * c["BN"] / CONFIG_EFFICIENCY[name]
+        return cdiv(tiles_of(c), num_sms) * c["BM"] * c["BN"] / CONFIG_EFFICIENCY[name]
 
     return min(CONFIGS, key=work)
 
@@ -167,7 +168,7 @@ def pick_config(m: int, n: int, k: int, num_sms: int) -> str:
     rank for the same shape): ``"large"`` when N >= 2048 and the 128x256 tiles fill the SMs, else
     ``"small"``."""
     big = CONFIGS["large"]
-    tiles = triton.cdiv(m, big["BM"]) * triton.cdiv(n, big["BN"])
+    tiles = cdiv(m, big["BM"]) * cdiv(n, big["BN"])
     return "large" if n >= 2048 and tiles >= num_sms else "small"
 
 
@@ -475,7 +476,7 @@ def descriptors(a, b, c, config: str):
 def grid_for(m: int, n: int, config: str, max_programs: int) -> tuple[int]:
     """One program per output tile of ``config``, at most ``max_programs`` (the persistent grid)."""
     cfg = _persistent(config)
-    tiles = triton.cdiv(m, cfg["BM"]) * triton.cdiv(n, cfg["BN"])
+    tiles = cdiv(m, cfg["BM"]) * cdiv(n, cfg["BN"])
     return (max(1, min(tiles, max_programs)), )
 
 

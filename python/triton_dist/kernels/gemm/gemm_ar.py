@@ -61,7 +61,6 @@ timeout (``Config.wait_timeout_ns``) turns a stuck peer into an error.
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
 from ... import language as dl
@@ -76,6 +75,7 @@ from .tile import swapped_tile_product
 from . import policy as _policy
 from ..common import call_counter as _call_counter
 from ..common import reach as _reach
+from ..common.host_math import cdiv
 
 CONFIG = "small"
 """The GEMM config of calls with more than ``gemm.SKINNY_MAX_M`` rows (128x128 tiles): with 128x256
@@ -187,7 +187,7 @@ class GemmAllReduceContext(OverlappedGemmContext):
         widest = self.split_k_block(min(max_m, SPLIT_K_MAX_M))
         self.split_k_blocks = [bm for bm in sorted(SPLIT_K_CONFIGS) if bm <= widest]
         """``"split_k"``'s ``BM`` values calls can take (all preloaded)."""
-        self.tiles_max = max(max(self._tiles(m) for m in largest), SPLIT_K_MAX * triton.cdiv(n, SPLIT_K_BN))
+        self.tiles_max = max(max(self._tiles(m) for m in largest), SPLIT_K_MAX * cdiv(n, SPLIT_K_BN))
         """The most tiles of a call (signals per source rank)."""
         self.partials = symm_empty((2 * self.half, ), torch.float32)
         self.pad = SignalPad(self.world * self.tiles_max, owner="GemmAllReduceContext")
@@ -200,7 +200,7 @@ class GemmAllReduceContext(OverlappedGemmContext):
 
     def _tiles(self, m: int) -> int:
         c = _gemm.config_params(self._config(m))
-        return triton.cdiv(m, c["BM"]) * triton.cdiv(self.n, c["BN"])
+        return cdiv(m, c["BM"]) * cdiv(self.n, c["BN"])
 
     def _meta(self, config: str) -> dict:
         return _gemm.kernel_meta(config, False, epilogue="all_reduce", world=self.world)
@@ -215,8 +215,8 @@ class GemmAllReduceContext(OverlappedGemmContext):
         """Slices of a ``K``-deep contraction for ``"split_k"`` (a fixed rule, the same on every
         rank): as many as keep ``cdiv(n, SPLIT_K_BN)`` tiles per slice within the SMs, at most
         :data:`SPLIT_K_MAX`, each at least four K steps of the widest block deep."""
-        k_steps = triton.cdiv(k, max(c["BK"] for c in SPLIT_K_CONFIGS.values()))
-        return max(1, min(SPLIT_K_MAX, self.num_sms // triton.cdiv(self.n, SPLIT_K_BN), k_steps // 4))
+        k_steps = cdiv(k, max(c["BK"] for c in SPLIT_K_CONFIGS.values()))
+        return max(1, min(SPLIT_K_MAX, self.num_sms // cdiv(self.n, SPLIT_K_BN), k_steps // 4))
 
     def _split_k_meta(self, bm: int) -> dict:
         c = SPLIT_K_CONFIGS[bm]
@@ -285,7 +285,7 @@ class GemmAllReduceContext(OverlappedGemmContext):
         split_k = self.split_k(k)
         a_desc, b_desc = self._split_k_descriptors(a, b, bm)
         _call_counter.bump(self.calls)
-        tiles = triton.cdiv(self.n, SPLIT_K_BN) * split_k
+        tiles = cdiv(self.n, SPLIT_K_BN) * split_k
         # The no-deadlock argument of several slices (module notes) needs one resident program per tile.
         assert split_k == 1 or tiles <= self.num_sms, (split_k, tiles, self.num_sms)
         grid = (min(tiles, self.num_sms), )

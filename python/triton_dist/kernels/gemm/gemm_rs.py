@@ -130,7 +130,6 @@ dropped).
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
 from ... import language as dl
@@ -151,6 +150,7 @@ from ..common import reach as _reach
 from ... import timeline as _timeline
 from ..common.scratch import GlobalScratch
 from ..common.streams import side_stream
+from ..common.host_math import cdiv
 
 REDUCE_SMS = 8
 """SMs the producer GEMM leaves free for the consumer (its programs): the GEMM loses
@@ -237,11 +237,11 @@ def copy_engine_chunking(m: int, n: int, itemsize: int, config: str) -> tuple[in
     least :data:`CE_MIN_CHUNKS` chunks per destination where there are that many tiles) and the
     chunks per destination, numbered as :func:`~triton_dist.kernels.gemm.epilogues.copy_chunk` does."""
     c = _gemm.CONFIGS[config]
-    num_n = triton.cdiv(n, c["BN"])
-    groups = triton.cdiv(triton.cdiv(m, c["BM"]), c["GROUP_M"])
+    num_n = cdiv(n, c["BN"])
+    groups = cdiv(cdiv(m, c["BM"]), c["GROUP_M"])
     ntile_bytes = min(m, c["GROUP_M"] * c["BM"]) * c["BN"] * itemsize
     chunk_n = max(1, min(num_n, CE_CHUNK_BYTES // ntile_bytes, groups * num_n // CE_MIN_CHUNKS))
-    return chunk_n, groups * triton.cdiv(num_n, chunk_n)
+    return chunk_n, groups * cdiv(num_n, chunk_n)
 
 
 def copy_engine_chunk_region(chunk: int, m: int, n: int, chunk_n: int, config: str) -> tuple[int, int, int, int]:
@@ -249,7 +249,7 @@ def copy_engine_chunk_region(chunk: int, m: int, n: int, chunk_n: int, config: s
     ``"fused_ce"`` chunk ``chunk``: the tiles :func:`~triton_dist.kernels.gemm.epilogues.copy_chunk` numbers
     so, clipped to ``m`` and ``n``."""
     c = _gemm.CONFIGS[config]
-    per_group = triton.cdiv(triton.cdiv(n, c["BN"]), chunk_n)
+    per_group = cdiv(cdiv(n, c["BN"]), chunk_n)
     r0 = (chunk // per_group) * c["GROUP_M"] * c["BM"]
     c0 = (chunk % per_group) * chunk_n * c["BN"]
     return r0, min(r0 + c["GROUP_M"] * c["BM"], m), c0, min(c0 + chunk_n * c["BN"], n)
@@ -308,7 +308,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         # "fused_ce"'s GEMM waits for the peers' copies, which need SMs when ranks share a GPU.
         self.ce_programs = _residency.max_waiting_programs(self.device, what=op, waits_for_copies=True)
         bm, bn_min = _config_blocks()
-        self.tiles_per_rank = triton.cdiv(triton.cdiv(max_m, self.world), bm) * triton.cdiv(n, bn_min)
+        self.tiles_per_rank = cdiv(cdiv(max_m, self.world), bm) * cdiv(n, bn_min)
         """The most tiles of one rank's rows (signals per source rank)."""
         self.half = max_m * n
         self.partials = symm_empty((2 * self.half, ), dtype)
@@ -410,7 +410,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         config = _gemm.pick_config(big_m, n, k, max_programs)
         c = _gemm.CONFIGS[config]
         a_desc, b_desc = _gemm.operand_descriptors(a, b, config)
-        tiles = triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"])
+        tiles = cdiv(m, c["BM"]) * cdiv(n, c["BN"])
         stream = torch.cuda.current_stream()
         # The preloaded reduce kernels assume a 16-byte aligned output: another variant would load
         # here, possibly while a peer spins.
@@ -516,7 +516,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         copies_first = cfg.serialised_launches or cfg.ranks_per_gpu > 1
         if copies_first:
             schedule.enqueue(side)
-        tiles = world * triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"])
+        tiles = world * cdiv(m, c["BM"]) * cdiv(n, c["BN"])
         gemm_rs_producer_kernel[(max(1, min(tiles, self.ce_programs)), )](
             a_desc, b_desc, self.ce_rows, big_m, n, k, self.ce_pad.signals, self.calls, me, m, half_elems=self.half,
             signal_region=region, out=target, chunk_n=chunk_n, chunk_flags=self.chunk_flags, tickets=self.tickets,

@@ -59,6 +59,7 @@ from ..common.nodes import node_position
 from ..common.signal_layout import SignalLayout
 from . import dense as _gemm
 from .tile import tile_coords
+from ..common.host_math import cdiv
 
 
 class GemmThenReduceScatter:
@@ -191,7 +192,7 @@ class PushAcrossNodes:
         self.pad = SignalPad(self.layout.size, owner="GemmReduceScatterContext push_2d", regions=self.layout)
         # Whole tiles of any config: cdiv(m, BM) * BM rows by cdiv(n, BN) * BN columns, which the
         # widest BN bounds.
-        self.inbox_slot = triton.cdiv(triton.cdiv(ctx.max_m, ctx.world), bm) * bm * triton.cdiv(ctx.n, bn_max) * bn_max
+        self.inbox_slot = cdiv(cdiv(ctx.max_m, ctx.world), bm) * bm * cdiv(ctx.n, bn_max) * bn_max
         self.inbox = symm_empty((max(1, 2 * (self.nodes - 1) * self.inbox_slot), ), torch.float32)
         self.staging = symm_empty((ctx.reduce_sms * bm * bn_max, ), torch.float32)
         self.preload(ctx, producer)

@@ -47,6 +47,7 @@ import triton.language as tl
 
 from ..common.tickets import last_to_finish
 from .tile import swapped_tile_product
+from ..common.host_math import cdiv
 
 SPLIT_K_MAX_M = 128
 """The most rows a split-K config takes: ``BM`` (``out``'s rows, wgmma's N side) up to 128."""
@@ -154,8 +155,8 @@ def pick_split_k(m: int, n: int, k: int, num_sms: int, config: str | None = None
     params = config_params(config or default_config(m))
     if params is None:
         raise ValueError(f"triton_dist split-K GEMM: unknown config {config!r}; one of {sorted(CONFIG_NAMES)}")
-    steps = triton.cdiv(k, params["BK"])
-    tiles = triton.cdiv(n, params["BN"])
+    steps = cdiv(k, params["BK"])
+    tiles = cdiv(n, params["BN"])
     most = max(1, min(MAX_SLICES, steps // MIN_SLICE_STEPS))
     partial = 2.0 * m / params["BK"]  # m x BN fp32 over a K step's BN x BK 2-byte elements
 
@@ -163,8 +164,8 @@ def pick_split_k(m: int, n: int, k: int, num_sms: int, config: str | None = None
 
     def cost(s: int) -> float:
         programs = tiles * s
-        work = triton.cdiv(steps, s) + TILE_OVERHEAD_STEPS + (partial if s > 1 else 0.0)
-        busiest = max(triton.cdiv(programs, num_sms) * work, programs * work / streams)
+        work = cdiv(steps, s) + TILE_OVERHEAD_STEPS + (partial if s > 1 else 0.0)
+        busiest = max(cdiv(programs, num_sms) * work, programs * work / streams)
         return busiest + (s * partial if s > 1 else 0.0)
 
     costs = {s: cost(s) for s in range(1, most + 1)}
@@ -298,13 +299,13 @@ def gemm_split_k(a, b, out, config: str, num_sms: int, *, split_k: int | None = 
         raise ValueError(f"triton_dist gemm: config {config!r} takes M <= {params['BM']} rows, got M = {m}; use "
                          + (f"one of {wider}" if wider else f"a config of more rows (split-K takes M <= "
                             f"{SPLIT_K_MAX_M})") + " or config=None")
-    tiles = triton.cdiv(n, params["BN"])
+    tiles = cdiv(n, params["BN"])
     if split_k is None:
         split_k = pick_split_k(m, n, k, num_sms, config)
         if split_k > 1 and not tickets_available(a.device):
             split_k = 1  # one slice needs no counters (slower, the same result)
-    elif not 1 <= split_k <= triton.cdiv(k, params["BK"]):
-        raise ValueError(f"triton_dist gemm: split_k must be 1 to the {triton.cdiv(k, params['BK'])} K steps of "
+    elif not 1 <= split_k <= cdiv(k, params["BK"]):
+        raise ValueError(f"triton_dist gemm: split_k must be 1 to the {cdiv(k, params['BK'])} K steps of "
                          f"{config!r} at K = {k}, got {split_k}")
     if split_k > 1:
         if tiles > MAX_N_TILES:

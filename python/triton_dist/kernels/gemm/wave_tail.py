@@ -44,6 +44,7 @@ import triton.language as tl
 from ..common.tickets import last_to_finish
 from .split_k import MAX_N_TILES, ticket_counters, tickets_available
 from .tile import tile_coords, tile_product
+from ..common.host_math import cdiv
 
 CONFIG_NAMES = {"large_tail_split": "large", "small_tail_split": "small"}
 """The wave-tail configs of :func:`~triton_dist.kernels.gemm.dense.gemm`: name -> the config of
@@ -78,8 +79,8 @@ def tail_split_for(m: int, n: int, k: int, config: str, num_sms: int) -> int:
     if config not in CONFIG_NAMES:
         raise ValueError(f"triton_dist gemm: {config!r} is not a wave-tail config; one of {sorted(CONFIG_NAMES)}")
     c = dense.CONFIGS[CONFIG_NAMES[config]]
-    tiles = triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"])
-    return pick_tail_split(tiles, triton.cdiv(k, c["BK"]), num_sms)
+    tiles = cdiv(m, c["BM"]) * cdiv(n, c["BN"])
+    return pick_tail_split(tiles, cdiv(k, c["BK"]), num_sms)
 
 
 @triton.jit(do_not_specialize=["M", "N", "K", "full_tiles", "split"])
@@ -143,8 +144,8 @@ def gemm_wave_tail(a, b, out, config: str, num_sms: int, *, split: int | None = 
     c = dense.CONFIGS[base]
     m, k = a.shape
     n = b.shape[0]
-    tiles = triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"])
-    k_steps = triton.cdiv(k, c["BK"])
+    tiles = cdiv(m, c["BM"]) * cdiv(n, c["BN"])
+    k_steps = cdiv(k, c["BK"])
     if split is None:
         split = tail_split_for(m, n, k, config, num_sms)
         if split > 1 and not tickets_available(a.device):

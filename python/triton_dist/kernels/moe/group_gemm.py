@@ -42,6 +42,7 @@ from ..gemm import dense as _gemm
 from ..gemm.tile import tile_coords, tile_product
 from ..common.tickets import last_to_finish
 from .ep_context import _describe
+from ..common.host_math import cdiv
 
 CONFIGS = ("skinny_n128", "small", "large")
 """The dense GEMM's configs (:data:`triton_dist.kernels.gemm.dense.CONFIGS`,
@@ -73,7 +74,7 @@ def pick_config(rows: int, experts: int, n: int, num_sms: int) -> str:
     if rows <= _gemm.SKINNY_MAX_M * experts:
         return "skinny_n128"
     big = _gemm.config_params("large")
-    tiles = (triton.cdiv(rows, big["BM"]) + experts) * triton.cdiv(n, big["BN"])
+    tiles = (cdiv(rows, big["BM"]) + experts) * cdiv(n, big["BN"])
     return "large" if n >= 2048 and tiles >= num_sms else "small"
 
 
@@ -87,7 +88,7 @@ def pick_group_gemm_config(rows: int, experts: int, n: int, num_sms: int) -> str
     projection, bench/results/h100-x1/group_gemm.json)."""
     if rows <= _gemm.SKINNY_MAX_M * experts:
         return "skinny_n128"
-    return _gemm.least_wave_work(lambda c: (triton.cdiv(rows, c["BM"]) + experts) * triton.cdiv(n, c["BN"]), num_sms)
+    return _gemm.least_wave_work(lambda c: (cdiv(rows, c["BM"]) + experts) * cdiv(n, c["BN"]), num_sms)
 
 
 @triton.jit
@@ -242,7 +243,7 @@ def grid_for(rows: int, experts: int, n: int, config: str, max_programs: int) ->
     Whatever the routing there are at most ``cdiv(rows, BM) + experts`` m-tiles (each expert
     rounds up once)."""
     cfg = _gemm.config_params(config)
-    tiles = (triton.cdiv(rows, cfg["BM"]) + experts) * triton.cdiv(n, cfg["BN"])
+    tiles = (cdiv(rows, cfg["BM"]) + experts) * cdiv(n, cfg["BN"])
     return (max(1, min(tiles, max_programs)), )
 
 

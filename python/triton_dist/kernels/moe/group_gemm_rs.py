@@ -31,7 +31,6 @@ one rounding at the end).
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
 from ... import language as dl
@@ -44,6 +43,7 @@ from ..gemm import dense as _gemm
 from ..gemm.context import OverlappedGemmContext
 from .ep_context import _describe
 from .group_gemm import grid_for, group_gemm_kernel, kernel_meta, pick_config
+from ..common.host_math import cdiv
 
 CONFIGS = ("skinny_n128", "small")
 """The grouped GEMM's configs this op runs with: not ``"large"``, whose 128x256 fp32 tile spilled
@@ -179,6 +179,6 @@ class GroupGemmReduceScatterContext(OverlappedGemmContext):
             a_desc, w_desc, self.partial, offsets, experts, rows, 0, n, k,
             **self._args(token_index, topk_slot, weights_all, m), **self._meta(config), **_timeline.kernel_args())
         numel = m * n
-        group_gemm_rs_finish_kernel[(max(1, min(triton.cdiv(numel, FINISH_BLOCK), sms)), )](
+        group_gemm_rs_finish_kernel[(max(1, min(cdiv(numel, FINISH_BLOCK), sms)), )](
             self.partial, out, self.done.signals, self.calls, numel, self.half_elems, **self._finish_meta())
 

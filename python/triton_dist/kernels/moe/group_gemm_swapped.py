@@ -45,6 +45,7 @@ from ...language import timeline as _stamps
 from ..gemm.split_k import SPLIT_K_BN, SPLIT_K_CONFIGS
 from ..gemm.tile import swapped_tile_product
 from .group_gemm import expert_tiles
+from ..common.host_math import cdiv
 
 CONFIG_NAMES = {f"swapped_m{bm}": bm for bm in SPLIT_K_CONFIGS}
 """The swapped configs of :func:`~triton_dist.kernels.moe.group_gemm.group_gemm`: name -> ``BM``
@@ -111,7 +112,7 @@ def kernel_meta(config: str, padded: bool = False) -> dict:
 def grid_for(rows: int, experts: int, n: int, config: str, max_programs: int) -> tuple[int]:
     """The persistent grid: one program per tile there can be (at most ``cdiv(rows, BM) + experts``
     row blocks, each expert rounding up once, times the n-tiles), at most ``max_programs``."""
-    tiles = (triton.cdiv(rows, config_params(config)["BM"]) + experts) * triton.cdiv(n, SPLIT_K_BN)
+    tiles = (cdiv(rows, config_params(config)["BM"]) + experts) * cdiv(n, SPLIT_K_BN)
     return (max(1, min(tiles, max_programs)), )
 
 
