@@ -92,9 +92,29 @@ def profile(name: str, fn, calls: int = 200) -> None:
               + "\n".join(line for line in text.getvalue().splitlines() if line.strip()), flush=True)
 
 
-def breakdown(world: int, device, dtype) -> list[tuple[str, float]]:
-    """Host µs per call of the parts of an 8 KiB ``ops.all_reduce`` (``--breakdown``): what a
-    bare launch costs on this host (under MPS too), against what the op's Python adds."""
+def _schedules(device) -> tuple:
+    """The same 16 local copies, each followed by a flag write, as two StreamSchedules: enqueued
+    one driver call at a time, and as one CUDA graph (``Config.stream_schedule_graphs``' path)."""
+    import torch
+
+    from triton_dist import StreamSchedule
+
+    src = torch.randn(16, 16384, device=device)
+    dst = torch.empty_like(src)
+    flags = torch.zeros(16, dtype=torch.int64, device=device)
+    made = []
+    for as_graph in (False, True):
+        schedule = StreamSchedule(as_graph=as_graph)
+        for c in range(16):
+            schedule.copy(dst[c], src[c]).write(flags, c, 1)
+        made.append(schedule)
+    return tuple(made), (src, dst, flags)
+
+
+def breakdown(world: int, device, dtype) -> list[str]:
+    """Host µs per call of the parts of an 8 KiB ``ops.all_reduce``, and of a copy-engine
+    schedule's enqueue one by one and as a graph (``--breakdown``): what a bare launch and a
+    driver call cost on this host (under MPS too), against what the op's Python adds."""
     import torch
 
     from triton_dist.kernels.common import call_counter
@@ -104,6 +124,7 @@ def breakdown(world: int, device, dtype) -> list[tuple[str, float]]:
     ops.all_reduce(x, out=y)
     context = ops._cached_context("all_reduce", dtype, x.numel() * x.element_size())
     counter = torch.zeros(1, dtype=torch.int64, device=device)
+    (one_by_one, as_graph), _buffers = _schedules(device)
     parts = [
         ("torch.empty 8 KiB", lambda: torch.empty(4096, device=device, dtype=dtype)),
         ("x.add(1)", lambda: x.add(1)),
@@ -113,8 +134,14 @@ def breakdown(world: int, device, dtype) -> list[tuple[str, float]]:
         ("ops.all_reduce(x, out=y, method='ll')", lambda: ops.all_reduce(x, out=y, method="ll")),
         ("ops.all_reduce(x, out=y)", lambda: ops.all_reduce(x, out=y)),
         ("ops.all_reduce(x)", lambda: ops.all_reduce(x)),
+        (f"StreamSchedule enqueue, {one_by_one.driver_calls} driver calls", one_by_one.enqueue),
+        ("the same StreamSchedule as one CUDA graph", as_graph.enqueue),
     ]
-    return [(name, issue_us(fn)) for name, fn in parts]
+    lines = [f"{name}: {issue_us(fn):.1f} us per call" for name, fn in parts]
+    torch.cuda.synchronize()
+    lines.append(f"graph schedule: {as_graph.graphs} graph(s) made, "
+                 f"fallback: {as_graph.graph_failure or 'none (each enqueue was one graph launch)'}")
+    return lines
 
 
 def _cases(world: int, device, dtype, shared: bool):
@@ -222,8 +249,8 @@ def main() -> int:
     baseline = "torch_local_us" if shared else "torch_us"
     records = []
     if args.breakdown:
-        for part, us in breakdown(world, device, dtype):
-            log(f"breakdown: {part}: {us:.1f} us per call")
+        for line in breakdown(world, device, dtype):
+            log(f"breakdown: {line}")
     for name, shape, ours, torch_timed, reference in _cases(world, device, dtype, shared):
         if name not in wanted:
             continue

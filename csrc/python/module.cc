@@ -291,7 +291,9 @@ NB_MODULE(_C, m) {
           "stream"_a, "as_graph"_a = false)
       .def("__len__", &tdist::StreamSchedule::size)
       .def_prop_ro("driver_calls", &tdist::StreamSchedule::driver_calls)
-      .def_prop_ro("launches_as_graph", &tdist::StreamSchedule::launches_as_graph);
+      .def_prop_ro("launches_as_graph", &tdist::StreamSchedule::launches_as_graph)
+      .def_prop_ro("graphs", &tdist::StreamSchedule::graphs)
+      .def_prop_ro("graph_failure", &tdist::StreamSchedule::graph_failure);
 
   m.def(
       "name_signals",

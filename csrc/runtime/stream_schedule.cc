@@ -66,8 +66,10 @@ void StreamSchedule::enqueue(CUstream stream, bool as_graph) const {
   if (as_graph && launches_as_graph() && !graphs_failed_) {
     if (const Graph* graph = graph_for(stream)) {
       // A failed launch enqueues nothing, so the operations can still go one by one.
-      if (CudaDriver::get().graph_launch(graph->exec, stream) == CUDA_SUCCESS) return;
+      const CUresult launched = CudaDriver::get().graph_launch(graph->exec, stream);
+      if (launched == CUDA_SUCCESS) return;
       graphs_failed_ = true;
+      graph_failure_ = "cuGraphLaunch returned CUresult " + std::to_string(static_cast<int>(launched));
     }
   }
   enqueue_each(stream);
@@ -86,10 +88,11 @@ const StreamSchedule::Graph* StreamSchedule::graph_for(CUstream stream) const {
   if (graphs_.size() >= kMaxGraphs) return nullptr;
   try {
     graphs_.push_back(capture(context, stream));
-  } catch (const Error&) {
+  } catch (const Error& error) {
     // A driver that cannot capture or instantiate these operations: the one-by-one path, which
     // needs neither, serves every later call.
     graphs_failed_ = true;
+    graph_failure_ = error.what();
     return nullptr;
   }
   return graphs_.back().get();

@@ -58,6 +58,8 @@ TEST(StreamSchedule, ThreeDriverCallsOrMoreLaunchAsOneGraph) {
   s.write_value64(flag(1), 1);
   EXPECT_EQ(s.driver_calls(), StreamSchedule::kGraphMinDriverCalls);
   EXPECT_TRUE(s.launches_as_graph());
+  EXPECT_EQ(s.graphs(), 0u);  // made at the first graph enqueue, on a GPU
+  EXPECT_TRUE(s.graph_failure().empty());
   StreamSchedule empty;
   EXPECT_FALSE(empty.launches_as_graph());
 }

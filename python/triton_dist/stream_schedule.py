@@ -92,6 +92,17 @@ class StreamSchedule:
         return self._schedule.driver_calls
 
     @property
+    def graphs(self) -> int:
+        """CUDA graphs made so far (one per stream enqueued on as a graph)."""
+        return self._schedule.graphs
+
+    @property
+    def graph_failure(self) -> str:
+        """Why graph enqueues fell back to one driver call per operation (the failed capture,
+        instantiation or launch and the driver's error), or "" while they have not."""
+        return self._schedule.graph_failure
+
+    @property
     def launches_as_graph(self) -> bool:
         """Whether :meth:`enqueue` outside a CUDA graph capture is one launch of a graph of the
         operations (``Config.stream_schedule_graphs`` on, three driver calls or more; the graph of

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <variant>
 #include <vector>
 
@@ -78,6 +79,12 @@ class StreamSchedule {
   std::size_t driver_calls() const { return steps_.size(); }
   // Whether an enqueue outside stream capture is one graph launch.
   bool launches_as_graph() const { return steps_.size() >= kGraphMinDriverCalls; }
+  // Graphs made so far (one per stream enqueued on as a graph).
+  std::size_t graphs() const { return graphs_.size(); }
+  // Why graphs stopped serving this schedule (the failed capture, instantiation or launch, with
+  // the driver's error), or empty: graph enqueues fall back to one by one silently, and a
+  // benchmark needs to tell the two apart.
+  const std::string& graph_failure() const { return graph_failure_; }
 
  private:
   struct Copy1D {
@@ -100,7 +107,11 @@ class StreamSchedule {
   };
 
   void add_memop(const CUstreamBatchMemOpParams& op);
-  void discard_graphs() { graphs_.clear(); graphs_failed_ = false; }
+  void discard_graphs() {
+    graphs_.clear();
+    graphs_failed_ = false;
+    graph_failure_.clear();
+  }
   void enqueue_each(CUstream stream) const;
   // `stream`'s graph, captured now if it has none; null where graphs cannot serve it.
   const Graph* graph_for(CUstream stream) const;
@@ -110,6 +121,7 @@ class StreamSchedule {
   std::size_t operations_ = 0;
   mutable std::vector<std::unique_ptr<Graph>> graphs_;  // per (context, stream); see kMaxGraphs
   mutable bool graphs_failed_ = false;  // a capture or launch failed: enqueue one by one from then on
+  mutable std::string graph_failure_;  // what failed (graph_failure())
 };
 
 }  // namespace tdist
