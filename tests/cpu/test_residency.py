@@ -36,7 +36,9 @@ def test_contexts_size_their_grids_from_residency():
     kernels = _PACKAGE / "kernels"
     assert "_residency.max_waiting_programs(" in (kernels / "common" / "context.py").read_text()
     assert "_residency.sm_count(" in (kernels / "gemm" / "dense.py").read_text()
-    assert re.search(r"self\.num_sms = _gemm\.num_sms\(", (kernels / "gemm" / "context.py").read_text())
+    # The smallest any rank sees: the GEMM config, and the tile -> signal layout with it, must agree.
+    gemm_context = (kernels / "gemm" / "context.py").read_text()
+    assert re.search(r"self\.num_sms, = smallest_on_any_rank\(_gemm\.num_sms\(", gemm_context)
     for name in ("ag_gemm.py", "gemm_rs.py", "gemm_ar.py"):
         assert "(OverlappedGemmContext):" in (kernels / "gemm" / name).read_text(), name
 

@@ -32,7 +32,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 MAX_NUMEL = 2**31 // 4  # element counts reach the kernels as 32-bit ints
 
 
-def _smallest_on_any_rank(*values: int) -> tuple[int, ...]:
+def smallest_on_any_rank(*values: int) -> tuple[int, ...]:
     """Each of ``values``, the smallest any rank passed (collective)."""
     if _runtime.world_size() == 1:
         return values
@@ -87,7 +87,7 @@ class CollectiveContext:
         # programs), so never more programs than this process's SMs (triton_dist.residency).
         # The grid and the pad's layout (MAX_PROGRAMS) must be the same on every rank, and ranks
         # may see different SM counts (MPS shares, mixed GPUs): every rank takes the smallest.
-        self.max_programs, self.copy_wait_programs = _smallest_on_any_rank(
+        self.max_programs, self.copy_wait_programs = smallest_on_any_rank(
             min(max_programs, _residency.max_waiting_programs(device, what=op)),
             min(max_programs, _residency.max_waiting_programs(device, what=op, waits_for_copies=True)))
         self.copy_wait_programs = min(self.copy_wait_programs, self.max_programs)

@@ -10,6 +10,7 @@ from ... import parallel_compile as _parallel_compile
 from ... import runtime as _runtime
 from . import dense as _gemm
 from ..common import reach as _reach
+from ..common.context import smallest_on_any_rank
 
 
 class OverlappedGemmContext:
@@ -37,7 +38,10 @@ class OverlappedGemmContext:
         """Ranks whose memory this process cannot map (other hosts; :mod:`~triton_dist.kernels.common.reach`)."""
         self.dtype = dtype
         self.device = torch.device("cuda", torch.cuda.current_device())
-        self.num_sms = _gemm.num_sms(self.device)
+        # The GEMM config, and with it the tile -> signal layout the ranks share, is picked from
+        # this, and ranks may see different SM counts (MPS shares, mixed GPUs): every rank takes
+        # the smallest, as the collectives' grids do (collective, like the allocations).
+        self.num_sms, = smallest_on_any_rank(_gemm.num_sms(self.device))
         self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
         """The device-side call counter (this call's epoch once bumped)."""
         self._protocol = self.world > 1 or bool(protocol_on_one_rank)

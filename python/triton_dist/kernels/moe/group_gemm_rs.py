@@ -170,7 +170,7 @@ class GroupGemmReduceScatterContext(OverlappedGemmContext):
         experts, n, k = w.shape
         rows = act.shape[0]
         _call_counter.bump(self.calls)
-        sms = _gemm.num_sms(self.device)
+        sms = self.num_sms  # every rank's smallest
         config = pick_config(rows, experts, n, sms)
         config = config if config in CONFIGS else "small"
         a_desc, w_desc = _gemm.operand_descriptors(_gemm.aligned_for_tma(act), w.reshape(experts * n, k), config)
