@@ -161,7 +161,8 @@ def test_bad_options_are_refused_before_anything_runs(script, args, message):
 
 @pytest.mark.parametrize("args,message", [(["--concurrent"], "give --ranks-per-gpu K"),
                                           (["--budget-s", "soon"], "take seconds"),
-                                          (["--local-world", "two"], "--local-world takes a positive integer")])
+                                          (["--local-world", "two"], "--local-world takes a positive integer"),
+                                          (["--tests", "ag_gemm"], "no tests/gpu/**/test_ag_gemm.py")])
 def test_gpu_test_option_rules(args, message):
     run = subprocess.run(["bash", "scripts/gpu-test", *args], cwd=_ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and message in run.stdout, run.stdout + run.stderr
