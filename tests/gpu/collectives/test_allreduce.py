@@ -165,11 +165,13 @@ def test_back_to_back_random_sizes(dtype):
     ctx = AllReduceContext(4 << 20, dtype)
     rng = random.Random(1234)  # same sequence on every rank
     ok, bad = True, []
+    advanced = 0  # calls that take an epoch of ctx's counter ("2d" runs on contexts of its own)
     for i in range(1000):  # the issue asks for 1,000 back-to-back calls
         n = rng.choice([1, 7, 100, 2048, 2049, 4099 * 3, rng.randint(1, ctx.max_numel)])
         method = rng.choice(_METHODS)
         if not _fits(method, n, dtype):
             method = rng.choice(["one_shot", "two_shot"])
+        advanced += method != "2d" and dist.get_world_size() > 1
         x = _fresh(n, dtype, seed=10000 + i)
         out = torch.full_like(x, float("nan"))
         ops.all_reduce(x, out=out, method=method, context=ctx)
@@ -180,6 +182,10 @@ def test_back_to_back_random_sizes(dtype):
                 bad.append((i, n, method))
     torch.cuda.synchronize()
     all_ranks_agree(ok, f"back-to-back all_reduce {dtype}: wrong at {bad}")
+    # One epoch per call whichever the method (the one-kernel ones enter it in their kernel, the
+    # others bump first), and no program count left behind.
+    counter = ctx.calls.tolist()
+    all_ranks_agree(counter == [advanced, 0], f"all_reduce call counter {counter}, expected [{advanced}, 0]")
 
 
 def test_bad_inputs():
@@ -227,4 +233,8 @@ def test_cuda_graph_capture_and_replay(method):
             ok = False
             bad.append(i)
     all_ranks_agree(ok, f"all_reduce {method} in a CUDA graph: wrong at replays {bad}")
+    # Every replay advanced the counter by one: the uncaptured call, then 20 replays.
+    if method != "2d" and dist.get_world_size() > 1:
+        counter = ctx.calls.tolist()
+        all_ranks_agree(counter == [21, 0], f"all_reduce {method} replays: call counter {counter}, expected [21, 0]")
     tdist.barrier()
