@@ -111,7 +111,7 @@ def _schedules(device) -> tuple:
     return tuple(made), (src, dst, flags)
 
 
-def breakdown(world: int, device, dtype) -> list[str]:
+def breakdown(device, dtype) -> list[str]:
     """Host µs per call of the parts of an 8 KiB ``ops.all_reduce``, and of a copy-engine
     schedule's enqueue one by one and as a graph (``--breakdown``): what a bare launch and a
     driver call cost on this host (under MPS too), against what the op's Python adds."""
@@ -124,6 +124,7 @@ def breakdown(world: int, device, dtype) -> list[str]:
     ops.all_reduce(x, out=y)
     context = ops._cached_context("all_reduce", dtype, x.numel() * x.element_size())
     counter = torch.zeros(1, dtype=torch.int64, device=device)
+    # The schedules hold raw addresses: their buffers must live while they are enqueued.
     (one_by_one, as_graph), _buffers = _schedules(device)
     parts = [
         ("torch.empty 8 KiB", lambda: torch.empty(4096, device=device, dtype=dtype)),
@@ -249,7 +250,7 @@ def main() -> int:
     baseline = "torch_local_us" if shared else "torch_us"
     records = []
     if args.breakdown:
-        for line in breakdown(world, device, dtype):
+        for line in breakdown(device, dtype):
             log(f"breakdown: {line}")
     for name, shape, ours, torch_timed, reference in _cases(world, device, dtype, shared):
         if name not in wanted:

@@ -1,7 +1,7 @@
-"""The collectives' one-kernel methods: the kernel is the whole call.
-Each program takes its epoch from ``enter_call`` (one past the context's call counter) and the
-last to enter advances the counter (:mod:`triton_dist.kernels.common.call_counter`), so the
-context launches no bump before it: one launch per call instead of two."""
+"""The collectives' one-kernel methods: the kernel is the whole call. Each program takes its
+epoch from ``enter_call`` (one past the context's call counter) and the last to enter advances the
+counter (:mod:`triton_dist.kernels.common.call_counter`), so the context launches no bump before
+it: one launch per call instead of two."""
 
 import inspect
 import re

@@ -25,7 +25,7 @@ def argument_parser(description: str, results_root: Path) -> argparse.ArgumentPa
     # point TRITON_DIST_RESULTS_DIR at a folder that comes back, and a default taken here hid it.
     given = _config.get().results_dir
     parser.add_argument("--out", default=given or str(results_root),
-                        help=f"results root (default: Config.results_dir, TRITON_DIST_RESULTS_DIR, else {results_root})")
+                        help=f"results root (default: TRITON_DIST_RESULTS_DIR, else {results_root})")
     return parser
 
 

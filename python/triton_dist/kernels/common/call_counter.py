@@ -11,10 +11,11 @@ captured a call replays with a fresh epoch every time):
   cannot wait for a device on which a peer's kernel spins (triton_dist.distributed_jit).
 - An op of one kernel (the collectives' one-kernel methods) launches nothing else: each program
   of the kernel takes its epoch from :func:`enter_call` (one past the counter), and the last
-  program of the grid to do so advances the counter for the stream's next call (a ticket). That saves a launch per call, the bump's host time (9 µs under MPS on an H100
-  host, ``bench/host_overhead.py --breakdown``, 2026-12-07) and its GPU time. Such a counter has
-  two elements: the epoch and the count of the running call's programs that have entered.
-  Nothing else of the call may read the counter while the kernel runs.
+  program of the grid to do so advances the counter for the stream's next call (a ticket). That
+  saves a launch per call, the bump's host time (9 µs under MPS on an H100 host,
+  ``bench/host_overhead.py --breakdown``, 2026-12-07) and its GPU time. Such a counter has two
+  elements: the epoch and the count of the running call's programs that have entered. Nothing
+  else of the call may read the counter while the kernel runs.
 """
 
 from __future__ import annotations

@@ -4,11 +4,10 @@ device-side call counter, and the grid limits its kernels obey.
 The call counter lives on the GPU and advances by one per call in stream order: a method of one
 kernel reads one past it as its epoch, and the last of its programs to enter advances it; a
 method of several first bumps it with a one-thread kernel on the caller's stream, and its kernels
-read the bumped value
-(:mod:`~triton_dist.kernels.common.call_counter`). Signals are set to the epoch and waited for
-with ``>=``, buffers alternate halves by its parity. Both are stream operations, so a CUDA graph
-that captured a call replays with a fresh epoch every time, which a host-side counter baked into
-the captured launch could not give.
+read the bumped value (:mod:`~triton_dist.kernels.common.call_counter`). Signals are set to the
+epoch and waited for with ``>=``, buffers alternate halves by its parity. Both are stream
+operations, so a CUDA graph that captured a call replays with a fresh epoch every time, which a
+host-side counter baked into the captured launch could not give.
 
 Why parity halves are enough: a rank cannot start call ``e + 2`` before it finished call ``e + 1``,
 which needs a signal from every peer's call ``e + 1``, sent only after that peer's call ``e``
