@@ -123,6 +123,7 @@ def breakdown(device, dtype) -> list[str]:
     y = torch.empty_like(x)
     ops.all_reduce(x, out=y)
     context = ops._cached_context("all_reduce", dtype, x.numel() * x.element_size())
+    plan = context.run(x, y, "ll")  # None with one rank (a copy, no kernel): its row is left out
     counter = torch.zeros(1, dtype=torch.int64, device=device)
     # The schedules hold raw addresses: their buffers must live while they are enqueued.
     (one_by_one, as_graph), _buffers = _schedules(device)
@@ -131,8 +132,11 @@ def breakdown(device, dtype) -> list[str]:
         ("x.add(1)", lambda: x.add(1)),
         ("y.copy_(x)", lambda: y.copy_(x)),
         ("call counter bump (one C++ launch)", lambda: call_counter.bump(counter)),
+        *([("LaunchPlan.launch(x, y) of 'll'", lambda: plan.launch(x, y))] if plan is not None else []),
         ("context.run(x, y, 'll')", lambda: context.run(x, y, "ll")),
-        ("ops.all_reduce(x, out=y, method='ll')", lambda: ops.all_reduce(x, out=y, method="ll")),
+        ("ops.all_reduce(..., method='ll', context=): the full path",
+         lambda: ops.all_reduce(x, out=y, method="ll", context=context)),
+        ("ops.all_reduce(x, out=y, method='ll'): replayed", lambda: ops.all_reduce(x, out=y, method="ll")),
         ("ops.all_reduce(x, out=y)", lambda: ops.all_reduce(x, out=y)),
         ("ops.all_reduce(x)", lambda: ops.all_reduce(x)),
         (f"StreamSchedule enqueue, {one_by_one.driver_calls} driver calls", one_by_one.enqueue),

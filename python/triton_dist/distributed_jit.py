@@ -111,6 +111,12 @@ class DistributedKernel:
             return None
         return self.eager.preload(grid, args, self._options(kwargs))
 
+    def prepare(self, grid, meta: dict):
+        """A :class:`~triton_dist.eager_launch.PreparedLaunch` of this kernel on ``grid`` with the
+        keywords ``meta`` (constexprs and options), on the current device; None when such launches
+        can never go through C++."""
+        return self.eager.prepare(grid, self._options(dict(meta)))
+
     def __getitem__(self, grid):
         return functools.partial(self.run, grid=grid, warmup=False)
 

@@ -125,6 +125,18 @@ class EagerLaunches:
                 return True
         return False
 
+    def prepare(self, grid, kwargs: dict) -> PreparedLaunch | None:
+        """A :class:`PreparedLaunch` of ``grid`` with these keywords on the current device: the
+        learnt variants of its key, looked up once (later ones join it), or None when the keywords
+        can never be learnt."""
+        if callable(grid):
+            return None
+        device, _ = _device_and_stream()
+        key = self._key(device, kwargs)
+        if key is None:
+            return None
+        return PreparedLaunch(self._launchers.setdefault(key, []), tuple(grid) + (1, ) * (3 - len(grid)), device)
+
     def learn(self, compiled, args: tuple, kwargs: dict) -> None:
         """Add the variant Triton loaded for ``args``/``kwargs`` (``compiled``, a CompiledKernel
         with its handles initialised), if the C++ path can launch it."""
@@ -173,6 +185,35 @@ class EagerLaunches:
     def variants(self) -> int:
         """How many variants have been learnt (all devices and keywords)."""
         return sum(len(v) for v in self._launchers.values())
+
+
+class PreparedLaunch:
+    """:meth:`EagerLaunches.launch` with the key and grid worked out once: a repeated launch of the
+    same kernel, grid and keywords on one device (:class:`triton_dist.kernels.common.launch_plan.LaunchPlan`)."""
+
+    __slots__ = ("launchers", "grid", "device")
+
+    def __init__(self, launchers: list, grid: tuple, device: int):
+        self.launchers = launchers
+        """The key's learnt launchers: :meth:`EagerLaunches.learn` appends to this same list."""
+        self.grid = grid
+        self.device = device
+
+    def launch(self, args) -> bool:
+        """Launch with the runtime arguments ``args`` (every one, by position) on the current
+        stream; False (nothing launched) when the current device is another, a launch hook is
+        installed, or no learnt variant takes them: the caller then takes Triton's path."""
+        hook = triton.knobs.runtime.launch_enter_hook
+        if hook is not None and getattr(hook, "calls", True):
+            return False
+        device, stream = _device_and_stream()
+        if device != self.device:
+            return False
+        gx, gy, gz = self.grid
+        for launcher in self.launchers:
+            if launcher.launch(gx, gy, gz, stream, *args):
+                return True
+        return False
 
 
 _C_KINDS = frozenset(("i1", "u1", "i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64", "fp32", "fp64"))

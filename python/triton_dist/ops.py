@@ -30,6 +30,7 @@ ag_gemm, gemm_rs, gemm_ar) become their ``torch.ops.triton_dist.*`` custom ops
 from __future__ import annotations
 
 from . import call_agreement as _call_agreement
+from . import eager_calls as _eager_calls
 from . import torch_library as _torch_library
 from .renamed import method_or_old_name
 from .runtime import _require_initialized
@@ -81,6 +82,7 @@ def clear_contexts() -> None:
     Collective in effect: call it on every rank (:func:`triton_dist.finalize` does)."""
     _CONTEXTS.clear()
     _FITTING.clear()
+    _eager_calls.clear()
 
 
 def _check_input(op: str, x) -> None:
@@ -161,19 +163,26 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     if _torch_library.compiling():
         _torch_library.eager_only("all_reduce", out=out, context=context)
         return _torch_library.op("all_reduce")(x, method)
+    if context is None:
+        replayed = _eager_calls.replay("all_reduce", x, out, method)
+        if replayed is not None:
+            return replayed
     _require_initialized("all_reduce")
     _call_agreement.check("all_reduce", x=x, method=method)
     _check_input("all_reduce", x)
     from .kernels import AllReduceContext
 
     _check_method("all_reduce", method, AllReduceContext.METHODS)
+    out_given, asked = out is not None, method
     out = _output("all_reduce", x, out, x.shape)
-    context = _resolve_context("all_reduce", x, context)
+    given_context, context = context, _resolve_context("all_reduce", x, context)
     if x.numel() == 0:
         return out
     if method == "auto":
         method = context.method_for(x.numel() * x.element_size())
-    context.run(x.view(-1), out.view(-1), method)
+    launched = context.run(x.view(-1), out.view(-1), method)
+    if given_context is None:
+        _eager_calls.record("all_reduce", x, out, out_given, asked, launched)
     return out
 
 
@@ -189,6 +198,10 @@ def all_gather(x, *, out=None, method: str = "auto", context=None):
     if _torch_library.compiling():
         _torch_library.eager_only("all_gather", out=out, context=context)
         return _torch_library.op("all_gather")(x, method)
+    if context is None:
+        replayed = _eager_calls.replay("all_gather", x, out, method)
+        if replayed is not None:
+            return replayed
     _require_initialized("all_gather")
     _call_agreement.check("all_gather", x=x, method=method)
     _check_input("all_gather", x)
@@ -199,11 +212,14 @@ def all_gather(x, *, out=None, method: str = "auto", context=None):
         raise ValueError("triton_dist all_gather: x must have at least one dimension")
     from .runtime import world_size
 
+    out_given = out is not None
     out = _output("all_gather", x, out, (world_size() * x.shape[0], *x.shape[1:]))
-    context = _resolve_context("all_gather", x, context)
+    given_context, context = context, _resolve_context("all_gather", x, context)
     if x.numel() == 0:
         return out
-    context.run(x.view(-1), out.view(-1), method)
+    launched = context.run(x.view(-1), out.view(-1), method)
+    if given_context is None:
+        _eager_calls.record("all_gather", x, out, out_given, method, launched)
     return out
 
 
@@ -217,6 +233,10 @@ def reduce_scatter(x, *, out=None, method: str = "auto", context=None):
     if _torch_library.compiling():
         _torch_library.eager_only("reduce_scatter", out=out, context=context)
         return _torch_library.op("reduce_scatter")(x, method)
+    if context is None:
+        replayed = _eager_calls.replay("reduce_scatter", x, out, method)
+        if replayed is not None:
+            return replayed
     _require_initialized("reduce_scatter")
     _call_agreement.check("reduce_scatter", x=x, method=method)
     _check_input("reduce_scatter", x)
@@ -228,11 +248,14 @@ def reduce_scatter(x, *, out=None, method: str = "auto", context=None):
     if x.dim() == 0 or x.shape[0] % world:
         raise ValueError(f"triton_dist reduce_scatter: x.shape[0] must be divisible by the world size {world}, got "
                          f"shape {tuple(x.shape)}; pad the first dimension")
+    out_given = out is not None
     out = _output("reduce_scatter", x, out, (x.shape[0] // world, *x.shape[1:]))
-    context = _resolve_context("reduce_scatter", x, context)
+    given_context, context = context, _resolve_context("reduce_scatter", x, context)
     if x.numel() == 0:
         return out
-    context.run(x.view(-1), out.view(-1), method)
+    launched = context.run(x.view(-1), out.view(-1), method)
+    if given_context is None:
+        _eager_calls.record("reduce_scatter", x, out, out_given, method, launched)
     return out
 
 

@@ -134,6 +134,37 @@ def test_a_launch_hook_or_a_callable_grid_keeps_tritons_path(launches, monkeypat
     assert not launches.launch(NONE, example(), META)
 
 
+# Prepared launches (what a LaunchPlan keeps): the key looked up once, later variants shared.
+
+def test_a_prepared_launch_takes_the_variants_learnt_before_and_after_it(launches):
+    prepared = launches.prepare(NONE, META)
+    assert not prepared.launch(example())  # nothing learnt yet: the caller takes Triton's path
+    launches.learn(loaded(), example(), META)
+    assert prepared.launch(example())
+    assert prepared.launch((FakeTensor(1 << 40, BF16), None, 33, 1, 1, 2.0))
+    assert launches.prepare(NONE, META).launch(example())
+    assert not prepared.launch((FakeTensor(4104, BF16), None, 17, 1, 3, 0.5))  # misaligned: no variant
+    launches.learn(loaded(), (FakeTensor(4104, BF16), None, 17, 1, 3, 0.5), META)
+    assert prepared.launch((FakeTensor(4104, BF16), None, 17, 1, 3, 0.5))
+
+
+def test_a_prepared_launch_is_per_keyword_arguments_and_device(launches, monkeypatch):
+    launches.learn(loaded(), example(), META)
+    assert not launches.prepare(NONE, dict(BLOCK=256, num_warps=4)).launch(example())
+    prepared = launches.prepare(NONE, META)
+    monkeypatch.setattr(eager_launch, "_device_and_stream", lambda: (1, 0))
+    assert not prepared.launch(example())  # another current device: Triton's path
+    assert launches.prepare(lambda meta: (1, ), META) is None
+    assert launches.prepare(NONE, dict(META, x=FakeTensor(4096, BF16))) is None
+
+
+def test_a_prepared_launch_keeps_tritons_path_under_a_launch_hook(launches, monkeypatch):
+    launches.learn(loaded(), example(), META)
+    prepared = launches.prepare(NONE, META)
+    monkeypatch.setattr(triton.knobs.runtime.launch_enter_hook, "calls", [lambda metadata: None])
+    assert not prepared.launch(example())
+
+
 # Tensor descriptors (Config.eager_tensor_descriptors): the GEMM kernel compiled for sm_90 here.
 
 class HostDtype:

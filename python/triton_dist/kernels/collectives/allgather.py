@@ -151,6 +151,7 @@ from ..common import reach as _reach
 from ..common.chunks import chunk_and_grid
 from ..common.context import CollectiveContext
 from ..common.ll_buffer import ll_buffer
+from ..common.launch_plan import OUT, X, LaunchPlan
 from ..common.ll_protocol import LL_BLOCK
 from ..common.ring import all_gather_ring_kernel
 from ..common.signal_layout import SignalLayout
@@ -396,11 +397,13 @@ class AllGatherContext(CollectiveContext):
 
     # ---------------------------------------------------------------- calls
 
-    def run(self, x, out, method: str = "auto") -> None:
+    def run(self, x, out, method: str = "auto") -> LaunchPlan | None:
         """``out[r * n:(r + 1) * n] = x of rank r`` with ``method`` (see :attr:`METHODS`), on the
         current stream. ``x``: contiguous CUDA tensor of this dtype, ``n = x.numel() <= max_numel``;
         ``out``: contiguous, ``world * n`` elements (both validated by
-        :func:`triton_dist.ops.all_gather`, not here)."""
+        :func:`triton_dist.ops.all_gather`, not here). Returns the :class:`LaunchPlan` it launched
+        when the call was that one launch and any 16-byte aligned tensors of the same size would
+        have launched it too (not ``"auto"``'s choice by ``out``'s memory), else None."""
         n = x.numel()
         if method not in self.METHODS:
             raise ValueError(f"triton_dist AllGatherContext.run: method must be one of {self.METHODS}, "
@@ -408,8 +411,9 @@ class AllGatherContext(CollectiveContext):
         if n == 0:
             return
         nbytes = n * self.dtype.itemsize
+        chose_by_out = method == "auto" and nbytes > _policy.ALL_GATHER_SM_MAX_BYTES
         if method == "auto":
-            method = self.method_for(nbytes, nbytes > _policy.ALL_GATHER_SM_MAX_BYTES and _symmetric_span(out))
+            method = self.method_for(nbytes, chose_by_out and _symmetric_span(out))
         _reach.check_reach("all_gather", method, ("2d", "ll_2d"), self.unmapped, self.rank)
         if method in ("ll", "ll_2d") and nbytes > self.ll_max_bytes:
             raise ValueError(f"triton_dist all_gather: method {method!r} takes at most {self.ll_max_bytes} bytes per "
@@ -448,25 +452,35 @@ class AllGatherContext(CollectiveContext):
                                               **self._zero_copy_meta(n % ALIGN_ELEMENTS == 0))
             return
         target = out if out.data_ptr() % 16 == 0 else out.new_empty(out.shape)
-        calls = self.calls  # the kernel is the call: it advances the counter itself
-        if method == "sm_push":
-            grid = self.grid(cdiv(n, self.BLOCK))
-            all_gather_push_kernel[grid](x, target, self.gathered, self.pad.signals, n, calls,
-                                         self.slot_numel // self.BLOCK, **self._push_meta(n % ALIGN_ELEMENTS == 0))
-        elif method == "2d":
-            chunk, programs = chunk_and_grid(n, self.max_programs, self.BLOCK)
-            all_gather_2d_kernel[(programs, )](x, target, self.gathered, self.pad_ext.signals, n, chunk, calls,
-                                               self.slot_numel // self.BLOCK, **self._2d_meta(n % ALIGN_ELEMENTS == 0))
-        elif method == "ring":
-            grid = self.grid(cdiv(n, self.BLOCK))
-            all_gather_ring_kernel[grid](x, target, self.gathered, self._ring_signals(), n, calls,
-                                         self.slot_numel // self.BLOCK, **self._push_meta(n % ALIGN_ELEMENTS == 0))
-        elif method == "ll_2d":
-            self.launch_ll(all_gather_ll_2d_kernel, x, target, n, self._ll_meta(LOCAL=self.local_world))
-        else:
-            self.launch_ll(all_gather_ll_kernel, x, target, n, self._ll_meta())
+        plan = self.launch_plan(n, method)
+        plan.launch(x, target)
         if target is not out:
             out.copy_(target)
+        return None if chose_by_out else plan
+
+    def _make_launch_plan(self, n: int, method: str) -> LaunchPlan | None:
+        """``"sm_push"``, ``"2d"``, ``"ring"``, ``"ll"`` and ``"ll_2d"``: one kernel each, which
+        advances the call counter itself (``"sm_zero_copy"`` takes a host-side epoch per call)."""
+        aligned = n % ALIGN_ELEMENTS == 0
+        slot_tiles = self.slot_numel // self.BLOCK
+        if method == "sm_push":
+            return LaunchPlan(all_gather_push_kernel, self.grid(cdiv(n, self.BLOCK)),
+                              (X, OUT, self.gathered, self.pad.signals, n, self.calls, slot_tiles),
+                              self._push_meta(aligned))
+        if method == "2d":
+            chunk, programs = chunk_and_grid(n, self.max_programs, self.BLOCK)
+            return LaunchPlan(all_gather_2d_kernel, (programs, ),
+                              (X, OUT, self.gathered, self.pad_ext.signals, n, chunk, self.calls, slot_tiles),
+                              self._2d_meta(aligned))
+        if method == "ring":
+            return LaunchPlan(all_gather_ring_kernel, self.grid(cdiv(n, self.BLOCK)),
+                              (X, OUT, self.gathered, self._ring_signals(), n, self.calls, slot_tiles),
+                              self._push_meta(aligned))
+        if method == "ll_2d":
+            return self.ll_plan(all_gather_ll_2d_kernel, n, self._ll_meta(LOCAL=self.local_world))
+        if method == "ll":
+            return self.ll_plan(all_gather_ll_kernel, n, self._ll_meta())
+        return None
 
     def _run_ce(self, x, out, n: int, pull: bool = False) -> None:
         """``ce_push``, or with ``pull`` ``ce_pull`` (see the module notes for the protocols and

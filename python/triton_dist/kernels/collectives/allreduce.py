@@ -150,6 +150,7 @@ from . import policy as _policy
 from .allreduce_2d import TwoLevelAllReduce
 from ..common.context import CollectiveContext
 from ..common.ll_buffer import ll_buffer
+from ..common.launch_plan import OUT, X, LaunchPlan
 from ..common.ll_protocol import LL_BLOCK
 from ..common import reach as _reach
 from ..common.rank_barrier import rank_barrier_kernel
@@ -310,12 +311,14 @@ class AllReduceContext(CollectiveContext):
         chunk_tiles = cdiv(shard_tiles, most)
         return chunk_tiles, cdiv(shard_tiles, chunk_tiles)
 
-    def run(self, x, out, method: str) -> None:
+    def run(self, x, out, method: str) -> LaunchPlan | None:
         """``out = sum over ranks of x`` with ``method`` ``"one_shot"``, ``"two_shot"``, ``"ll"``
         (at most :attr:`ll_max_bytes`), ``"ce_two_shot"`` or ``"ring"``, on the current stream.
         ``x`` and ``out``: contiguous CUDA tensors of this dtype, ``x.numel() <= max_numel``
         elements (validated by :func:`triton_dist.ops.all_reduce`, not here); ``out`` may be
-        ``x``."""
+        ``x``. Returns the :class:`LaunchPlan` it launched when the call was that one launch (a
+        call of as many elements by the same method, with any 16-byte aligned tensors, launches it
+        again: :mod:`triton_dist.eager_calls`), else None."""
         n = x.numel()
         if method not in self.METHODS[1:]:
             raise ValueError(f"triton_dist AllReduceContext.run: method must be one of {self.METHODS[1:]}, got "
@@ -344,26 +347,35 @@ class AllReduceContext(CollectiveContext):
             if target is not out:
                 out.copy_(target)
             return
-        inbox = self._ring_inbox() if method == "ring" else None
-        calls = self.calls  # the kernel is the call: it advances the counter itself
-        meta = self._meta()
-        if method == "one_shot":
-            grid = self.grid(cdiv(n, self.BLOCK))
-            all_reduce_one_shot_kernel[grid](x, target, self.stage, self.pad.signals, n, calls,
-                                             self.half // self.BLOCK, **meta)
-        elif method == "two_shot":
-            shard_tiles = cdiv(n, self.world * self.BLOCK)
-            all_reduce_two_shot_kernel[self.grid(shard_tiles)](x, target, self.stage, self.gather, self.pad.signals,
-                                                               n, calls, shard_tiles, self.half // self.BLOCK,
-                                                               **meta)
-        elif method == "ring":
-            shard_tiles = cdiv(n, self.world * self.BLOCK)
-            all_reduce_ring_kernel[self.grid(shard_tiles)](x, target, inbox, self.stage, self._ring_signals(), n,
-                                                           calls, shard_tiles, self.half // self.BLOCK, **meta)
-        else:
-            self.launch_ll(ll_reduce_kernel, x, target, n, self._ll_meta())
+        if method == "ring":
+            self._ring_inbox()
+        plan = self.launch_plan(n, method)
+        plan.launch(x, target)
         if target is not out:
             out.copy_(target)
+        return plan
+
+    def _make_launch_plan(self, n: int, method: str) -> LaunchPlan | None:
+        """``"one_shot"``, ``"two_shot"``, ``"ll"``, and ``"ring"`` once its inbox exists: one
+        kernel each, which advances the call counter itself."""
+        meta = self._meta()
+        half_tiles = self.half // self.BLOCK
+        if method == "one_shot":
+            return LaunchPlan(all_reduce_one_shot_kernel, self.grid(cdiv(n, self.BLOCK)),
+                              (X, OUT, self.stage, self.pad.signals, n, self.calls, half_tiles), meta)
+        if method == "two_shot":
+            shard_tiles = cdiv(n, self.world * self.BLOCK)
+            return LaunchPlan(all_reduce_two_shot_kernel, self.grid(shard_tiles),
+                              (X, OUT, self.stage, self.gather, self.pad.signals, n, self.calls, shard_tiles,
+                               half_tiles), meta)
+        if method == "ring" and self.ring_inbox is not None:
+            shard_tiles = cdiv(n, self.world * self.BLOCK)
+            return LaunchPlan(all_reduce_ring_kernel, self.grid(shard_tiles),
+                              (X, OUT, self.ring_inbox, self.stage, self._ring_signals(), n, self.calls, shard_tiles,
+                               half_tiles), meta)
+        if method == "ll":
+            return self.ll_plan(ll_reduce_kernel, n, self._ll_meta())
+        return None
 
     def _run_ce_two_shot(self, x, out, n: int) -> None:
         """``"ce_two_shot"`` (module notes: the steps and why they are safe)."""

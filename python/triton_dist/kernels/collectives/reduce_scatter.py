@@ -57,6 +57,7 @@ from ..common.chunks import chunk_and_grid
 from ..common.context import CollectiveContext
 from ..common import reach as _reach
 from ..common.ll_buffer import ll_buffer
+from ..common.launch_plan import OUT, X, LaunchPlan
 from ..common.ll_protocol import LL_BLOCK
 from ..common.tiles import copy_program_tiles, each_tile, load_tile, store_tile
 from .reduce_scatter_2d import reduce_scatter_2d_kernel
@@ -254,12 +255,14 @@ class ReduceScatterContext(CollectiveContext):
         ll_reduce_kernel.preload(self.stage, self.stage, self.ll, count, count, self.calls, grid=(1, ),
                                  **self._ll_meta())
 
-    def run(self, x, out, method: str = "auto") -> None:
+    def run(self, x, out, method: str = "auto") -> LaunchPlan | None:
         """``out`` = this rank's shard (``x.numel() // world`` elements) of the sum over ranks of
         ``x``, with ``method`` (see the class), on the current stream. ``x`` and ``out``: 1-D
         contiguous CUDA tensors of this dtype (validated by :func:`triton_dist.ops.reduce_scatter`,
         not here), ``x.numel()`` a multiple of the world size and ``<= max_numel``. ``out`` may be
-        this rank's shard of ``x``, and must not overlap the rest of ``x``."""
+        this rank's shard of ``x``, and must not overlap the rest of ``x``. Returns the
+        :class:`LaunchPlan` it launched (any 16-byte aligned tensors of the same sizes would launch
+        it again by the same method), or None with one rank."""
         if method not in self.METHODS:
             raise ValueError(f"triton_dist ReduceScatterContext.run: method must be one of {self.METHODS}, got "
                              f"{method!r}")
@@ -279,34 +282,37 @@ class ReduceScatterContext(CollectiveContext):
             method = _policy.reduce_scatter_method(n * self.dtype.itemsize, self.world,
                                                    self.world // self.local_world)
         _reach.check_reach("reduce_scatter", method, ("2d", ), self.unmapped, self.rank)
-        m = n // self.world
-        vec = self.vec if m % self.vec == 0 else 1
         # The preloaded variants assume 16-byte aligned pointers: a misaligned tensor would
         # compile and load another variant here, possibly while a peer spins.
         if x.data_ptr() % 16:
             x = x.clone()
         target = out if out.data_ptr() % 16 == 0 else out.new_empty(out.shape)
-        calls = self.calls  # the kernel is the call: it advances the counter itself
+        plan = self.launch_plan(n, method)
+        plan.launch(x, target)
+        if target is not out:
+            out.copy_(target)
+        return plan
+
+    def _make_launch_plan(self, n: int, method: str) -> LaunchPlan | None:
+        """Every method is one kernel, which advances the call counter itself; ``n`` counts the
+        input's elements, ``m = n // world`` this rank's shard's."""
+        m = n // self.world
+        vec = self.vec if m % self.vec == 0 else 1
         if method == "ll":
-            self.launch_ll(ll_reduce_kernel, x, target, m, self._ll_meta())
-            if target is not out:
-                out.copy_(target)
-            return
+            return self.ll_plan(ll_reduce_kernel, m, self._ll_meta())
         shard_tiles = cdiv(m, self.BLOCK)
         if method == "2d":
             chunk, programs = chunk_and_grid(m, self.max_programs, self.BLOCK)
-            reduce_scatter_2d_kernel[(programs, )](x, target, self.stage, self.inbox, self.partials, self.pad.signals,
-                                                   m // vec, chunk, shard_tiles, calls, self.half // self.BLOCK,
-                                                   self.ring_half // self.BLOCK, **self._2d_meta(vec))
-            if target is not out:
-                out.copy_(target)
-            return
-        grid = self.grid(shard_tiles)
+            return LaunchPlan(reduce_scatter_2d_kernel, (programs, ),
+                              (X, OUT, self.stage, self.inbox, self.partials, self.pad.signals, m // vec, chunk,
+                               shard_tiles, self.calls, self.half // self.BLOCK, self.ring_half // self.BLOCK),
+                              self._2d_meta(vec))
         if method == "push":
-            reduce_scatter_push_kernel[grid](x, target, self.stage, self.pad.signals, m // vec, shard_tiles, calls,
-                                             self.half // self.BLOCK, **self._meta(vec))
-        else:
-            reduce_scatter_ring_kernel[grid](x, target, self.inbox, self.pad.signals, m // vec, shard_tiles, calls,
-                                             self.ring_half // self.BLOCK, **self._meta(vec))
-        if target is not out:
-            out.copy_(target)
+            return LaunchPlan(reduce_scatter_push_kernel, self.grid(shard_tiles),
+                              (X, OUT, self.stage, self.pad.signals, m // vec, shard_tiles, self.calls,
+                               self.half // self.BLOCK), self._meta(vec))
+        if method == "ring":
+            return LaunchPlan(reduce_scatter_ring_kernel, self.grid(shard_tiles),
+                              (X, OUT, self.inbox, self.pad.signals, m // vec, shard_tiles, self.calls,
+                               self.ring_half // self.BLOCK), self._meta(vec))
+        return None

@@ -24,6 +24,7 @@ from ...signals import SignalPad
 from ...symmetric import symm_empty
 from . import call_counter as _call_counter
 from . import reach as _reach
+from .launch_plan import OUT, X, LaunchPlan
 from .ll_protocol import LL_BLOCK
 from .host_math import cdiv
 
@@ -97,6 +98,8 @@ class CollectiveContext:
             self.halves[name] = half
             setattr(self, name, symm_empty((2 * half, ), dtype))
         self.pad = SignalPad(max(1, signals_per_program * self.max_programs), owner=op)
+        self._launch_plans: dict = {}
+        """(n, method) -> :class:`LaunchPlan` (:meth:`launch_plan`)."""
         self.calls = torch.zeros(2, dtype=torch.int64, device=device)
         """The device-side call counter: the epoch of the latest call, then the count of a one-kernel
         call's programs that have entered it, 0 between calls
@@ -115,13 +118,36 @@ class CollectiveContext:
         itemsize = dtype.itemsize if isinstance(dtype, torch.dtype) else 1
         return max(1, max_bytes // itemsize), _runtime.world_size() if _runtime.is_initialized() else 1
 
-    def launch_ll(self, kernel, x, out, n: int, meta: dict) -> None:
-        """An LL kernel (:mod:`~triton_dist.kernels.common.ll_protocol`) over the ``n`` elements of
-        ``x`` as 4-byte words, one program per ``LL_BLOCK`` words up to the co-resident limit:
+    def ll_plan(self, kernel, n: int, meta: dict) -> LaunchPlan:
+        """An LL kernel (:mod:`~triton_dist.kernels.common.ll_protocol`) over ``n`` elements of the
+        input as 4-byte words, one program per ``LL_BLOCK`` words up to the co-resident limit:
         ``kernel(x, out, self.ll, n, words, self.calls, **meta)``, the call's only kernel (it
         advances the call counter itself)."""
         words = cdiv(n * self.dtype.itemsize, 4)
-        kernel[self.grid(cdiv(words, LL_BLOCK))](x, out, self.ll, n, words, self.calls, **meta)
+        return LaunchPlan(kernel, self.grid(cdiv(words, LL_BLOCK)), (X, OUT, self.ll, n, words, self.calls), meta)
+
+    MAX_LAUNCH_PLANS = 256
+    """Plans a context keeps (by element count and method) before it forgets them all."""
+
+    def launch_plan(self, n: int, method: str) -> LaunchPlan | None:
+        """The one kernel launch of a call on ``n > 0`` elements by ``method`` (resolved, never
+        ``"auto"``), made once per ``(n, method)``; None for a method of several launches or of
+        host work, and with one rank (a copy, not a kernel). The caller has checked ``n`` and
+        ``method`` as ``run`` does."""
+        if self.world == 1:
+            return None
+        plan = self._launch_plans.get((n, method))
+        if plan is None:
+            plan = self._make_launch_plan(n, method)
+            if plan is not None:
+                if len(self._launch_plans) >= self.MAX_LAUNCH_PLANS:
+                    self._launch_plans.clear()
+                self._launch_plans[(n, method)] = plan
+        return plan
+
+    def _make_launch_plan(self, n: int, method: str) -> LaunchPlan | None:
+        """:meth:`launch_plan`'s plan, uncached. Subclasses."""
+        return None
 
     def ran_on_one_rank(self, x, out) -> bool:
         """With one rank a reduction is its input: ``out = x`` (nothing to do when they alias).

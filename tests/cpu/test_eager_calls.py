@@ -1,0 +1,129 @@
+"""A repeated op call replays the recorded call's LaunchPlan only when everything the key does not
+fix checks out (device, contiguity, alignment, out's shape and dtype); anything else takes the full
+path (triton_dist.eager_calls). Without torch: stand-ins for tensors and torch._C."""
+
+import types
+
+import pytest
+
+from triton_dist import config, eager_calls
+
+
+class Tensor:
+    """What replay() reads of a torch.Tensor."""
+
+    def __init__(self, shape, dtype="bf16", device=0, address=4096, contiguous=True):
+        self.shape, self.dtype, self.device, self.address, self.contiguous = tuple(shape), dtype, device, address, contiguous
+
+    def get_device(self):
+        return self.device
+
+    def is_contiguous(self):
+        return self.contiguous
+
+    def data_ptr(self):
+        return self.address
+
+    def new_empty(self, shape):
+        return Tensor(shape, self.dtype, self.device, address=1 << 20)
+
+
+class Plan:
+    """A LaunchPlan stand-in."""
+
+    def __init__(self):
+        self.launched = []
+
+    def launch(self, x, out):
+        self.launched.append((x, out))
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    monkeypatch.setattr(eager_calls, "_Tensor", Tensor)
+    current = types.SimpleNamespace(device=0)
+    monkeypatch.setattr(eager_calls, "_torch_c", types.SimpleNamespace(_cuda_getDevice=lambda: current.device))
+    monkeypatch.setattr(config, "get", lambda: types.SimpleNamespace(check_collective_calls=False))
+    eager_calls.clear()
+    yield current
+    eager_calls.clear()
+
+
+def record(op="all_gather", shape=(64, 32), out_shape=(256, 32), out_given=False, method="auto"):
+    plan = Plan()
+    x = Tensor(shape)
+    eager_calls.record(op, x, Tensor(out_shape), out_given, method, plan)
+    return plan
+
+
+def test_a_call_like_the_recorded_one_launches_its_plan(calls):
+    plan = record()
+    x = Tensor((64, 32), address=8192)
+    out = eager_calls.replay("all_gather", x, None, "auto")
+    assert out.shape == (256, 32) and out.dtype == "bf16" and plan.launched == [(x, out)]
+    given = Tensor((256, 32), address=1 << 30)
+    plan_out = record(out_given=True)
+    assert eager_calls.replay("all_gather", x, given, "auto") is given and plan_out.launched == [(x, given)]
+
+
+@pytest.mark.parametrize("why,x", [
+    ("another shape", Tensor((32, 32))),
+    ("another dtype", Tensor((64, 32), dtype="fp32")),
+    ("another device", Tensor((64, 32), device=1)),
+    ("a CPU tensor", Tensor((64, 32), device=-1)),
+    ("not contiguous", Tensor((64, 32), contiguous=False)),
+    ("misaligned", Tensor((64, 32), address=4098)),
+    ("not a tensor", [[0.0] * 32] * 64),
+])
+def test_an_input_the_plan_does_not_fit_takes_the_full_path(calls, why, x):
+    plan = record()
+    assert eager_calls.replay("all_gather", x, None, "auto") is None, why
+    assert plan.launched == []
+
+
+@pytest.mark.parametrize("why,out", [
+    ("another shape", Tensor((128, 32))),
+    ("another dtype", Tensor((256, 32), dtype="fp32")),
+    ("another device", Tensor((256, 32), device=1)),
+    ("not contiguous", Tensor((256, 32), contiguous=False)),
+    ("misaligned", Tensor((256, 32), address=4100)),
+    ("not a tensor", "out"),
+])
+def test_an_out_the_plan_does_not_fit_takes_the_full_path(calls, why, out):
+    plan = record(out_given=True)
+    assert eager_calls.replay("all_gather", Tensor((64, 32)), out, "auto") is None, why
+    assert plan.launched == []
+
+
+def test_the_key_is_op_method_and_out_given(calls):
+    record(op="all_gather", method="auto", out_given=False)
+    x = Tensor((64, 32))
+    assert eager_calls.replay("all_reduce", x, None, "auto") is None
+    assert eager_calls.replay("all_gather", x, None, "ll") is None
+    assert eager_calls.replay("all_gather", x, Tensor((256, 32)), "auto") is None
+
+
+def test_another_current_device_takes_the_full_path(calls):
+    plan = record()
+    calls.device = 1
+    assert eager_calls.replay("all_gather", Tensor((64, 32)), None, "auto") is None
+    assert plan.launched == []
+
+
+def test_calls_that_may_not_be_replayed_are_not_recorded(calls, monkeypatch):
+    eager_calls.record("all_gather", Tensor((64, 32)), Tensor((256, 32)), False, "auto", None)
+    assert eager_calls.plans() == 0
+    monkeypatch.setattr(config, "get", lambda: types.SimpleNamespace(check_collective_calls=True))
+    record()
+    assert eager_calls.plans() == 0  # every call is checked across ranks then
+
+
+def test_clear_forgets_and_the_plans_stay_bounded(calls, monkeypatch):
+    record()
+    eager_calls.clear()
+    assert eager_calls.replay("all_gather", Tensor((64, 32)), None, "auto") is None
+    monkeypatch.setattr(eager_calls, "MAX_PLANS", 4)
+    for rows in range(1, 10):
+        record(shape=(rows, 32), out_shape=(4 * rows, 32))
+    assert 1 <= eager_calls.plans() <= 4
+    assert eager_calls.replay("all_gather", Tensor((9, 32)), None, "auto") is not None

@@ -1,0 +1,74 @@
+"""A LaunchPlan launches its kernel with each call's input and output in place of X and OUT: through
+Triton's path the first time (which learns the variant), then through the prepared C++ launch, and
+through Triton's path again whenever the prepared launch declines (triton_dist.kernels.common.launch_plan)."""
+
+import pytest
+
+from triton_dist.kernels.common.launch_plan import OUT, X, LaunchPlan
+
+
+class Prepared:
+    """A PreparedLaunch stand-in: records what it was asked to launch, and says whether it did."""
+
+    def __init__(self):
+        self.takes, self.launched = True, []
+
+    def launch(self, args):
+        if self.takes:
+            self.launched.append(list(args))
+        return self.takes
+
+
+class Kernel:
+    """A DistributedKernel stand-in: its run() is Triton's path; prepare() hands out one Prepared."""
+
+    def __init__(self, preparable=True):
+        self.ran, self.prepared, self.preparable = [], Prepared(), preparable
+        self.prepare_calls = 0
+
+    def run(self, *args, grid, **meta):
+        self.ran.append((list(args), grid, meta))
+
+    def prepare(self, grid, meta):
+        self.prepare_calls += 1
+        return self.prepared if self.preparable else None
+
+
+SIGNALS, COUNTER = object(), object()
+META = dict(WORLD=4, BLOCK=2048, num_warps=8)
+
+
+def test_the_first_launch_takes_tritons_path_and_the_next_the_prepared_one():
+    kernel = Kernel()
+    plan = LaunchPlan(kernel, [3], (X, OUT, SIGNALS, 1000, COUNTER), META)
+    plan.launch("x1", "out1")
+    assert kernel.ran == [(["x1", "out1", SIGNALS, 1000, COUNTER], (3, ), META)]
+    plan.launch("x2", "out2")
+    plan.launch("x3", "x3")  # in place
+    assert kernel.prepared.launched == [["x2", "out2", SIGNALS, 1000, COUNTER], ["x3", "x3", SIGNALS, 1000, COUNTER]]
+    assert len(kernel.ran) == 1 and kernel.prepare_calls == 1
+    assert plan.args == [X, OUT, SIGNALS, 1000, COUNTER]  # the template is never overwritten
+
+
+def test_a_declined_prepared_launch_falls_back_to_tritons_path():
+    kernel = Kernel()
+    plan = LaunchPlan(kernel, (2, ), (OUT, 7, X), META)
+    plan.launch("x1", "out1")
+    kernel.prepared.takes = False
+    plan.launch("x2", "out2")
+    assert [args for args, _, _ in kernel.ran] == [["out1", 7, "x1"], ["out2", 7, "x2"]]
+    assert kernel.prepare_calls == 1
+
+
+def test_a_kernel_that_cannot_be_prepared_is_asked_once():
+    kernel = Kernel(preparable=False)
+    plan = LaunchPlan(kernel, (1, ), (X, OUT), META)
+    for i in range(3):
+        plan.launch(f"x{i}", f"out{i}")
+    assert len(kernel.ran) == 3 and kernel.prepare_calls == 1
+
+
+@pytest.mark.parametrize("args", [(X, 1), (OUT, 1), (X, X, OUT), (X, OUT, OUT), ()])
+def test_x_and_out_must_each_appear_once(args):
+    with pytest.raises(ValueError, match="X and OUT must each appear once"):
+        LaunchPlan(Kernel(), (1, ), args, META)

@@ -1,0 +1,128 @@
+"""Repeated eager calls of all_reduce, all_gather and reduce_scatter replay their recorded launch
+plan (triton_dist.eager_calls): hundreds of calls of one shape, fresh random data every call, the
+forms a caller mixes (a new out, a given poisoned out, in place, a misaligned input that takes the
+full path) in turn, every element checked against a reference every rank computes alone (it
+redraws every rank's input from its seed). Then the replayed call captured in a CUDA graph, and the
+op's errors for inputs the plan does not fit."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import triton_dist as tdist
+from conftest import all_ranks_agree, raises_everywhere, rank_randn, tolerance_ratio
+from triton_dist import eager_calls, ops
+
+CALLS = 240
+ROWS, COLS = 8, 130  # per rank: 1040 elements, LL-sized in fp32 too
+
+
+def _case(op: str, seed: int, dtype):
+    """``(x, want)``: this rank's input and the op's result on this rank, from every rank's input."""
+    world, me = dist.get_world_size(), dist.get_rank()
+    rows = ROWS * world if op == "reduce_scatter" else ROWS
+    inputs = [rank_randn((rows, COLS), dtype, seed, r) for r in range(world)]
+    if op == "all_gather":
+        want = torch.cat(inputs)
+    else:
+        want = sum(x.float() for x in inputs)
+        if op == "reduce_scatter":
+            want = want[me * ROWS:(me + 1) * ROWS]
+    return inputs[me], want
+
+
+def _misaligned(x):
+    """``x``'s values at an address 2 bytes past a 16-byte boundary (the full path clones it)."""
+    buffer = torch.empty(x.numel() + 1, device=x.device, dtype=x.dtype)
+    buffer[1:] = x.reshape(-1)
+    return buffer[1:].view(x.shape)
+
+
+def _call(op: str, x, method: str, form: int, want_shape):
+    """One call in the ``form``-th way: a new out, a given poisoned out, in place (all_reduce), a
+    misaligned input."""
+    fn = getattr(ops, op)
+    if form == 1 or (form == 2 and op != "all_reduce"):
+        out = torch.full(want_shape, float("nan"), device="cuda", dtype=x.dtype)
+        got = fn(x, out=out, method=method)
+        assert got is out
+        return got
+    if form == 2:
+        y = x.clone()
+        got = fn(y, out=y, method=method)
+        assert got is y
+        return got
+    return fn(_misaligned(x) if form == 3 else x, method=method)
+
+
+_ONE_LAUNCH = {"all_reduce": ["auto", "one_shot", "two_shot", "ll", "ring"],
+               "all_gather": ["auto", "sm_push", "ring", "ll"],
+               "reduce_scatter": ["auto", "push", "ring", "ll"]}
+_CASES = [(op, method) for op, methods in _ONE_LAUNCH.items() for method in methods]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("op,method", _CASES)
+def test_repeated_calls_match_the_reference(op, method, dtype):
+    eager_calls.clear()
+    worst, bad = 0.0, []
+    for i in range(CALLS):
+        x, want = _case(op, 10_000 + i, dtype)
+        got = _call(op, x, method, i % 4, want.shape)
+        ratio = tolerance_ratio(got, want)
+        worst = max(worst, ratio)
+        if ratio > 1:
+            bad.append(i)
+    all_ranks_agree(not bad, f"{op} {method} {dtype}: wrong at calls {bad[:10]} (worst {worst:.2f} of tolerance)")
+    replayable = dist.get_world_size() > 1
+    all_ranks_agree((eager_calls.plans() > 0) == replayable,
+                    f"{op} {method}: {eager_calls.plans()} plans recorded at world {dist.get_world_size()}")
+    # The fit checked directly: a call like the recorded ones is replayed (on every rank alike).
+    x, want = _case(op, 99, dtype)
+    got = eager_calls.replay(op, x, None, method)
+    all_ranks_agree((got is not None) == replayable, f"{op} {method}: replay of a recorded call gave {got!r}")
+    if got is not None:
+        all_ranks_agree(tolerance_ratio(got, want) <= 1, f"{op} {method}: the direct replay is wrong")
+    tdist.barrier()
+
+
+@pytest.mark.parametrize("op,method", [(op, "auto") for op in _ONE_LAUNCH])
+def test_a_replayed_call_captured_in_a_cuda_graph(op, method):
+    x, want = _case(op, 1, torch.bfloat16)
+    out = torch.empty(want.shape, device="cuda", dtype=x.dtype)
+    getattr(ops, op)(x, out=out, method=method)  # recorded, uncaptured
+    torch.cuda.synchronize()
+    tdist.barrier()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        getattr(ops, op)(x, out=out, method=method)  # replayed into the graph
+    torch.cuda.synchronize()
+    tdist.barrier()
+    bad = []
+    for i in range(40):
+        fresh, want = _case(op, 500 + i, torch.bfloat16)
+        x.copy_(fresh)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        if tolerance_ratio(out, want) > 1:
+            bad.append(i)
+    all_ranks_agree(not bad, f"{op} replayed into a CUDA graph: wrong at replays {bad}")
+    tdist.barrier()
+
+
+@pytest.mark.parametrize("op", list(_ONE_LAUNCH))
+def test_inputs_the_plan_does_not_fit_get_the_ops_errors(op):
+    x, want = _case(op, 2, torch.bfloat16)
+    fn = getattr(ops, op)
+    fn(x)  # recorded
+    torch.cuda.synchronize()
+    strided = torch.empty((x.shape[1], x.shape[0]), device="cuda", dtype=x.dtype).t()  # x's shape, not contiguous
+    raises_everywhere(lambda: fn(strided), ValueError, "contiguous")
+    raises_everywhere(lambda: fn(x, out=torch.empty(want.shape, device="cuda", dtype=torch.float32)), ValueError,
+                      "out must have shape")
+    raises_everywhere(lambda: fn(x.cpu()), ValueError, "CUDA|cuda")
+    got = fn(x)  # and the op still works
+    torch.cuda.synchronize()
+    all_ranks_agree(tolerance_ratio(got, want) <= 1, f"{op} after bad inputs")
+    tdist.barrier()
