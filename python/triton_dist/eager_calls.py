@@ -17,8 +17,8 @@ depend on the tensors (:meth:`run` returned the plan: one kernel, every rank mor
 ``"auto"``'s choice by ``out``'s memory). Calls with ``context=`` are not recorded: the plan holds
 the context's buffers, which must be freed when the caller drops the context. With
 :attr:`Config.check_collective_calls <triton_dist.config.Config.check_collective_calls>` nothing is
-recorded, so every call is checked. :func:`clear` (``ops.clear_contexts``, ``finalize``) forgets
-every plan.
+recorded, and plans recorded under another Config object are dropped, so every call is checked.
+:func:`clear` (``ops.clear_contexts``, ``finalize``) forgets every plan.
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ _PLANS: dict = {}
 
 _Tensor = None  # torch.Tensor and torch._C, bound by the first record (triton_dist imports torch lazily)
 _torch_c = None
+
+_recorded_under = None
+"""The Config object (``config._current``) the plans were recorded under: under another one (a new
+``init``, or ``check_collective_calls`` switched on) they are forgotten, as its settings may change
+what a call does (the cross-rank check, the support library's timeouts)."""
 
 
 class CallPlan:
@@ -49,7 +54,10 @@ class CallPlan:
 def replay(op: str, x, out, method: str):
     """``op``'s result (``out``, or a new tensor) from a recorded plan, launched on the current
     stream; None, with nothing launched, when no plan fits: the caller takes the full path."""
-    if not _PLANS or type(x) is not _Tensor:
+    if not _PLANS or type(x) is not _Tensor or type(method) is not str:
+        return None
+    if _config._current is not _recorded_under:  # another Config (init, or a test's switch): full paths
+        _PLANS.clear()
         return None
     plan = _PLANS.get((op, x.shape, x.dtype, method, out is None))
     if plan is None:
@@ -70,16 +78,20 @@ def record(op: str, x, out, out_given: bool, method: str, launched) -> None:
     """Remember that ``op(x, out=out if out_given else None, method=method)`` (no ``context=``),
     just run by the full path, launched ``launched`` (what the context's ``run`` returned: a
     LaunchPlan, or None when the call may not be replayed)."""
-    global _Tensor, _torch_c
+    global _Tensor, _torch_c, _recorded_under
     if launched is None or _config.get().check_collective_calls:
         return
     if _Tensor is None:
         import torch
 
         _Tensor, _torch_c = torch.Tensor, torch._C
-    if len(_PLANS) >= MAX_PLANS:
+    if _config._current is not _recorded_under:
         _PLANS.clear()
-    _PLANS[(op, x.shape, x.dtype, method, not out_given)] = CallPlan(launched, x.get_device(), out.shape)
+        _recorded_under = _config._current
+    key = (op, x.shape, x.dtype, method, not out_given)
+    if key not in _PLANS and len(_PLANS) >= MAX_PLANS:
+        _PLANS.clear()
+    _PLANS[key] = CallPlan(launched, x.get_device(), out.shape)
 
 
 def clear() -> None:

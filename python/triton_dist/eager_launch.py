@@ -31,6 +31,8 @@ import dataclasses
 
 import triton
 
+from . import config as _config
+
 MAX_VARIANTS = 8
 """Variants tried per (device, keyword arguments); arguments of later ones always take Triton's
 path."""
@@ -135,7 +137,8 @@ class EagerLaunches:
         key = self._key(device, kwargs)
         if key is None:
             return None
-        return PreparedLaunch(self._launchers.setdefault(key, []), tuple(grid) + (1, ) * (3 - len(grid)), device)
+        return PreparedLaunch(self._launchers.setdefault(key, []), tuple(grid) + (1, ) * (3 - len(grid)), device,
+                              _config._current)
 
     def learn(self, compiled, args: tuple, kwargs: dict) -> None:
         """Add the variant Triton loaded for ``args``/``kwargs`` (``compiled``, a CompiledKernel
@@ -157,8 +160,6 @@ class EagerLaunches:
     def _launcher_for(self, compiled, args: tuple, kwargs: dict, device: int):
         from . import _C
         from . import runtime as _runtime
-
-        from . import config as _config
 
         md = compiled.metadata
         descriptors = _config.get().eager_tensor_descriptors
@@ -191,20 +192,28 @@ class PreparedLaunch:
     """:meth:`EagerLaunches.launch` with the key and grid worked out once: a repeated launch of the
     same kernel, grid and keywords on one device (:class:`triton_dist.kernels.common.launch_plan.LaunchPlan`)."""
 
-    __slots__ = ("launchers", "grid", "device")
+    __slots__ = ("launchers", "grid", "device", "config")
 
-    def __init__(self, launchers: list, grid: tuple, device: int):
+    def __init__(self, launchers: list, grid: tuple, device: int, config):
         self.launchers = launchers
         """The key's learnt launchers: :meth:`EagerLaunches.learn` appends to this same list."""
         self.grid = grid
         self.device = device
+        self.config = config
+        """The Config in force when the key was made: its keywords (``extern_libs``: the support
+        library, built with the Config's timeouts) may differ under another."""
+
+    def current(self) -> bool:
+        """Whether the Config it was prepared under is still the one in force."""
+        return _config._current is self.config
 
     def launch(self, args) -> bool:
         """Launch with the runtime arguments ``args`` (every one, by position) on the current
         stream; False (nothing launched) when the current device is another, a launch hook is
-        installed, or no learnt variant takes them: the caller then takes Triton's path."""
+        installed, the Config is another, or no learnt variant takes them: the caller then takes
+        Triton's path."""
         hook = triton.knobs.runtime.launch_enter_hook
-        if hook is not None and getattr(hook, "calls", True):
+        if (hook is not None and getattr(hook, "calls", True)) or _config._current is not self.config:
             return False
         device, stream = _device_and_stream()
         if device != self.device:

@@ -127,3 +127,17 @@ def test_clear_forgets_and_the_plans_stay_bounded(calls, monkeypatch):
         record(shape=(rows, 32), out_shape=(4 * rows, 32))
     assert 1 <= eager_calls.plans() <= 4
     assert eager_calls.replay("all_gather", Tensor((9, 32)), None, "auto") is not None
+
+
+def test_an_unhashable_method_takes_the_full_path(calls):
+    record()
+    assert eager_calls.replay("all_gather", Tensor((64, 32)), None, ["auto"]) is None  # its error is the op's
+
+
+def test_plans_recorded_under_another_config_are_dropped(calls, monkeypatch):
+    plan = record()
+    monkeypatch.setattr(config, "_current", object())  # init() again, or a switched setting
+    assert eager_calls.replay("all_gather", Tensor((64, 32)), None, "auto") is None
+    assert eager_calls.plans() == 0 and plan.launched == []
+    record()
+    assert eager_calls.replay("all_gather", Tensor((64, 32)), None, "auto") is not None

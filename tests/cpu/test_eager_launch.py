@@ -158,6 +158,16 @@ def test_a_prepared_launch_is_per_keyword_arguments_and_device(launches, monkeyp
     assert launches.prepare(NONE, dict(META, x=FakeTensor(4096, BF16))) is None
 
 
+def test_a_prepared_launch_declines_under_another_config(launches, monkeypatch):
+    from triton_dist import config
+
+    launches.learn(loaded(), example(), META)
+    prepared = launches.prepare(NONE, META)
+    assert prepared.current() and prepared.launch(example())
+    monkeypatch.setattr(config, "_current", object())  # its keywords (extern_libs) may differ now
+    assert not prepared.current() and not prepared.launch(example())
+
+
 def test_a_prepared_launch_keeps_tritons_path_under_a_launch_hook(launches, monkeypatch):
     launches.learn(loaded(), example(), META)
     prepared = launches.prepare(NONE, META)

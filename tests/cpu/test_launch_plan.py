@@ -11,7 +11,10 @@ class Prepared:
     """A PreparedLaunch stand-in: records what it was asked to launch, and says whether it did."""
 
     def __init__(self):
-        self.takes, self.launched = True, []
+        self.takes, self.launched, self.is_current = True, [], True
+
+    def current(self):
+        return self.is_current
 
     def launch(self, args):
         if self.takes:
@@ -72,3 +75,12 @@ def test_a_kernel_that_cannot_be_prepared_is_asked_once():
 def test_x_and_out_must_each_appear_once(args):
     with pytest.raises(ValueError, match="X and OUT must each appear once"):
         LaunchPlan(Kernel(), (1, ), args, META)
+
+
+def test_a_launch_prepared_under_another_config_is_prepared_again():
+    kernel = Kernel()
+    plan = LaunchPlan(kernel, (1, ), (X, OUT), META)
+    plan.launch("x1", "out1")
+    kernel.prepared.takes, kernel.prepared.is_current = False, False  # what PreparedLaunch does then
+    plan.launch("x2", "out2")
+    assert kernel.prepare_calls == 2 and len(kernel.ran) == 2

@@ -58,10 +58,11 @@ class LaunchPlan:
         prepared = self._prepared
         if prepared and prepared.launch(args):
             return
-        # Triton's path: the first launch, another device, a launch hook, or a variant not yet
-        # learnt. It learns the variant, which the prepared launch (sharing the learnt list) then takes.
+        # Triton's path: the first launch, another device, a launch hook, another Config, or a
+        # variant not yet learnt. It learns the variant, which the prepared launch (sharing the
+        # learnt list) then takes; one prepared under another Config is prepared again.
         self.kernel.run(*args, grid=self.grid, **self.meta)
-        if prepared is None:
+        if prepared is None or (prepared and not prepared.current()):
             self._prepared = self.kernel.prepare(self.grid, self.meta) or False  # False: never launchable from C++
 
     def __repr__(self) -> str:
