@@ -55,6 +55,17 @@ def _call(op: str, x, method: str, form: int, want_shape):
     return fn(_misaligned(x) if form == 3 else x, method=method)
 
 
+def _wrong_calls(op: str, calls: int, seed: int, dtype, call) -> list[int]:
+    """The indices ``i`` of ``calls`` calls ``call(i, x, want)`` whose result is off the reference
+    (every element within its tolerance, no NaN), on fresh inputs from seeds ``seed + i``."""
+    bad = []
+    for i in range(calls):
+        x, want = _case(op, seed + i, dtype)
+        if tolerance_ratio(call(i, x, want), want) > 1:
+            bad.append(i)
+    return bad
+
+
 _ONE_LAUNCH = {"all_reduce": ["auto", "one_shot", "two_shot", "ll", "ring"],
                "all_gather": ["auto", "sm_push", "ring", "ll", "2d", "ll_2d"],
                "reduce_scatter": ["auto", "push", "ring", "ll", "2d"]}
@@ -88,15 +99,8 @@ def replays(monkeypatch):
 @pytest.mark.parametrize("op,method", _CASES)
 def test_repeated_calls_match_the_reference(op, method, dtype, replays):
     eager_calls.clear()
-    worst, bad = 0.0, []
-    for i in range(CALLS):
-        x, want = _case(op, 10_000 + i, dtype)
-        got = _call(op, x, method, i % 4, want.shape)
-        ratio = tolerance_ratio(got, want)
-        worst = max(worst, ratio)
-        if ratio > 1:
-            bad.append(i)
-    all_ranks_agree(not bad, f"{op} {method} {dtype}: wrong at calls {bad[:10]} (worst {worst:.2f} of tolerance)")
+    bad = _wrong_calls(op, CALLS, 10_000, dtype, lambda i, x, want: _call(op, x, method, i % 4, want.shape))
+    all_ranks_agree(not bad, f"{op} {method} {dtype}: wrong at calls {bad[:10]} of {CALLS}")
     replayable = dist.get_world_size() > 1
     # Forms 0-2 replay but for the first call of each key (out given or not); 3 never does.
     expected = 3 * CALLS // 4 - 2 if replayable else 0
@@ -124,15 +128,15 @@ def test_a_replayed_call_captured_in_a_cuda_graph(op, method):
         getattr(ops, op)(x, out=out, method=method)  # replayed into the graph
     torch.cuda.synchronize()
     tdist.barrier()
-    bad = []
-    for i in range(40):
-        fresh, want = _case(op, 500 + i, torch.bfloat16)
+
+    def replayed(i, fresh, want):
         x.copy_(fresh)
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        if tolerance_ratio(out, want) > 1:
-            bad.append(i)
+        return out
+
+    bad = _wrong_calls(op, 40, 500, torch.bfloat16, replayed)
     all_ranks_agree(not bad, f"{op} replayed into a CUDA graph: wrong at replays {bad}")
     tdist.barrier()
 
@@ -141,14 +145,10 @@ def test_a_replayed_call_captured_in_a_cuda_graph(op, method):
 def test_one_rank_on_the_full_path_while_the_others_replay(op):
     """Rank 0's input misaligned every other call: it takes the full path (a clone, the same
     kernel) while the others replay; the results stay right on every rank."""
-    bad = []
-    for i in range(60):
-        x, want = _case(op, 3000 + i, torch.bfloat16)
-        if dist.get_rank() == 0 and i % 2:
-            x = _misaligned(x)
-        got = getattr(ops, op)(x)
-        if tolerance_ratio(got, want) > 1:
-            bad.append(i)
+    def call(i, x, want):
+        return getattr(ops, op)(_misaligned(x) if dist.get_rank() == 0 and i % 2 else x)
+
+    bad = _wrong_calls(op, 60, 3000, torch.bfloat16, call)
     all_ranks_agree(not bad, f"{op} with rank 0 on the full path: wrong at calls {bad}")
     tdist.barrier()
 

@@ -442,20 +442,13 @@ class AllGatherContext(CollectiveContext):
         if method == "ce_zero_copy":
             self._run_ce_zero_copy(x, out.view(-1), n)
             return
-        # The preloaded variants assume 16-byte aligned pointers: a misaligned tensor would
-        # compile and load another variant here, possibly while a peer spins.
-        if x.data_ptr() % 16:
-            x = x.clone()
         if method == "sm_zero_copy":
+            x, _ = self.aligned(x, out)  # out is aligned (checked above)
             grid = self.grid(cdiv(n, self.BLOCK))
             all_gather_zero_copy_kernel[grid](x, out, self.pad_ext.signals, n, self._next_zero_copy(),
                                               **self._zero_copy_meta(n % ALIGN_ELEMENTS == 0))
-            return
-        target = out if out.data_ptr() % 16 == 0 else out.new_empty(out.shape)
-        plan = self.launch_plan(n, method)
-        plan.launch(x, target)
-        if target is not out:
-            out.copy_(target)
+            return None
+        plan = self.launch_aligned(n, method, x, out)
         return None if chose_by_out else plan
 
     def _make_launch_plan(self, n: int, method: str) -> LaunchPlan | None:

@@ -331,29 +331,19 @@ class AllReduceContext(CollectiveContext):
             raise ValueError(f"triton_dist all_reduce: method 'll' takes at most {self.ll_max_bytes} bytes per rank, "
                              f"got {nbytes}; use 'one_shot', 'two_shot' or 'auto'")
         if self.ran_on_one_rank(x, out):
-            return
-        # The preloaded variants assume 16-byte aligned pointers: a misaligned tensor would
-        # compile and load another variant here, possibly while a peer spins.
-        if x.data_ptr() % 16:
-            x = x.clone()
-        target = out if out.data_ptr() % 16 == 0 else x.new_empty(x.shape)
-        if method == "2d":
-            self._two_level().run(x.view(-1), target.view(-1))
+            return None
+        if method in ("2d", "ce_two_shot"):
+            x, target = self.aligned(x, out)
+            if method == "2d":
+                self._two_level().run(x.view(-1), target.view(-1))
+            else:
+                self._run_ce_two_shot(x, target, n)
             if target is not out:
                 out.copy_(target)
-            return
-        if method == "ce_two_shot":
-            self._run_ce_two_shot(x, target, n)
-            if target is not out:
-                out.copy_(target)
-            return
+            return None
         if method == "ring":
             self._ring_inbox()
-        plan = self.launch_plan(n, method)
-        plan.launch(x, target)
-        if target is not out:
-            out.copy_(target)
-        return plan
+        return self.launch_aligned(n, method, x, out)
 
     def _make_launch_plan(self, n: int, method: str) -> LaunchPlan | None:
         """``"one_shot"``, ``"two_shot"``, ``"ll"``, and ``"ring"`` once its inbox exists: one

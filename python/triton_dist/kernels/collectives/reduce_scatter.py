@@ -282,16 +282,7 @@ class ReduceScatterContext(CollectiveContext):
             method = _policy.reduce_scatter_method(n * self.dtype.itemsize, self.world,
                                                    self.world // self.local_world)
         _reach.check_reach("reduce_scatter", method, ("2d", ), self.unmapped, self.rank)
-        # The preloaded variants assume 16-byte aligned pointers: a misaligned tensor would
-        # compile and load another variant here, possibly while a peer spins.
-        if x.data_ptr() % 16:
-            x = x.clone()
-        target = out if out.data_ptr() % 16 == 0 else out.new_empty(out.shape)
-        plan = self.launch_plan(n, method)
-        plan.launch(x, target)
-        if target is not out:
-            out.copy_(target)
-        return plan
+        return self.launch_aligned(n, method, x, out)
 
     def _make_launch_plan(self, n: int, method: str) -> LaunchPlan | None:
         """Every method is one kernel, which advances the call counter itself; ``n`` counts the

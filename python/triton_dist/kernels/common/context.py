@@ -126,6 +126,25 @@ class CollectiveContext:
         words = cdiv(n * self.dtype.itemsize, 4)
         return LaunchPlan(kernel, self.grid(cdiv(words, LL_BLOCK)), (X, OUT, self.ll, n, words, self.calls), meta)
 
+    @staticmethod
+    def aligned(x, out):
+        """``(x, target)``: ``x``, cloned if misaligned, and ``out``, or if misaligned a new tensor
+        like it to write instead (copy it into ``out`` afterwards). The preloaded variants assume
+        16-byte aligned pointers: a misaligned tensor would compile and load another variant here,
+        possibly while a peer spins."""
+        if x.data_ptr() % 16:
+            x = x.clone()
+        return x, (out if out.data_ptr() % 16 == 0 else out.new_empty(out.shape))
+
+    def launch_aligned(self, n: int, method: str, x, out) -> LaunchPlan:
+        """Launch :meth:`launch_plan`'s plan on :meth:`aligned` tensors; returns the plan."""
+        x, target = self.aligned(x, out)
+        plan = self.launch_plan(n, method)
+        plan.launch(x, target)
+        if target is not out:
+            out.copy_(target)
+        return plan
+
     MAX_LAUNCH_PLANS = 256
     """Plans a context keeps (by element count and method) before it forgets them all."""
 
