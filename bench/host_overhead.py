@@ -277,8 +277,29 @@ def main() -> int:
         records.append(bench.record(f"host_{name}", shape=shape, dtype="bfloat16", world_size=world, gpu=gpu,
                                     ours_us=ours_us, baselines={baseline: torch_us}, calls=CALLS, repeats=repeats,
                                     method=method, relative_error=err, verified=verified))
+    if args.breakdown:
+        for line in copy_engine_schedules():
+            log(f"breakdown: {line}")
     return bench.script.finish("host_overhead_shared" if shared else "host_overhead", records, args,
                                extra=("calls", ))
+
+
+def copy_engine_schedules() -> list[str]:
+    """What the timed ``gemm_rs`` contexts' copy-engine schedules enqueue per call (``--breakdown``,
+    after the timed calls): operations, driver calls, and whether they went as one CUDA graph (with
+    ``TRITON_DIST_STREAM_SCHEDULE_GRAPHS=1``) or why not. With graphs on they did not shorten
+    ``gemm_rs``'s host time (2026-12-07), where a standalone schedule's did: this says which."""
+    lines = []
+    for (op, _, key), context in ops._CONTEXTS.items():
+        schedules = dict(getattr(context, "_ce_schedules", {}))
+        if op != "gemm_rs" or not schedules:
+            continue
+        schedules["acks"] = context._acks
+        for which, s in schedules.items():
+            lines.append(f"gemm_rs context {key}, schedule {which}: {len(s)} operations, {s.driver_calls} driver "
+                         f"calls, as one graph: {s.launches_as_graph}, graphs made {s.graphs}, fallback: "
+                         f"{s.graph_failure or 'none'}")
+    return lines or ["gemm_rs made no copy-engine schedule (not timed, or not fused_ce)"]
 
 
 if __name__ == "__main__":
