@@ -16,8 +16,10 @@ arguments meet, which is what Triton would guarantee too (Triton might pick a mo
 variant; running the less specialised one is correct).
 
 Triton's path is kept whenever the C++ one would differ: a launch hook is installed (profilers
-see every launch), the grid is a callable, an argument goes by keyword or is a tuple, or the
-variant needs per-launch scratch memory or clusters. Host tensor descriptors
+see every launch), the grid is a callable, an argument is a tuple, or the variant needs per-launch
+scratch memory or clusters. Runtime arguments after a kernel's constexprs, which Triton takes only
+by name (the GEMMs' epilogue operands), go into their slots in the kernel's order (with
+``Config.eager_tensor_descriptors``, as the GEMMs take descriptors); they are no part of the key. Host tensor descriptors
 (``triton.tools.tensor_descriptor.TensorDescriptor``) take the C++ path only with
 ``Config.eager_tensor_descriptors`` and where Triton lowered them to TMA: the variant is Triton's
 for the descriptor's dtype and block shape (its whole specialisation), and the C++ launcher encodes
@@ -69,6 +71,9 @@ class EagerLaunches:
             defaults.append(p.default)
         self._defaults = tuple(reversed(defaults))
         self._required = len(self._runtime_params) - len(self._defaults)
+        # Triton binds positional arguments in the signature's order, constexprs included: only the
+        # parameters before the first constexpr can be given by position among the runtime ones.
+        self._leading = next((i for i, p in enumerate(fn.params) if p.is_constexpr), len(fn.params))
 
     def _complete(self, args: tuple) -> tuple:
         """``args`` with the left-out trailing defaults appended (unchanged when complete, or too
@@ -78,11 +83,30 @@ class EagerLaunches:
             return args
         return args + self._defaults[len(self._defaults) - missing:]
 
-    def _key(self, device: int, kwargs: dict):
-        # A runtime argument by keyword (a tensor, a count) is never learnt, and must not make a
-        # key: tensors hash by identity, so every call would add one (holding its tensors) for ever.
-        if not self._runtime_names.isdisjoint(kwargs):
+    def _runtime_args(self, args: tuple, kwargs: dict) -> tuple | None:
+        """Every runtime argument in the kernel's order, as the C++ launcher takes them: ``args``
+        (the leading ones), then each later one from ``kwargs`` or its default (the GEMMs pass
+        those after their constexprs by name); None when one is missing, or when a positional
+        argument may be a constexpr."""
+        if self._runtime_names.isdisjoint(kwargs):
+            return self._complete(args)
+        if len(args) > self._leading:
             return None
+        full = list(args)
+        for p in self._runtime_params[len(args):]:
+            if p.name in kwargs:
+                full.append(kwargs[p.name])
+            elif p.has_default:
+                full.append(p.default)
+            else:
+                return None
+        return tuple(full)
+
+    def _key(self, device: int, kwargs: dict):
+        # Runtime arguments given by keyword (a tensor, a count) are per-call values, not part of
+        # the key: tensors hash by identity, so every call would add one (holding its tensors).
+        if not self._runtime_names.isdisjoint(kwargs):
+            kwargs = {name: value for name, value in kwargs.items() if name not in self._runtime_names}
         try:
             key = (device, *kwargs.items())
             hash(key)
@@ -117,11 +141,13 @@ class EagerLaunches:
         launchers = self._launchers.get(self._key(device, kwargs))
         if not launchers:
             return False
+        args = self._runtime_args(args, kwargs)
+        if args is None:
+            return False
         size = len(grid)
         gx = grid[0]
         gy = grid[1] if size > 1 else 1
         gz = grid[2] if size > 2 else 1
-        args = self._complete(args)
         for launcher in launchers:
             if launcher.launch(gx, gy, gz, stream, *args):
                 return True
@@ -130,8 +156,8 @@ class EagerLaunches:
     def prepare(self, grid, kwargs: dict) -> PreparedLaunch | None:
         """A :class:`PreparedLaunch` of ``grid`` with these keywords on the current device: the
         learnt variants of its key, looked up once (later ones join it), or None when the keywords
-        can never be learnt."""
-        if callable(grid):
+        can never be learnt or hold a runtime argument (a prepared launch takes them all by position)."""
+        if callable(grid) or not self._runtime_names.isdisjoint(kwargs):
             return None
         device, _ = _device_and_stream()
         key = self._key(device, kwargs)
@@ -166,10 +192,13 @@ class EagerLaunches:
         if not launchable(md, descriptors):
             return None
         given = args
-        # Left-out defaults are completed only with the descriptors' switch, for now: the kernels
-        # that leave them out are the GEMMs, which take descriptors.
-        args = self._complete(args) if descriptors else args
-        if len(args) != len(self._runtime_params) or any(p.name in kwargs for p in self._runtime_params):
+        # Left-out defaults and runtime arguments by name are taken only with the descriptors'
+        # switch, for now: the kernels that use them are the GEMMs, which take descriptors.
+        if descriptors:
+            args = self._runtime_args(args, kwargs)
+        elif not self._runtime_names.isdisjoint(kwargs):
+            return None
+        if args is None or len(args) != len(self._runtime_params):
             return None
         binder = self.fn.device_caches[device][4]
         _, specialization, _ = binder(*given, **kwargs)  # it fills the defaults in itself

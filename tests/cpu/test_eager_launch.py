@@ -111,19 +111,36 @@ def test_variants_needing_per_launch_resources_are_not_learnt(launches, metadata
     assert launches.variants() == 0
 
 
-def test_runtime_arguments_by_keyword_are_not_learnt(launches):
+def test_runtime_arguments_by_keyword_take_their_place_in_order(launches):
+    """The GEMMs pass the runtime parameters after their constexprs by name: the C++ launch puts
+    each in its slot, and the per-call values by name are no part of the key."""
     args = example()
     launches.learn(loaded(), args[:-1], dict(META, scale=0.5))
-    assert launches.variants() == 0
+    assert launches.variants() == 1
+    assert launches.launch(NONE, args[:-1], dict(META, scale=2.0))
+    assert launches.launch(NONE, args[:3], dict(META, one=1, count=9, scale=2.0))  # any order by name
+    assert launches.launch(NONE, args, META)  # the same variant, all by position
+    assert not launches.launch(NONE, args[:3], dict(META, one=1, scale=2.0))  # count missing: Triton's path
+    assert not launches.launch(NONE, args[:3], dict(META, one=2, count=9, scale=2.0))  # not the folded 1
+
+
+def test_a_positional_argument_past_the_first_constexpr_is_not_taken_by_position(launches, monkeypatch):
+    """With a runtime argument by name, positional arguments beyond the parameters before the first
+    constexpr would be constexprs in Triton's binding: such a launch is not learnt."""
+    launches.learn(loaded(), example(), META)
+    monkeypatch.setattr(launches, "_leading", 2)
+    assert not launches.launch(NONE, example()[:5], dict(META, scale=0.5))
 
 
 def test_runtime_arguments_by_keyword_leave_nothing_behind(launches):
     """Each call's tensors passed by keyword must not be kept (in a key of the attempts, say)."""
     for address in range(4096, 4096 + 64 * 16, 16):
         kwargs = dict(META, x=FakeTensor(address, BF16))
-        assert not launches.launch(NONE, (None, 17, 1, 3, 0.5), kwargs)
-        launches.learn(loaded(), (None, 17, 1, 3, 0.5), kwargs)
-    assert launches.variants() == 0 and not launches._attempts and not launches._launchers
+        launches.launch(NONE, (), kwargs)
+        launches.learn(loaded(), (), dict(kwargs, y=None, n=17, one=1, count=3, scale=0.5))
+    assert launches.variants() <= eager_launch.MAX_VARIANTS and len(launches._attempts) == 1
+    held = [v for key in list(launches._attempts) + list(launches._launchers) for v in key]
+    assert not any(isinstance(v, FakeTensor) for v in held)
 
 
 def test_a_launch_hook_or_a_callable_grid_keeps_tritons_path(launches, monkeypatch):

@@ -65,6 +65,47 @@ def test_results_match_torch_across_variants_and_the_cpp_path_is_taken():
                     f"from C++, {scale_add_rank.eager.variants()} variants learnt")
 
 
+@tdist.jit(do_not_specialize=["scale"])
+def scale_bias_after_constexpr(x, out, n, BLOCK: tl.constexpr, scale=1.0, bias=None):
+    """Runtime parameters after a constexpr, which launches give by name (as the GEMMs' epilogue
+    operands are)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    v = tl.load(x + offs, mask=mask).to(tl.float32) * scale
+    if bias is not None:
+        v += tl.load(bias + offs, mask=mask).to(tl.float32)
+    tl.store(out + offs, v.to(out.dtype.element_ty), mask=mask)
+
+
+def test_runtime_arguments_by_name_take_the_cpp_path():
+    """300 launches passing ``scale`` and ``bias`` by name (or leaving them out), alternating the
+    variants of ``bias`` None and a tensor: results equal torch's, and repeated launches of each
+    variant come back from C++ (None)."""
+    me = tdist.rank()
+    g = torch.Generator(device="cuda").manual_seed(4321 + me)
+    x = torch.randn(5000, device="cuda", generator=g)
+    bias = torch.randn(5000, device="cuda", generator=g)
+    bad, through_cpp = [], 0
+    for i in range(300):
+        out = torch.full_like(x, float("nan"))
+        scale = (0.5, 2.0, 4.0)[i % 3]
+        kwargs = dict(BLOCK=BLOCK, num_warps=4, scale=scale)
+        if i % 2:
+            kwargs["bias"] = bias
+        if i % 7 == 0 and scale == 2.0 and "bias" not in kwargs:
+            del kwargs["scale"]  # the default, 1.0
+            scale = 1.0
+        got = scale_bias_after_constexpr[(triton_cdiv(5000, BLOCK), )](x, out, 5000, **kwargs)
+        through_cpp += got is None
+        want = x * scale + (bias if i % 2 else 0)
+        if not torch.allclose(out, want, rtol=1e-6, atol=1e-6):
+            bad.append(i)
+    torch.cuda.synchronize()
+    all_ranks_agree(not bad and through_cpp >= 280,
+                    f"rank {me}: wrong at launches {bad[:5]}; {through_cpp} of 300 from C++, "
+                    f"{scale_bias_after_constexpr.eager.variants()} variants learnt")
+
+
 def test_cuda_graphs_capture_cpp_launches_and_replays_bump_counters():
     me = tdist.rank()
     x = torch.randn(5000, device="cuda", generator=torch.Generator(device="cuda").manual_seed(77 + me))
