@@ -1,9 +1,9 @@
-"""Repeated eager calls of the collective ops, replayed: a call of ``ops.all_reduce``,
-``ops.all_gather`` or ``ops.reduce_scatter`` like an earlier one (the same op, input shape, dtype,
+"""Repeated eager calls of the ops, replayed: a call of ``ops.all_reduce``, ``ops.all_gather``,
+``ops.reduce_scatter`` or ``ops.gemm_ar`` like an earlier one (the same op, input shapes, dtype,
 method, and ``out`` given or not) launches the earlier call's
-:class:`~triton_dist.kernels.common.launch_plan.LaunchPlan` after checking only what may differ
-between two such calls: the tensors' device, contiguity and alignment, and ``out``'s shape and
-dtype.
+:class:`~triton_dist.kernels.common.launch_plan.LaunchPlan` (gemm_ar's ``"split_k"``: its
+``LaunchSequence``, the bump and the kernel) after checking only what may differ between two such
+calls: the tensors' device, contiguity and alignment, and ``out``'s shape and dtype.
 
 Why (issue 21): the op's full path (validation, context lookup, method choice, the context's
 checks, the kernel's keyword lookup) cost 35-50 µs of host time per call on the GPU machine, several
@@ -12,9 +12,9 @@ context's state read by the kernel on the device, so a call with the same key la
 plan; what the key does not fix is checked here, and a call that fails a check takes the full
 path, which raises the op's own errors.
 
-A call is recorded after the full path ran it, and only when the context says its launch does not
-depend on the tensors (:meth:`run` returned the plan: one kernel, every rank more than one, not
-``"auto"``'s choice by ``out``'s memory). Calls with ``context=`` are not recorded: the plan holds
+A call is recorded after the full path ran it, and only when the context says its launches do not
+depend on the tensors (its ``run`` returned the plan: a fixed launch or two, every rank more than
+one, not ``"auto"``'s choice by ``out``'s memory). Calls with ``context=`` are not recorded: the plan holds
 the context's buffers, which must be freed when the caller drops the context. With
 :attr:`Config.check_collective_calls <triton_dist.config.Config.check_collective_calls>` nothing is
 recorded, and plans recorded under another Config object are dropped, so every call is checked.
@@ -29,7 +29,8 @@ MAX_PLANS = 1024
 """Plans kept before all are forgotten (a caller of ever new shapes)."""
 
 _PLANS: dict = {}
-"""(op, shape, dtype, method, out is None) -> :class:`CallPlan`."""
+"""(op, shape, dtype, method, out is None) -> :class:`CallPlan`; a GEMM op's key holds both
+operands' shapes."""
 
 _Tensor = None  # torch.Tensor and torch._C, bound by the first record (triton_dist imports torch lazily)
 _torch_c = None
@@ -51,26 +52,54 @@ class CallPlan:
         self.out_shape = out_shape
 
 
+def _plan_for(key: tuple):
+    """The plan recorded under ``key``, or None (plans of another Config are dropped first)."""
+    if _config._current is not _recorded_under:  # another Config (init, or a test's switch): full paths
+        _PLANS.clear()
+        return None
+    return _PLANS.get(key)
+
+
+def _fits(t, device: int) -> bool:
+    """A plain CUDA tensor on ``device``, contiguous and 16-byte aligned (what a plan assumes)."""
+    return type(t) is _Tensor and t.get_device() == device and t.is_contiguous() and t.data_ptr() % 16 == 0
+
+
+def _output(plan: CallPlan, out, like):
+    """``out`` if the plan fits it (shape, ``like``'s dtype, device, layout), a new output when
+    ``out`` is None, else None."""
+    if out is None:
+        return like.new_empty(plan.out_shape)
+    if _fits(out, plan.device) and out.shape == plan.out_shape and out.dtype == like.dtype:
+        return out
+    return None
+
+
 def replay(op: str, x, out, method: str):
     """``op``'s result (``out``, or a new tensor) from a recorded plan, launched on the current
     stream; None, with nothing launched, when no plan fits: the caller takes the full path."""
     if not _PLANS or type(x) is not _Tensor or type(method) is not str:
         return None
-    if _config._current is not _recorded_under:  # another Config (init, or a test's switch): full paths
-        _PLANS.clear()
+    plan = _plan_for((op, x.shape, x.dtype, method, out is None))
+    if plan is None or _torch_c._cuda_getDevice() != plan.device or not _fits(x, plan.device):
         return None
-    plan = _PLANS.get((op, x.shape, x.dtype, method, out is None))
-    if plan is None:
+    out = _output(plan, out, x)
+    if out is not None:
+        plan.launch.launch(x, out)
+    return out
+
+
+def replay_gemm(op: str, a, b, out, method: str):
+    """:func:`replay` for a GEMM op of ``a [M, K]`` and ``b [N, K]``."""
+    if not _PLANS or type(a) is not _Tensor or type(b) is not _Tensor or type(method) is not str:
         return None
-    device = plan.device
-    if _torch_c._cuda_getDevice() != device or x.get_device() != device or not x.is_contiguous() or x.data_ptr() % 16:
+    plan = _plan_for((op, a.shape, b.shape, a.dtype, method, out is None))
+    if (plan is None or b.dtype != a.dtype or _torch_c._cuda_getDevice() != plan.device or
+            not _fits(a, plan.device) or not _fits(b, plan.device)):
         return None
-    if out is None:
-        out = x.new_empty(plan.out_shape)
-    elif (type(out) is not _Tensor or out.shape != plan.out_shape or out.dtype != x.dtype or
-          out.get_device() != device or not out.is_contiguous() or out.data_ptr() % 16):
-        return None
-    plan.launch.launch(x, out)
+    out = _output(plan, out, a)
+    if out is not None:
+        plan.launch.launch(a, b, out)
     return out
 
 
@@ -78,6 +107,16 @@ def record(op: str, x, out, out_given: bool, method: str, launched) -> None:
     """Remember that ``op(x, out=out if out_given else None, method=method)`` (no ``context=``),
     just run by the full path, launched ``launched`` (what the context's ``run`` returned: a
     LaunchPlan, or None when the call may not be replayed)."""
+    _record((op, x.shape, x.dtype, method, not out_given), x, out, launched)
+
+
+def record_gemm(op: str, a, b, out, out_given: bool, method: str, launched) -> None:
+    """:func:`record` for a GEMM op of ``a`` and ``b`` (``launched``: a LaunchSequence taking
+    ``(a, b, out)``, or None)."""
+    _record((op, a.shape, b.shape, a.dtype, method, not out_given), a, out, launched)
+
+
+def _record(key: tuple, x, out, launched) -> None:
     global _Tensor, _torch_c, _recorded_under
     if launched is None or _config.get().check_collective_calls:
         return
@@ -88,7 +127,6 @@ def record(op: str, x, out, out_given: bool, method: str, launched) -> None:
     if _config._current is not _recorded_under:
         _PLANS.clear()
         _recorded_under = _config._current
-    key = (op, x.shape, x.dtype, method, not out_given)
     if key not in _PLANS and len(_PLANS) >= MAX_PLANS:
         _PLANS.clear()
     _PLANS[key] = CallPlan(launched, x.get_device(), out.shape)

@@ -372,14 +372,13 @@ def ag_gemm(a_shard, b, *, out=None, method: str = "auto", context=None):
 
 def _run_n_keyed_gemm(op: str, context_class, a, b, out_shape, out, context, method: str, *, min_m: int):
     """The common end of gemm_rs and gemm_ar, whose contexts are keyed by N: check (or make) ``out``,
-    skip empty calls, find the context and run."""
+    skip empty calls, find the context and run; returns ``out`` and what ``run`` returned."""
     out = _output(op, a, out, out_shape)
     _check_aligned(op, "out", out)
     if a.shape[0] == 0 or b.shape[0] == 0:
-        return out
+        return out, None
     context = _n_keyed_gemm_context(op, context_class, a, b.shape[0], context, min_m=min_m)
-    context.run(a, b, out, method)
-    return out
+    return out, context.run(a, b, out, method)
 
 
 def _n_keyed_gemm_context(op: str, context_class, a, n, context, min_m: int):
@@ -453,7 +452,7 @@ def gemm_rs(a, b, *, out=None, method: str = "auto", context=None, variant: str 
     from .kernels import GemmReduceScatterContext
 
     return _run_n_keyed_gemm("gemm_rs", GemmReduceScatterContext, a, b, (big_m // world, n), out, context, method,
-                             min_m=256)
+                             min_m=256)[0]
 
 
 def gemm_ar(a, b, *, out=None, method: str = "auto", context=None, variant: str | None = None):
@@ -482,6 +481,10 @@ def gemm_ar(a, b, *, out=None, method: str = "auto", context=None, variant: str 
     if _torch_library.compiling():
         _torch_library.eager_only("gemm_ar", out=out, context=context)
         return _torch_library.op("gemm_ar")(a, b, method)
+    if context is None:
+        replayed = _eager_calls.replay_gemm("gemm_ar", a, b, out, method)
+        if replayed is not None:
+            return replayed
     _require_initialized("gemm_ar")
     _call_agreement.check("gemm_ar", a=a, b=b, method=method)
     from .kernels.gemm import gemm_ar as _gemm_ar
@@ -492,7 +495,12 @@ def gemm_ar(a, b, *, out=None, method: str = "auto", context=None, variant: str 
     _check_aligned("gemm_ar", "b", b)
     from .kernels import GemmAllReduceContext
 
-    return _run_n_keyed_gemm("gemm_ar", GemmAllReduceContext, a, b, (m, n), out, context, method, min_m=128)
+    out_given = out is not None
+    out, launched = _run_n_keyed_gemm("gemm_ar", GemmAllReduceContext, a, b, (m, n), out, context, method,
+                                      min_m=128)
+    if context is None:
+        _eager_calls.record_gemm("gemm_ar", a, b, out, out_given, method, launched)
+    return out
 
 
 def _flash_decode_context(q, context):

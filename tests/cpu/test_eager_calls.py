@@ -141,3 +141,52 @@ def test_plans_recorded_under_another_config_are_dropped(calls, monkeypatch):
     assert eager_calls.plans() == 0 and plan.launched == []
     record()
     assert eager_calls.replay("all_gather", Tensor((64, 32)), None, "auto") is not None
+
+
+class Sequence:
+    """A LaunchSequence stand-in: gemm_ar's bump and kernel, launched with (a, b, out)."""
+
+    def __init__(self):
+        self.launched = []
+
+    def launch(self, a, b, out):
+        self.launched.append((a, b, out))
+
+
+def record_gemm(out_given=False):
+    plan = Sequence()
+    eager_calls.record_gemm("gemm_ar", Tensor((16, 512)), Tensor((1024, 512)), Tensor((16, 1024)), out_given, "auto",
+                            plan)
+    return plan
+
+
+def test_a_gemm_call_like_the_recorded_one_launches_its_sequence(calls):
+    plan = record_gemm()
+    a, b = Tensor((16, 512), address=1 << 21), Tensor((1024, 512), address=1 << 22)
+    out = eager_calls.replay_gemm("gemm_ar", a, b, None, "auto")
+    assert out.shape == (16, 1024) and plan.launched == [(a, b, out)]
+    assert eager_calls.replay("gemm_ar", a, None, "auto") is None  # the collectives' key is another
+
+
+@pytest.mark.parametrize("why,a,b", [
+    ("another N", Tensor((16, 512)), Tensor((2048, 512))),
+    ("another K", Tensor((16, 256)), Tensor((1024, 256))),
+    ("b of another dtype", Tensor((16, 512)), Tensor((1024, 512), dtype="fp16")),
+    ("b misaligned", Tensor((16, 512)), Tensor((1024, 512), address=4104)),
+    ("b not contiguous", Tensor((16, 512)), Tensor((1024, 512), contiguous=False)),
+    ("b on another device", Tensor((16, 512)), Tensor((1024, 512), device=1)),
+    ("a misaligned", Tensor((16, 512), address=4104), Tensor((1024, 512))),
+])
+def test_gemm_operands_the_plan_does_not_fit_take_the_full_path(calls, why, a, b):
+    plan = record_gemm()
+    assert eager_calls.replay_gemm("gemm_ar", a, b, None, "auto") is None, why
+    assert plan.launched == []
+
+
+def test_a_gemm_out_is_checked_like_the_collectives(calls):
+    plan = record_gemm(out_given=True)
+    a, b = Tensor((16, 512)), Tensor((1024, 512))
+    assert eager_calls.replay_gemm("gemm_ar", a, b, Tensor((16, 2048)), "auto") is None
+    assert eager_calls.replay_gemm("gemm_ar", a, b, Tensor((16, 1024), address=4100), "auto") is None
+    out = Tensor((16, 1024))
+    assert eager_calls.replay_gemm("gemm_ar", a, b, out, "auto") is out and plan.launched == [(a, b, out)]

@@ -1,10 +1,10 @@
-"""A LaunchPlan launches its kernel with each call's input and output in place of X and OUT: through
+"""A LaunchPlan launches its kernel with each call's tensors in place of its slots (X, OUT, ...): through
 Triton's path the first time (which learns the variant), then through the prepared C++ launch, and
 through Triton's path again whenever the prepared launch declines (triton_dist.kernels.common.launch_plan)."""
 
 import pytest
 
-from triton_dist.kernels.common.launch_plan import OUT, X, LaunchPlan
+from triton_dist.kernels.common.launch_plan import OUT, X, LaunchPlan, LaunchSequence, Slot
 
 
 class Prepared:
@@ -71,10 +71,29 @@ def test_a_kernel_that_cannot_be_prepared_is_asked_once():
     assert len(kernel.ran) == 3 and kernel.prepare_calls == 1
 
 
-@pytest.mark.parametrize("args", [(X, 1), (OUT, 1), (X, X, OUT), (X, OUT, OUT), ()])
-def test_x_and_out_must_each_appear_once(args):
-    with pytest.raises(ValueError, match="X and OUT must each appear once"):
+@pytest.mark.parametrize("args", [(OUT, 1), (Slot(0, "a"), Slot(2, "c")), (Slot(1, "b", (64, 64)), )])
+def test_slot_indices_must_be_0_to_k_minus_1(args):
+    with pytest.raises(ValueError, match="0 .. k - 1"):
         LaunchPlan(Kernel(), (1, ), args, META)
+
+
+def test_descriptor_slots_get_a_tma_descriptor_of_their_tensor(monkeypatch):
+    from triton_dist.kernels.common import launch_plan
+
+    monkeypatch.setattr(launch_plan, "_descriptor", lambda t, block: ("desc", t, tuple(block)))
+    kernel = Kernel()
+    plan = LaunchPlan(kernel, (1, ), (Slot(0, "a", (128, 64)), Slot(1, "b", (64, 64)), 5, Slot(2, "out")), META)
+    assert plan.arity == 3
+    plan.launch("a1", "b1", "out1")
+    assert kernel.ran[0][0] == [("desc", "a1", (128, 64)), ("desc", "b1", (64, 64)), 5, "out1"]
+
+
+def test_a_sequence_launches_its_plans_in_order_with_their_share_of_the_tensors():
+    first, second = Kernel(), Kernel()
+    sequence = LaunchSequence(LaunchPlan(first, (1, ), (COUNTER, ), META),
+                              LaunchPlan(second, (4, ), (X, OUT, COUNTER), META))
+    sequence.launch("x", "out")
+    assert first.ran[0][0] == [COUNTER] and second.ran[0][0] == ["x", "out", COUNTER]
 
 
 def test_a_launch_prepared_under_another_config_is_prepared_again():

@@ -67,6 +67,23 @@ def fresh_op_contexts():
         ops.clear_contexts()
 
 
+@pytest.fixture
+def replays(monkeypatch):
+    """A one-element list counting the ops calls replayed from a recorded plan
+    (triton_dist.eager_calls' replay and replay_gemm wrapped: ops looks them up on every call)."""
+    from triton_dist import eager_calls
+
+    count = [0]
+    for name in ("replay", "replay_gemm"):
+        def counted(*args, _original=getattr(eager_calls, name)):
+            got = _original(*args)
+            count[0] += got is not None
+            return got
+
+        monkeypatch.setattr(eager_calls, name, counted)
+    return count
+
+
 SHARED_GPU_TRAP = (
     "a kernel trap in one CUDA MPS client is delivered to every client of the GPU (NVIDIA's MPS documentation, "
     "'Error containment'; scripts/gpu-test's mps-shared-fault check shows it), so a deliberately trapped child "

@@ -80,21 +80,6 @@ def one_node():
         pytest.skip("replay is tested at one node (the one-kernel methods load peers' memory)")
 
 
-@pytest.fixture
-def replays(monkeypatch):
-    """How many ops calls were replayed (ops looks eager_calls.replay up on every call)."""
-    count = [0]
-    replay = eager_calls.replay
-
-    def counted(*args):
-        got = replay(*args)
-        count[0] += got is not None
-        return got
-
-    monkeypatch.setattr(eager_calls, "replay", counted)
-    return count
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("op,method", _CASES)
 def test_repeated_calls_match_the_reference(op, method, dtype, replays):

@@ -66,6 +66,32 @@ def test_gemm_ar_back_to_back(method):
     all_ranks_agree(not bad and same, f"gemm_ar {method} back to back: wrong calls (call: error/tolerance) {bad}, identical {same}")
 
 
+@pytest.mark.parametrize("method", ["auto", "split_k"])
+def test_repeated_calls_replay_the_split_k_launches(method, replays):
+    """200 calls of one shape, fresh seeded inputs (every rank redraws every rank's to know the
+    sum), a new out and a given poisoned out in turn: all but the first call of each form are
+    replayed (triton_dist.eager_calls: the bump and the split-K kernel again), and every element
+    is right."""
+    from triton_dist import eager_calls
+
+    world, me = tdist.world_size(), tdist.rank()
+    m, n, k, calls = 16, 1024, 512, 200
+    eager_calls.clear()
+    bad = []
+    for i in range(calls):
+        a_all = [rank_randn((m, k), torch.bfloat16, 3000 + i, r) for r in range(world)]
+        b_all = [rank_randn((n, k), torch.bfloat16, 5000 + i, r) for r in range(world)]
+        want = sum(a.float() @ b.float().T for a, b in zip(a_all, b_all))
+        out = None if i % 2 == 0 else torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        got = ops.gemm_ar(a_all[me], b_all[me], out=out, method=method)
+        if (out is not None and got is not out) or tolerance_ratio(got, want) > _TOL:
+            bad.append(i)
+    all_ranks_agree(not bad, f"gemm_ar {method} repeated: wrong at calls {bad[:10]}")
+    expected = calls - 2 if world > 1 else 0
+    all_ranks_agree(replays[0] == expected, f"gemm_ar {method}: {replays[0]} calls replayed, expected {expected}")
+    tdist.barrier()
+
+
 def test_gemm_ar_changing_rows_and_fp16():
     """One context, M shrinking and growing between unsynchronised calls (the slots move with M,
     the signals do not; "auto" alternates between the methods, which share the buffer and the

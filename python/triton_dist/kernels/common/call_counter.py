@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from ...eager_launch import EagerLaunches
+from .launch_plan import LaunchPlan
 from .tickets import last_to_finish
 
 
@@ -62,6 +63,24 @@ def bump(counter):
     context's has a second element, which only :func:`enter_call` uses)."""
     _BUMP.run((1, ), (counter, ), _META)
     return counter
+
+
+class _BumpKernel:
+    """The bump as a :class:`~triton_dist.kernels.common.launch_plan.LaunchPlan` takes a kernel."""
+
+    def run(self, *args, grid, **meta):
+        return _BUMP.run(grid, args, meta)
+
+    def prepare(self, grid, meta: dict):
+        return _BUMP.prepare(grid, meta)
+
+    def __repr__(self) -> str:
+        return "call_counter_bump_kernel"
+
+
+def bump_plan(counter) -> LaunchPlan:
+    """:func:`bump` of ``counter`` as a launch plan (a call of several kernels launches it first)."""
+    return LaunchPlan(_BumpKernel(), (1, ), (counter, ), _META)
 
 
 def preload(counter) -> None:

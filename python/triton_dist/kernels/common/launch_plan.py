@@ -1,60 +1,71 @@
-"""One kernel launch of a collective call with every argument fixed but the call's input and
-output: what a context's ``run`` launches for its one-kernel methods, and what
+"""Kernel launches of a call with every argument fixed but the call's tensors: what a context's
+``run`` launches for its one-kernel methods (and gemm_ar's bump and split-K kernel), and what
 :mod:`triton_dist.eager_calls` replays for a repeated op call.
 
-Why: a one-kernel method's arguments other than ``x`` and ``out`` (the context's buffers, its
-signal pad and call counter, the element count, the grid and constexprs) depend only on the
-element count and the method, so they are worked out once per ``(n, method)``; and the plan keeps
-its kernel's learnt C++ launchers (:meth:`triton_dist.eager_launch.EagerLaunches.prepare`), so a
-launch is one C++ call without the keyword hashing and lookups of ``kernel[grid](...)``. Nothing
-of the call is on the host: the kernel reads its epoch from the device-side call counter and
-advances it (:mod:`~triton_dist.kernels.common.call_counter`), so a plan launched again is a new
-call.
+Why: such a launch's arguments other than the call's tensors (the context's buffers, its signal
+pad and call counter, the element count, the grid and constexprs) depend only on the call's sizes
+and method, so they are worked out once; and the plan keeps its kernel's learnt C++ launchers
+(:meth:`triton_dist.eager_launch.EagerLaunches.prepare`), so a launch is one C++ call without the
+keyword hashing and lookups of ``kernel[grid](...)``. Nothing of the call is on the host: the
+kernels read their epoch from the device-side call counter
+(:mod:`~triton_dist.kernels.common.call_counter`), so a plan launched again is a new call.
 """
 
 from __future__ import annotations
 
 
-class _Slot:
-    """A placeholder in a plan's arguments for what each launch passes."""
+class Slot:
+    """A placeholder in a plan's arguments for the ``index``-th tensor of each launch, or with
+    ``block`` for a host TMA descriptor of it with that block shape."""
 
-    def __init__(self, name: str):
-        self.name = name
+    __slots__ = ("index", "name", "block")
+
+    def __init__(self, index: int, name: str, block: tuple | None = None):
+        self.index, self.name = index, name
+        self.block = None if block is None else list(block)
 
     def __repr__(self) -> str:
-        return self.name.upper()
+        return self.name.upper() if self.block is None else f"desc({self.name.upper()}, {self.block})"
 
 
-X = _Slot("x")
-"""The call's input, in a :class:`LaunchPlan`'s arguments."""
-OUT = _Slot("out")
-"""The call's output, in a :class:`LaunchPlan`'s arguments."""
+X = Slot(0, "x")
+"""A collective call's input, in a :class:`LaunchPlan`'s arguments."""
+OUT = Slot(1, "out")
+"""A collective call's output, in a :class:`LaunchPlan`'s arguments."""
+
+
+def _descriptor(tensor, block: list):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(tensor, block)
 
 
 class LaunchPlan:
-    """``kernel[grid](*args, **meta)`` with :data:`X` and :data:`OUT` in ``args`` replaced by each
-    launch's tensors (each must appear exactly once)."""
+    """``kernel[grid](*args, **meta)`` with each :class:`Slot` in ``args`` replaced by its tensor of
+    the launch (or that tensor's descriptor); the slots' indices are ``0 .. k - 1``, each used."""
 
-    __slots__ = ("kernel", "grid", "args", "meta", "_x_at", "_out_at", "_prepared")
+    __slots__ = ("kernel", "grid", "args", "meta", "arity", "_slots", "_prepared")
 
     def __init__(self, kernel, grid: tuple, args: tuple, meta: dict):
         self.kernel = kernel
         self.grid = tuple(grid)
         self.args = list(args)
         self.meta = meta
-        x_at = [i for i, a in enumerate(args) if a is X]
-        out_at = [i for i, a in enumerate(args) if a is OUT]
-        if len(x_at) != 1 or len(out_at) != 1:
-            raise ValueError(f"triton_dist LaunchPlan of {kernel!r}: X and OUT must each appear once in the "
-                             f"arguments, got {args!r}")
-        self._x_at, self._out_at = x_at[0], out_at[0]
+        self._slots = [(at, a) for at, a in enumerate(args) if isinstance(a, Slot)]
+        used = sorted({slot.index for _, slot in self._slots})
+        if used != list(range(len(used))):
+            raise ValueError(f"triton_dist LaunchPlan of {kernel!r}: the slots' indices must be 0 .. k - 1, each "
+                             f"used; got {args!r}")
+        self.arity = len(used)
+        """How many tensors :meth:`launch` takes."""
         self._prepared = None
 
-    def launch(self, x, out) -> None:
-        """Launch on the current stream with ``x`` and ``out`` (tensors of the context's dtype)."""
+    def launch(self, *tensors) -> None:
+        """Launch on the current stream with ``tensors`` (:attr:`arity` of them) in the slots."""
         args = self.args.copy()
-        args[self._x_at] = x
-        args[self._out_at] = out
+        for at, slot in self._slots:
+            t = tensors[slot.index]
+            args[at] = t if slot.block is None else _descriptor(t, slot.block)
         prepared = self._prepared
         if prepared and prepared.launch(args):
             return
@@ -67,3 +78,18 @@ class LaunchPlan:
 
     def __repr__(self) -> str:
         return f"LaunchPlan({self.kernel!r}, grid={self.grid}, args={self.args!r})"
+
+
+class LaunchSequence:
+    """Plans launched one after another on the current stream, each with the same tensors (a call
+    of several kernels, such as a bump and its GEMM)."""
+
+    __slots__ = ("plans", )
+
+    def __init__(self, *plans: LaunchPlan):
+        self.plans = plans
+
+    def launch(self, *tensors) -> None:
+        """Each plan's :meth:`LaunchPlan.launch` with the first ``arity`` of ``tensors``."""
+        for plan in self.plans:
+            plan.launch(*tensors[:plan.arity])

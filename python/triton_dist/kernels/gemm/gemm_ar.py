@@ -76,6 +76,7 @@ from . import policy as _policy
 from ..common import call_counter as _call_counter
 from ..common import reach as _reach
 from ..common.host_math import cdiv
+from ..common.launch_plan import LaunchPlan, LaunchSequence, Slot
 
 CONFIG = "small"
 """The GEMM config of calls with more than ``gemm.SKINNY_MAX_M`` rows (128x128 tiles): with 128x256
@@ -191,6 +192,8 @@ class GemmAllReduceContext(OverlappedGemmContext):
         """The most tiles of a call (signals per source rank)."""
         self.partials = symm_empty((2 * self.half, ), torch.float32)
         self.pad = SignalPad(self.world * self.tiles_max, owner="GemmAllReduceContext")
+        self._split_k_plans: dict = {}
+        """(m, k) -> ``"split_k"``'s :class:`LaunchSequence` (:meth:`split_k_plan`)."""
         self.ready()
 
     def _config(self, m: int) -> str:
@@ -248,11 +251,13 @@ class GemmAllReduceContext(OverlappedGemmContext):
             gemm_ar_split_k_kernel.preload(a_desc, b_desc, self.partials, a, self.pad.signals, self.calls, 2, self.n,
                                            2, 2, 2, 2, 2, grid=(1, ), **self._split_k_meta(bm))
 
-    def run(self, a, b, out, method: str = "auto") -> None:
+    def run(self, a, b, out, method: str = "auto") -> LaunchSequence | None:
         """``out = sum over ranks of a @ b.T`` on the current stream. ``a [M, K]``, ``b [n, K]``,
         ``out [M, n]``: contiguous, 16-byte aligned CUDA tensors of this dtype, ``M <= max_m``,
         ``K`` a multiple of 8 (validated by :func:`triton_dist.ops.gemm_ar`, not here).
-        ``method``: one of :data:`METHODS` (module notes); every rank passes the same."""
+        ``method``: one of :data:`METHODS` (module notes); every rank passes the same. Returns the
+        launches of ``"split_k"`` (:meth:`split_k_plan`: a call of the same sizes and method with
+        any aligned tensors makes them again: :mod:`triton_dist.eager_calls`), else None."""
         import torch
 
         self.check_method(method)
@@ -265,32 +270,43 @@ class GemmAllReduceContext(OverlappedGemmContext):
             raise ValueError(f"triton_dist GemmAllReduceContext.run: method 'split_k' takes M <= {SPLIT_K_MAX_M}, "
                              f"got M = {m}; use 'output_tiles' or 'auto'")
         if m == 0 or self.ran_plain_gemm(a, b, out):
-            return
+            return None
         if method == "auto":
             method = _policy.gemm_ar_method(m, SPLIT_K_MAX_M)
         _reach.check_reach("gemm_ar", method, (), self.unmapped, self.rank)
         # The preloaded kernels assume a 16-byte aligned output: another would load here, possibly
         # while a peer spins.
         target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
+        plan = None
         if method == "split_k":
-            self._run_split_k(a, b, target)
+            plan = self.split_k_plan(m, k)
+            plan.launch(a, b, target)
         else:
             self._run_output_tiles(a, b, target)
         if target is not out:
             out.copy_(target)
+        return plan
 
-    def _run_split_k(self, a, b, out) -> None:
-        m, k = a.shape
+    def split_k_plan(self, m: int, k: int) -> LaunchSequence:
+        """``"split_k"``'s launches for ``m`` rows and depth ``k``, made once per ``(m, k)``: the
+        bump, then the kernel; :meth:`~LaunchSequence.launch` takes ``(a, b, out)``."""
+        plan = self._split_k_plans.get((m, k))
+        if plan is not None:
+            return plan
         bm = self.split_k_block(m)
+        bk = SPLIT_K_CONFIGS[bm]["BK"]
         split_k = self.split_k(k)
-        a_desc, b_desc = self._split_k_descriptors(a, b, bm)
-        _call_counter.bump(self.calls)
         tiles = cdiv(self.n, SPLIT_K_BN) * split_k
         # The no-deadlock argument of several slices (module notes) needs one resident program per tile.
         assert split_k == 1 or tiles <= self.num_sms, (split_k, tiles, self.num_sms)
-        grid = (min(tiles, self.num_sms), )
-        gemm_ar_split_k_kernel[grid](a_desc, b_desc, self.partials, out, self.pad.signals, self.calls, m, self.n, k,
-                                     self.rank, self.half, self.tiles_max, split_k, **self._split_k_meta(bm))
+        kernel = LaunchPlan(gemm_ar_split_k_kernel, (min(tiles, self.num_sms), ),
+                            (Slot(0, "a", (bm, bk)), Slot(1, "b", (SPLIT_K_BN, bk)), self.partials, Slot(2, "out"),
+                             self.pad.signals, self.calls, m, self.n, k, self.rank, self.half, self.tiles_max, split_k),
+                            self._split_k_meta(bm))
+        if len(self._split_k_plans) >= 64:  # a caller of ever new shapes: keep the memo bounded
+            self._split_k_plans.clear()
+        plan = self._split_k_plans[(m, k)] = LaunchSequence(_call_counter.bump_plan(self.calls), kernel)
+        return plan
 
     def _run_output_tiles(self, a, b, target) -> None:
         m, k = a.shape

@@ -1,0 +1,51 @@
+"""gemm_ar's ``"split_k"`` launches as a plan (what a repeated ``ops.gemm_ar`` call replays): the
+bump of the context's counter, then the split-K kernel with its runtime arguments in the kernel's
+order, the operands' TMA descriptors of the config's blocks, and its constexprs. A context stood up
+without a GPU, its buffers named stand-ins."""
+
+import types
+
+import pytest
+
+from triton_dist.kernels.common.launch_plan import Slot
+from triton_dist.kernels.gemm import gemm_ar
+from triton_dist.kernels.gemm.split_k import SPLIT_K_BN, SPLIT_K_CONFIGS
+
+
+class Buffer:
+    def __init__(self, name: str):
+        self.name = name
+
+
+def _context(world: int, n: int):
+    ctx = gemm_ar.GemmAllReduceContext.__new__(gemm_ar.GemmAllReduceContext)
+    ctx.world, ctx.rank, ctx.num_sms, ctx.n = world, 0, 132, n
+    ctx.half, ctx.tiles_max = 1 << 20, 512
+    ctx.partials, ctx.calls = Buffer("partials"), Buffer("calls")
+    ctx.pad = types.SimpleNamespace(signals=Buffer("signals"))
+    ctx._split_k_plans = {}
+    return ctx
+
+
+@pytest.mark.parametrize("m", [1, 16, 32, 100, 128])
+@pytest.mark.parametrize("world", [2, 8])
+def test_split_k_plan_is_the_bump_then_the_kernel_with_its_parameters(m, world):
+    ctx = _context(world, 4096)
+    sequence = ctx.split_k_plan(m, 7168)
+    bump, kernel = sequence.plans
+    assert bump.args == [ctx.calls] and bump.arity == 0 and bump.grid == (1, )
+    fn = kernel.kernel.fn
+    names = [p.name for p in fn.params if not p.is_constexpr]
+    args = dict(zip(names, kernel.args))
+    assert len(kernel.args) == len(names) and kernel.arity == 3
+    bm = ctx.split_k_block(m)
+    bk = SPLIT_K_CONFIGS[bm]["BK"]
+    assert (args["a_desc"].index, args["a_desc"].block) == (0, [bm, bk])
+    assert (args["b_desc"].index, args["b_desc"].block) == (1, [SPLIT_K_BN, bk])
+    assert isinstance(args["out"], Slot) and (args["out"].index, args["out"].block) == (2, None)
+    assert [args[name].name for name in ("partials", "signals", "calls")] == ["partials", "signals", "calls"]
+    assert (args["M"], args["N"], args["K"], args["rank"]) == (m, 4096, 7168, 0)
+    assert (args["half_elems"], args["signal_region"], args["split_k"]) == (ctx.half, ctx.tiles_max, ctx.split_k(7168))
+    assert kernel.meta["BM"] == bm and kernel.meta["BK"] == bk and kernel.meta["BN"] == SPLIT_K_BN
+    assert {p.name for p in fn.params if p.is_constexpr} <= set(kernel.meta)
+    assert ctx.split_k_plan(m, 7168) is sequence  # made once per (m, k)
