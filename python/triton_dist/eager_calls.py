@@ -107,19 +107,22 @@ def record(op: str, x, out, out_given: bool, method: str, launched) -> None:
     """Remember that ``op(x, out=out if out_given else None, method=method)`` (no ``context=``),
     just run by the full path, launched ``launched`` (what the context's ``run`` returned: a
     LaunchPlan, or None when the call may not be replayed)."""
-    _record((op, x.shape, x.dtype, method, not out_given), x, out, launched)
+    _record((op, x.shape, x.dtype, method, not out_given), x, out, launched, 2)
 
 
 def record_gemm(op: str, a, b, out, out_given: bool, method: str, launched) -> None:
     """:func:`record` for a GEMM op of ``a`` and ``b`` (``launched``: a LaunchSequence taking
     ``(a, b, out)``, or None)."""
-    _record((op, a.shape, b.shape, a.dtype, method, not out_given), a, out, launched)
+    _record((op, a.shape, b.shape, a.dtype, method, not out_given), a, out, launched, 3)
 
 
-def _record(key: tuple, x, out, launched) -> None:
+def _record(key: tuple, x, out, launched, tensors: int) -> None:
     global _Tensor, _torch_c, _recorded_under
     if launched is None or _config.get().check_collective_calls:
         return
+    if launched.arity != tensors:
+        raise ValueError(f"triton_dist eager_calls: {key[0]}'s plan takes {launched.arity} tensors, its replay "
+                         f"{tensors}: {launched!r}")
     if _Tensor is None:
         import torch
 

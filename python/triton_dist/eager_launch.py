@@ -86,12 +86,14 @@ class EagerLaunches:
     def _runtime_args(self, args: tuple, kwargs: dict) -> tuple | None:
         """Every runtime argument in the kernel's order, as the C++ launcher takes them: ``args``
         (the leading ones), then each later one from ``kwargs`` or its default (the GEMMs pass
-        those after their constexprs by name); None when one is missing, or when a positional
-        argument may be a constexpr."""
-        if self._runtime_names.isdisjoint(kwargs):
-            return self._complete(args)
+        those after their constexprs by name); None when one is missing, given twice, or when a
+        positional argument binds to a constexpr (Triton binds them in the signature's order)."""
         if len(args) > self._leading:
             return None
+        if self._runtime_names.isdisjoint(kwargs):
+            return self._complete(args)
+        if any(p.name in kwargs for p in self.fn.params[:len(args)]):
+            return None  # Triton raises "multiple values" for it
         full = list(args)
         for p in self._runtime_params[len(args):]:
             if p.name in kwargs:

@@ -31,6 +31,8 @@ class Tensor:
 class Plan:
     """A LaunchPlan stand-in."""
 
+    arity = 2
+
     def __init__(self):
         self.launched = []
 
@@ -146,6 +148,8 @@ def test_plans_recorded_under_another_config_are_dropped(calls, monkeypatch):
 class Sequence:
     """A LaunchSequence stand-in: gemm_ar's bump and kernel, launched with (a, b, out)."""
 
+    arity = 3
+
     def __init__(self):
         self.launched = []
 
@@ -190,3 +194,8 @@ def test_a_gemm_out_is_checked_like_the_collectives(calls):
     assert eager_calls.replay_gemm("gemm_ar", a, b, Tensor((16, 1024), address=4100), "auto") is None
     out = Tensor((16, 1024))
     assert eager_calls.replay_gemm("gemm_ar", a, b, out, "auto") is out and plan.launched == [(a, b, out)]
+
+
+def test_a_plan_of_another_arity_is_refused_when_recorded(calls):
+    with pytest.raises(ValueError, match="takes 3 tensors, its replay 2"):
+        eager_calls.record("all_reduce", Tensor((64, 32)), Tensor((64, 32)), False, "auto", Sequence())

@@ -124,12 +124,57 @@ def test_runtime_arguments_by_keyword_take_their_place_in_order(launches):
     assert not launches.launch(NONE, args[:3], dict(META, one=2, count=9, scale=2.0))  # not the folded 1
 
 
-def test_a_positional_argument_past_the_first_constexpr_is_not_taken_by_position(launches, monkeypatch):
-    """With a runtime argument by name, positional arguments beyond the parameters before the first
-    constexpr would be constexprs in Triton's binding: such a launch is not learnt."""
-    launches.learn(loaded(), example(), META)
-    monkeypatch.setattr(launches, "_leading", 2)
-    assert not launches.launch(NONE, example()[:5], dict(META, scale=0.5))
+@triton.jit
+def after_constexpr(x, n, C: tl.constexpr, m, extra=0):
+    """Runtime parameters after a constexpr, as the GEMMs have."""
+    offs = tl.arange(0, C)
+    tl.store(x + offs, tl.load(x + offs) + n + m + extra)
+
+
+@pytest.fixture
+def after(monkeypatch):
+    backend = CUDABackend(GPUTarget("cuda", 90, 32))
+    binder = create_function_from_signature(after_constexpr.signature, after_constexpr.params, backend)
+    monkeypatch.setitem(after_constexpr.device_caches, 0, ({}, {}, backend.target, backend, binder))
+    monkeypatch.setattr(eager_launch, "_device_and_stream", lambda: (0, 0))
+    return eager_launch.EagerLaunches(after_constexpr)
+
+
+def test_runtime_arguments_after_a_constexpr_go_into_their_slots(after):
+    x = FakeTensor(4096, FP32)
+    after.learn(loaded(), (x, 17), dict(C=16, m=7, num_warps=4))
+    assert after.variants() == 1
+    assert after._runtime_args((x, 17), dict(C=16, m=9, num_warps=4)) == (x, 17, 9, 0)
+    assert after._runtime_args((x, 17), dict(C=16, extra=5, m=9, num_warps=4)) == (x, 17, 9, 5)
+    assert after.launch(NONE, (x, 18), dict(C=16, m=9, num_warps=4))
+    assert not after.launch(NONE, (x, 18), dict(C=32, m=9, num_warps=4))  # another constexpr: another key
+
+
+def test_a_constexpr_given_by_position_is_never_taken_for_a_runtime_argument(after):
+    """Triton binds positional arguments in the signature's order: (x, 17, 16, 7) is C=16, m=7."""
+    x = FakeTensor(4096, FP32)
+    after.learn(loaded(), (x, 17, 16, 7), dict(num_warps=4))
+    assert after.variants() == 0
+    assert after._runtime_args((x, 17, 16, 7), {}) is None
+    assert after._runtime_args((x, 17), dict(n=3, C=16, m=7)) is None  # n twice: Triton raises
+
+
+def test_runtime_arguments_by_name_need_the_descriptors_switch(after, monkeypatch):
+    from triton_dist import config
+
+    monkeypatch.setattr(config, "get", lambda: types.SimpleNamespace(eager_tensor_descriptors=False))
+    after.learn(loaded(), (FakeTensor(4096, FP32), 17), dict(C=16, m=7, num_warps=4))
+    assert after.variants() == 0
+
+
+def test_none_or_a_tensor_by_name_are_two_variants(launches):
+    args = example()
+    launches.learn(loaded(), args[:3], dict(META, one=1, count=3, scale=0.5))  # y: None, folded
+    assert not launches.launch(NONE, args[:1], dict(META, y=FakeTensor(8192, BF16), n=17, one=1, count=3, scale=0.5))
+    launches.learn(loaded(), args[:1], dict(META, y=FakeTensor(8192, BF16), n=17, one=1, count=3, scale=0.5))
+    assert launches.variants() == 2
+    assert launches.launch(NONE, args[:1], dict(META, y=FakeTensor(1 << 20, BF16), n=17, one=1, count=3, scale=0.5))
+    assert launches.launch(NONE, args[:3], dict(META, one=1, count=3, scale=0.5))
 
 
 def test_runtime_arguments_by_keyword_leave_nothing_behind(launches):

@@ -103,3 +103,27 @@ def test_a_launch_prepared_under_another_config_is_prepared_again():
     kernel.prepared.takes, kernel.prepared.is_current = False, False  # what PreparedLaunch does then
     plan.launch("x2", "out2")
     assert kernel.prepare_calls == 2 and len(kernel.ran) == 2
+
+
+def test_a_launch_of_the_wrong_number_of_tensors_is_refused():
+    plan = LaunchPlan(Kernel(), (1, ), (X, OUT), META)
+    with pytest.raises(ValueError, match="1 tensors for 2 slots"):
+        plan.launch("x")
+
+
+def test_a_sequence_makes_every_plans_arguments_before_its_first_launch(monkeypatch):
+    """A descriptor that cannot be made must raise before the bump launches: a counter advanced on
+    one rank alone would leave its epochs off its peers'."""
+    from triton_dist.kernels.common import launch_plan
+
+    def refuse(t, block):
+        raise AssertionError("base must be 16-byte aligned")
+
+    monkeypatch.setattr(launch_plan, "_descriptor", refuse)
+    bump, gemm = Kernel(), Kernel()
+    sequence = LaunchSequence(LaunchPlan(bump, (1, ), (COUNTER, ), META),
+                              LaunchPlan(gemm, (4, ), (Slot(0, "a", (64, 64)), Slot(1, "out")), META))
+    assert sequence.arity == 2
+    with pytest.raises(AssertionError, match="aligned"):
+        sequence.launch("a", "out")
+    assert bump.ran == [] and gemm.ran == []

@@ -62,10 +62,22 @@ class LaunchPlan:
 
     def launch(self, *tensors) -> None:
         """Launch on the current stream with ``tensors`` (:attr:`arity` of them) in the slots."""
+        self.launch_arguments(self.arguments(*tensors))
+
+    def arguments(self, *tensors) -> list:
+        """The launch's arguments: ``args`` with ``tensors`` (:attr:`arity` of them) in the slots,
+        descriptors made."""
+        if len(tensors) != self.arity:
+            raise ValueError(f"triton_dist LaunchPlan of {self.kernel!r}: {len(tensors)} tensors for {self.arity} "
+                             f"slots")
         args = self.args.copy()
         for at, slot in self._slots:
             t = tensors[slot.index]
             args[at] = t if slot.block is None else _descriptor(t, slot.block)
+        return args
+
+    def launch_arguments(self, args: list) -> None:
+        """Launch on the current stream with :meth:`arguments`' result."""
         prepared = self._prepared
         if prepared and prepared.launch(args):
             return
@@ -84,12 +96,19 @@ class LaunchSequence:
     """Plans launched one after another on the current stream, each with the same tensors (a call
     of several kernels, such as a bump and its GEMM)."""
 
-    __slots__ = ("plans", )
+    __slots__ = ("plans", "arity")
 
     def __init__(self, *plans: LaunchPlan):
         self.plans = plans
+        self.arity = max(plan.arity for plan in plans)
+        """How many tensors :meth:`launch` takes (each plan the first ``plan.arity`` of them)."""
 
     def launch(self, *tensors) -> None:
-        """Each plan's :meth:`LaunchPlan.launch` with the first ``arity`` of ``tensors``."""
-        for plan in self.plans:
-            plan.launch(*tensors[:plan.arity])
+        """Each plan's launch with the first ``arity`` of ``tensors``, every plan's arguments made
+        (descriptors included) before the first launch: a bad tensor must raise before a bump has
+        advanced this rank's call counter alone, which would leave its epochs off its peers'."""
+        if len(tensors) != self.arity:
+            raise ValueError(f"triton_dist LaunchSequence: {len(tensors)} tensors for {self.arity}")
+        resolved = [(plan, plan.arguments(*tensors[:plan.arity])) for plan in self.plans]
+        for plan, args in resolved:
+            plan.launch_arguments(args)
