@@ -17,14 +17,14 @@ variant; running the less specialised one is correct).
 
 Triton's path is kept whenever the C++ one would differ: a launch hook is installed (profilers
 see every launch), the grid is a callable, an argument is a tuple, or the variant needs per-launch
-scratch memory or clusters. Runtime arguments after a kernel's constexprs, which Triton takes only
-by name (the GEMMs' epilogue operands), go into their slots in the kernel's order (with
-``Config.eager_tensor_descriptors``, as the GEMMs take descriptors); they are no part of the key. Host tensor descriptors
-(``triton.tools.tensor_descriptor.TensorDescriptor``) take the C++ path only with
-``Config.eager_tensor_descriptors`` and where Triton lowered them to TMA: the variant is Triton's
-for the descriptor's dtype and block shape (its whole specialisation), and the C++ launcher encodes
-each call's CUtensorMap with the variant's ``tensordesc_meta`` (:func:`tensor_map_rule`), as
-Triton's launcher does.
+scratch memory or clusters. Runtime arguments after a kernel's constexprs, which launches give by
+name (the GEMMs' epilogue operands), go into their slots in the kernel's order (with
+``Config.eager_tensor_descriptors``, as the GEMMs take descriptors); they are no part of the key.
+Host tensor descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``) take the C++ path
+only with ``Config.eager_tensor_descriptors`` and where Triton lowered them to TMA: the variant is
+Triton's for the descriptor's dtype and block shape (its whole specialisation), and the C++
+launcher encodes each call's CUtensorMap with the variant's ``tensordesc_meta``
+(:func:`tensor_map_rule`), as Triton's launcher does.
 """
 
 from __future__ import annotations

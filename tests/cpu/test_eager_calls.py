@@ -13,7 +13,8 @@ class Tensor:
     """What replay() reads of a torch.Tensor."""
 
     def __init__(self, shape, dtype="bf16", device=0, address=4096, contiguous=True):
-        self.shape, self.dtype, self.device, self.address, self.contiguous = tuple(shape), dtype, device, address, contiguous
+        self.shape, self.dtype, self.device = tuple(shape), dtype, device
+        self.address, self.contiguous = address, contiguous
 
     def get_device(self):
         return self.device

@@ -68,7 +68,8 @@ def test_a_plan_passes_the_kernels_parameters_in_order(cls, method, world, local
     constexprs = {p.name for p in fn.params if p.is_constexpr}
     required = {p.name for p in fn.params if p.is_constexpr and not p.has_default}
     given = set(plan.meta) - {"num_warps", "num_stages"}
-    assert given <= constexprs and required <= given, f"{fn.__name__}: meta {sorted(given)}, constexprs {sorted(constexprs)}"
+    assert given <= constexprs and required <= given, \
+        f"{fn.__name__}: meta {sorted(given)}, constexprs {sorted(constexprs)}"
     assert 1 <= plan.grid[0] <= 32
 
 
