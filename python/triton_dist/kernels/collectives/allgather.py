@@ -155,7 +155,7 @@ from ..common.launch_plan import OUT, X, LaunchPlan
 from ..common.ll_protocol import LL_BLOCK
 from ..common.ring import all_gather_ring_kernel
 from ..common.signal_layout import SignalLayout
-from ..common.streams import side_stream
+from ..common.streams import side_stream, wait_for
 from . import policy as _policy
 from .allgather_2d import all_gather_2d_kernel, all_gather_ll_2d_kernel
 from .allgather_kernels import (all_gather_ce_chunk_signal_kernel, all_gather_ce_copy_out_kernel,
@@ -271,6 +271,7 @@ class AllGatherContext(CollectiveContext):
         mapped = _reach.mapped_peer_tensors(self.ce, self.unmapped)
         self._ce_peers = [self.ce if r == self.rank else mapped.get(r) for r in range(self.world)]
         self._side = side_stream(self.calls.device)
+        self._joined = torch.cuda.Event()  # streams.wait_for's
         self.ce_chunk_bytes = ce_chunk_bytes
         """``"ce_chunked"``'s smallest chunk in bytes (:data:`CE_CHUNK_BYTES` unless given; the
         same on every rank)."""
@@ -489,7 +490,7 @@ class AllGatherContext(CollectiveContext):
         peers = [(me + k) % self.world for k in range(1, self.world)]
         _call_counter.bump(counter)
         # Own slot of out on a side stream, overlapping the peer copies (joined before returning).
-        self._side.wait_stream(stream)
+        wait_for(self._side, stream, self._joined)
         with torch.cuda.stream(self._side):
             out[me * n:(me + 1) * n].copy_(x)
         all_gather_ce_signal_kernel[(1, )](signals, counter, **meta(0))
@@ -500,7 +501,7 @@ class AllGatherContext(CollectiveContext):
             source = self._ce_peers[r] if pull else self.ce
             out[r * n:(r + 1) * n].copy_(source[r * slot:r * slot + n])
         all_gather_ce_signal_kernel[(1, )](signals, counter, **meta(2))
-        stream.wait_stream(self._side)
+        wait_for(stream, self._side, self._joined)
 
     # ---------------------------------------------------------------- added after the first GPU run
 
@@ -520,7 +521,7 @@ class AllGatherContext(CollectiveContext):
         peers = {r: peer_tensor(out, r) for r in range(self.world) if r != me}
         k_ptr = self._next_zero_copy()
         # Own slot on the side stream: this rank's out is ours from the call's start (stream order).
-        self._side.wait_stream(stream)
+        wait_for(self._side, stream, self._joined)
         with torch.cuda.stream(self._side):
             out[me * n:(me + 1) * n].copy_(x)
         # "ready": every peer has entered this call, so its out is ours to write.
@@ -530,7 +531,7 @@ class AllGatherContext(CollectiveContext):
             peers[r][me * n:(me + 1) * n].copy_(x)
         # "done": my copies have landed in every peer's out; every peer's have landed in mine.
         all_gather_ce_signal_kernel[(1, )](self.pad_ext.signals, k_ptr, **self._zc_meta("done"))
-        stream.wait_stream(self._side)
+        wait_for(stream, self._side, self._joined)
 
     def _run_ce_chunked(self, x, out, n: int) -> None:
         """The ``ce_chunked`` method (see the module notes for the protocol and its ordering)."""
@@ -543,12 +544,12 @@ class AllGatherContext(CollectiveContext):
         chunk = self.chunk_numel(n)
         chunks = cdiv(n, chunk)
         _call_counter.bump(self.ce_calls)
-        self._side.wait_stream(stream)
+        wait_for(self._side, stream, self._joined)
         with torch.cuda.stream(self._side):
             target[me * n:(me + 1) * n].copy_(x)
         # Every peer has copied this rank's data of the previous ce call out of its ce buffer.
         all_gather_ce_signal_kernel[(1, )](self.pad.signals, self.ce_calls, **self._ce_meta(0))
-        self._send.wait_stream(stream)
+        wait_for(self._send, stream, self._joined)
         for c in range(chunks):
             lo, hi = c * chunk, min(n, (c + 1) * chunk)
             event = self._chunk_events[c]
@@ -570,9 +571,9 @@ class AllGatherContext(CollectiveContext):
                                             **self._copy_out_meta(n % ALIGN_ELEMENTS == 0))
         # The copy-out has read every peer's data: acknowledge (the peers' next ce call may write).
         all_gather_ce_signal_kernel[(1, )](self.pad.signals, self.ce_calls, **self._ce_meta(2))
-        stream.wait_stream(self._side)
-        stream.wait_stream(self._send)
-        stream.wait_stream(self._notify)
+        wait_for(stream, self._side, self._joined)
+        wait_for(stream, self._send, self._joined)
+        wait_for(stream, self._notify, self._joined)
         if target is not out:
             out.copy_(target)
 

@@ -154,7 +154,7 @@ from ..common.launch_plan import OUT, X, LaunchPlan
 from ..common.ll_protocol import LL_BLOCK
 from ..common import reach as _reach
 from ..common.rank_barrier import rank_barrier_kernel
-from ..common.streams import side_stream
+from ..common.streams import side_stream, wait_for
 from ..common.host_math import cdiv
 
 
@@ -230,6 +230,7 @@ class AllReduceContext(CollectiveContext):
         self._peer_ce_pad = _reach.mapped_peer_tensors(self.ce_pad.signals, self.unmapped)
         self._push = side_stream(self.calls.device)
         self._pull = side_stream(self.calls.device)
+        self._joined = torch.cuda.Event()  # streams.wait_for's
         self._started = torch.cuda.Event()
         self.local_world = _runtime.local_world_size()
         """Ranks per node (several nodes make ``"2d"`` ``"auto"``'s choice)."""
@@ -411,5 +412,5 @@ class AllReduceContext(CollectiveContext):
                     lo, hi = part(s, c)
                     if hi > lo:
                         out[lo:hi].copy_(self._peer_gather[s][lo:hi])
-        stream.wait_stream(self._push)
-        stream.wait_stream(self._pull)
+        wait_for(stream, self._push, self._joined)
+        wait_for(stream, self._pull, self._joined)

@@ -21,3 +21,13 @@ def side_stream(device):
     import torch
 
     return torch.cuda.Stream(device=device, priority=HIGHEST_PRIORITY)
+
+
+def wait_for(waiter, producer, event) -> None:
+    """``waiter.wait_stream(producer)`` through ``event``, one event a context keeps and records
+    again for every such wait. torch's ``wait_stream`` makes a new event per call (created,
+    recorded, destroyed: a Python object and two more driver calls, in every eager call of the ops
+    with side streams). Reusing one is safe: a wait binds to the record made just before it, and
+    later records do not move it; under CUDA graph capture the pair becomes the same dependency."""
+    event.record(producer)
+    waiter.wait_event(event)

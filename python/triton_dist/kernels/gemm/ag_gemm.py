@@ -116,7 +116,7 @@ from .ag_gemm_2d import ag_gemm_push_2d_kernel
 from .context import OverlappedGemmContext
 from ..common import call_counter as _call_counter
 from ..common import reach as _reach
-from ..common.streams import side_stream
+from ..common.streams import side_stream, wait_for
 from ... import timeline as _timeline
 from ..common.tickets import last_to_finish
 from ..common.tiles import copy_program_tiles
@@ -289,6 +289,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
         mapped = _reach.mapped_peer_tensors(exposed, self.unmapped)
         self._peers = [exposed if r == self.rank else mapped.get(r) for r in range(self.world)]
         self._side = side_stream(self.device)
+        self._joined = torch.cuda.Event()  # streams.wait_for's
         # Where ranks share a GPU, the caller's stream waits for the copy-engine producers' first
         # signal kernel (phase 0 or 2) before the GEMM (start_gather says why); None elsewhere.
         copy_engine = method in ("ce_push", "ce_pull")
@@ -339,7 +340,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
         ag_gemm_consumer_kernel[_gemm.grid_for(rows, n, config, self.max_programs)](
             a_desc, b_desc, c_desc, rows, n, k, self.pad.signals, self.calls, self.rank, m,
             **self.consumer_meta(config), **_timeline.kernel_args())
-        stream.wait_stream(self._side)
+        wait_for(stream, self._side, self._joined)
 
     def consumer_meta(self, config: str) -> dict:
         """The GEMM consumer's constexprs and options for ``config``: with ``"sm_2d"`` across nodes,
@@ -352,7 +353,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
         """The gather's half of a call (module notes): bump the call counter, this rank's rows into
         ``gathered``, the producer on the side stream. A consumer launched next on the returned
         (current) stream may read rank ``r``'s rows ``[r * m, (r + 1) * m)`` of ``gathered`` once
-        ``pad.signals[r] >= *calls``; the call then ends with ``stream.wait_stream(self._side)``."""
+        ``pad.signals[r] >= *calls``; the call then ends with the current stream waiting for the side stream."""
         import torch
 
         m, k, me = a_shard.shape[0], self.k, self.rank
@@ -360,7 +361,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
         stream = torch.cuda.current_stream()
         _call_counter.bump(self.calls)
         self.gathered[me * m * k:(me + 1) * m * k].copy_(x)
-        self._side.wait_stream(stream)
+        wait_for(self._side, stream, self._joined)
         with torch.cuda.stream(self._side):
             if self.method == "ce_pull":
                 self._pull(x, m)

@@ -149,7 +149,7 @@ from ..common import call_counter as _call_counter
 from ..common import reach as _reach
 from ... import timeline as _timeline
 from ..common.scratch import GlobalScratch
-from ..common.streams import side_stream
+from ..common.streams import side_stream, wait_for
 from ..common.host_math import cdiv
 
 REDUCE_SMS = 8
@@ -330,6 +330,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
             d = (self.rank + i) % self.world
             self._acks.write(self._peer_ce_pad[d], self._ack + self.rank, 1)
         self._side = side_stream(self.device)
+        self._joined = torch.cuda.Event()  # streams.wait_for's
         self._bumped = torch.cuda.Event()  # re-recorded each call: a wait takes the latest record
         self._scratch = GlobalScratch(self.device)  # the fused_tma method's device-built descriptors
         self.gemm_then_reduce_scatter = None
@@ -441,7 +442,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
                                                                        self.calls, m, n, self.half,
                                                                        self.tiles_per_rank,
                                                                        **self.reduce_meta(config, peer))
-        stream.wait_stream(self._side)
+        wait_for(stream, self._side, self._joined)
         if target is not out:
             out.copy_(target)
 
@@ -527,6 +528,6 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         # next call's, which it does only after the acks below.
         self.ce_pad.signals.view(torch.int64)[:self._ack].zero_()
         self._acks.enqueue(stream)
-        stream.wait_stream(side)
+        wait_for(stream, side, self._joined)
         if target is not out:
             out.copy_(target)
