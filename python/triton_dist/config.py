@@ -137,6 +137,12 @@ class Config:
     (TRITON_DIST_EAGER_TENSOR_DESCRIPTORS=0 turns it off). On since the GPU suites passed with it
     (one H100, worlds 1, 2 and 4 under MPS, 2026-12-07)."""
 
+    eager_replay: bool = True
+    """A repeated eager call of all_reduce, all_gather, reduce_scatter or gemm_ar's ``"split_k"``
+    launches the earlier call's recorded launches after checking only its tensors
+    (:mod:`triton_dist.eager_calls`), instead of the op's whole Python path
+    (TRITON_DIST_EAGER_REPLAY=0 turns it off, every call then takes the full path)."""
+
     stream_schedule_graphs: bool = False
     """Copy-engine protocols (:class:`triton_dist.StreamSchedule`) enqueue their fixed operations
     as one CUDA-graph launch per call instead of a driver call each, most of an eager
@@ -174,6 +180,7 @@ class Config:
             prebuilt_cache_dir=os.environ.get("TRITON_DIST_PREBUILT_CACHE_DIR", ""),
             eager_tensor_descriptors=_env_int("TRITON_DIST_EAGER_TENSOR_DESCRIPTORS", 1) != 0,
             stream_schedule_graphs=_env_int("TRITON_DIST_STREAM_SCHEDULE_GRAPHS", 0) != 0,
+            eager_replay=_env_int("TRITON_DIST_EAGER_REPLAY", 1) != 0,
         )
 
 

@@ -17,7 +17,8 @@ depend on the tensors (its ``run`` returned the plan: a fixed launch or two, eve
 one, not ``"auto"``'s choice by ``out``'s memory). Calls with ``context=`` are not recorded: the plan holds
 the context's buffers, which must be freed when the caller drops the context. With
 :attr:`Config.check_collective_calls <triton_dist.config.Config.check_collective_calls>` nothing is
-recorded, and plans recorded under another Config object are dropped, so every call is checked.
+recorded, nor with ``Config.eager_replay`` off, and plans recorded under another Config object
+are dropped, so every call is checked.
 :func:`clear` (``ops.clear_contexts``, ``finalize``) forgets every plan.
 """
 
@@ -118,7 +119,8 @@ def record_gemm(op: str, a, b, out, out_given: bool, method: str, launched) -> N
 
 def _record(key: tuple, x, out, launched, tensors: int) -> None:
     global _Tensor, _torch_c, _recorded_under
-    if launched is None or _config.get().check_collective_calls:
+    config = _config.get()
+    if launched is None or config.check_collective_calls or not config.eager_replay:
         return
     if launched.arity != tensors:
         raise ValueError(f"triton_dist eager_calls: {key[0]}'s plan takes {launched.arity} tensors, its replay "

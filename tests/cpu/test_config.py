@@ -24,7 +24,9 @@ def test_environment_overrides(monkeypatch):
     monkeypatch.setenv("TRITON_DIST_WAIT_TIMEOUT_NS", "5000")
     monkeypatch.setenv("TRITON_DIST_DEBUG_BARRIERS", "1")
     monkeypatch.setenv("TRITON_DIST_AUTOTUNE_CACHE_DIR", "/tmp/tuned")
+    monkeypatch.setenv("TRITON_DIST_EAGER_REPLAY", "0")
     cfg = config.Config.from_environment()
+    assert not cfg.eager_replay and config.Config().eager_replay
     assert cfg.wait_timeout_ns == 5000 and cfg.debug_barriers
     assert cfg.symmetric_heap_size == 3 << 30
     assert cfg.local_world_size == 1

@@ -46,7 +46,7 @@ def calls(monkeypatch):
     monkeypatch.setattr(eager_calls, "_Tensor", Tensor)
     current = types.SimpleNamespace(device=0)
     monkeypatch.setattr(eager_calls, "_torch_c", types.SimpleNamespace(_cuda_getDevice=lambda: current.device))
-    monkeypatch.setattr(config, "get", lambda: types.SimpleNamespace(check_collective_calls=False))
+    monkeypatch.setattr(config, "get", lambda: types.SimpleNamespace(check_collective_calls=False, eager_replay=True))
     eager_calls.clear()
     yield current
     eager_calls.clear()
@@ -116,9 +116,12 @@ def test_another_current_device_takes_the_full_path(calls):
 def test_calls_that_may_not_be_replayed_are_not_recorded(calls, monkeypatch):
     eager_calls.record("all_gather", Tensor((64, 32)), Tensor((256, 32)), False, "auto", None)
     assert eager_calls.plans() == 0
-    monkeypatch.setattr(config, "get", lambda: types.SimpleNamespace(check_collective_calls=True))
+    monkeypatch.setattr(config, "get", lambda: types.SimpleNamespace(check_collective_calls=True, eager_replay=True))
     record()
     assert eager_calls.plans() == 0  # every call is checked across ranks then
+    monkeypatch.setattr(config, "get", lambda: types.SimpleNamespace(check_collective_calls=False, eager_replay=False))
+    record()
+    assert eager_calls.plans() == 0  # switched off
 
 
 def test_clear_forgets_and_the_plans_stay_bounded(calls, monkeypatch):
