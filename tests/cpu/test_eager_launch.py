@@ -41,13 +41,18 @@ def loaded(**metadata):
     return types.SimpleNamespace(name="scaled_copy", function=0x1, metadata=types.SimpleNamespace(**md))
 
 
+def _learner(kernel, monkeypatch):
+    """EagerLaunches of ``kernel`` with Triton's sm_90 binder installed for device 0."""
+    backend = CUDABackend(GPUTarget("cuda", 90, 32))
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    monkeypatch.setitem(kernel.device_caches, 0, ({}, {}, backend.target, backend, binder))
+    monkeypatch.setattr(eager_launch, "_device_and_stream", lambda: (0, 0))
+    return eager_launch.EagerLaunches(kernel)
+
+
 @pytest.fixture
 def launches(monkeypatch):
-    backend = CUDABackend(GPUTarget("cuda", 90, 32))
-    binder = create_function_from_signature(scaled_copy.signature, scaled_copy.params, backend)
-    monkeypatch.setitem(scaled_copy.device_caches, 0, ({}, {}, backend.target, backend, binder))
-    monkeypatch.setattr(eager_launch, "_device_and_stream", lambda: (0, 0))
-    return eager_launch.EagerLaunches(scaled_copy)
+    return _learner(scaled_copy, monkeypatch)
 
 
 def example():
@@ -133,11 +138,7 @@ def after_constexpr(x, n, C: tl.constexpr, m, extra=0):
 
 @pytest.fixture
 def after(monkeypatch):
-    backend = CUDABackend(GPUTarget("cuda", 90, 32))
-    binder = create_function_from_signature(after_constexpr.signature, after_constexpr.params, backend)
-    monkeypatch.setitem(after_constexpr.device_caches, 0, ({}, {}, backend.target, backend, binder))
-    monkeypatch.setattr(eager_launch, "_device_and_stream", lambda: (0, 0))
-    return eager_launch.EagerLaunches(after_constexpr)
+    return _learner(after_constexpr, monkeypatch)
 
 
 def test_runtime_arguments_after_a_constexpr_go_into_their_slots(after):
