@@ -353,7 +353,8 @@ class AllGatherGemmContext(OverlappedGemmContext):
         """The gather's half of a call (module notes): bump the call counter, this rank's rows into
         ``gathered``, the producer on the side stream. A consumer launched next on the returned
         (current) stream may read rank ``r``'s rows ``[r * m, (r + 1) * m)`` of ``gathered`` once
-        ``pad.signals[r] >= *calls``; the call then ends with the current stream waiting for the side stream."""
+        ``pad.signals[r] >= *calls``; the call then ends with the current stream waiting for the
+        side stream."""
         import torch
 
         m, k, me = a_shard.shape[0], self.k, self.rank
