@@ -162,7 +162,7 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     """
     if _torch_library.compiling():
         _torch_library.eager_only("all_reduce", out=out, context=context)
-        return _torch_library.op("all_reduce")(x, method)
+        return _torch_library.call("all_reduce", x, method)
     if context is None:
         replayed = _eager_calls.replay("all_reduce", x, out, method)
         if replayed is not None:
@@ -197,7 +197,7 @@ def all_gather(x, *, out=None, method: str = "auto", context=None):
     """
     if _torch_library.compiling():
         _torch_library.eager_only("all_gather", out=out, context=context)
-        return _torch_library.op("all_gather")(x, method)
+        return _torch_library.call("all_gather", x, method)
     if context is None:
         replayed = _eager_calls.replay("all_gather", x, out, method)
         if replayed is not None:
@@ -232,7 +232,7 @@ def reduce_scatter(x, *, out=None, method: str = "auto", context=None):
     """
     if _torch_library.compiling():
         _torch_library.eager_only("reduce_scatter", out=out, context=context)
-        return _torch_library.op("reduce_scatter")(x, method)
+        return _torch_library.call("reduce_scatter", x, method)
     if context is None:
         replayed = _eager_calls.replay("reduce_scatter", x, out, method)
         if replayed is not None:
@@ -351,7 +351,7 @@ def ag_gemm(a_shard, b, *, out=None, method: str = "auto", context=None):
     """
     if _torch_library.compiling():
         _torch_library.eager_only("ag_gemm", out=out, context=context)
-        return _torch_library.op("ag_gemm")(a_shard, b, method)
+        return _torch_library.call("ag_gemm", a_shard, b, method)
     _require_initialized("ag_gemm")
     _call_agreement.check("ag_gemm", a_shard=a_shard, b=b, method=method)
     from .kernels.gemm.ag_gemm import METHODS
@@ -435,7 +435,7 @@ def gemm_rs(a, b, *, out=None, method: str = "auto", context=None, variant: str 
     method = method_or_old_name("gemm_rs", method, "auto", "variant", variant)
     if _torch_library.compiling():
         _torch_library.eager_only("gemm_rs", out=out, context=context)
-        return _torch_library.op("gemm_rs")(a, b, method)
+        return _torch_library.call("gemm_rs", a, b, method)
     _require_initialized("gemm_rs")
     _call_agreement.check("gemm_rs", a=a, b=b, method=method)
     from .kernels.gemm.gemm_rs import METHODS
@@ -480,7 +480,7 @@ def gemm_ar(a, b, *, out=None, method: str = "auto", context=None, variant: str 
     method = method_or_old_name("gemm_ar", method, "auto", "variant", variant)
     if _torch_library.compiling():
         _torch_library.eager_only("gemm_ar", out=out, context=context)
-        return _torch_library.op("gemm_ar")(a, b, method)
+        return _torch_library.call("gemm_ar", a, b, method)
     if context is None:
         replayed = _eager_calls.replay_gemm("gemm_ar", a, b, out, method)
         if replayed is not None:

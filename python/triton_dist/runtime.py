@@ -127,7 +127,7 @@ def init(process_group=None, *, heap_size: int | str | None = None,
     from . import torch_library
 
     try:
-        torch_library.register()  # torch.ops.triton_dist.*, for torch.compile
+        torch_library.register(world_size())  # torch.ops.triton_dist.*, for torch.compile
     except Exception as error:  # noqa: BLE001  an optional feature must not fail init
         import warnings
 

@@ -3,9 +3,17 @@
 
 :func:`triton_dist.init` registers them. Each takes tensors and the op's method name
 (contexts and ``out=`` are eager-only: the op picks its cached context by size, as
-:mod:`triton_dist.ops` does without one) and returns a new tensor; its fake implementation gives
-the result's shape and dtype without running anything, so a compiled graph can be traced with fake
-tensors. :mod:`triton_dist.ops` calls them itself while ``torch.compile`` traces, so a function
+:mod:`triton_dist.ops` does without one) and the world size, and returns a new tensor; its fake
+implementation gives the result's shape and dtype without running anything, so a compiled graph
+can be traced with fake tensors.
+
+Why the world size is an argument: Inductor's FX graph cache keys a graph by its code and its
+inputs, not by what a custom op's fake returned. Two runs at different world sizes (a world-1 run,
+then a world-2 run on the same machine, sharing ``/tmp/torchinductor_<user>``) trace the same code
+for the same input shapes, and the second reused the first's compiled graph, whose size checks
+expected the world-1 output (seen on the GPU: ``expected size 256==128`` in ``ag_gemm``). With the
+world a literal of the call, the graphs differ and so do their keys; the eager implementation
+refuses a graph traced at another world size. :mod:`triton_dist.ops` calls them itself while ``torch.compile`` traces, so a function
 written with ``ops.*`` compiles as it is. Inside the compiled graph each runs the eager op: the same
 kernels, the same CUDA-graph capture.
 
@@ -25,9 +33,11 @@ _ops = {}
 ``torch.compile`` traces on the way to an op: no import inside the traced code)."""
 
 
-def register() -> None:
-    """Register the ops (once per process; later calls do nothing)."""
-    global _registered, _is_compiling
+def register(world: int) -> None:
+    """Register the ops (once per process) and take ``world``, the world size of the runtime
+    :func:`triton_dist.init` just brought up, as the one :func:`call` passes (every call)."""
+    global _registered, _is_compiling, _world
+    _world = world
     if _registered:
         return
     import torch
@@ -37,40 +47,55 @@ def register() -> None:
     from . import ops
     from .runtime import world_size
 
+    def traced_at(op: str, world: int) -> None:
+        if world != world_size():
+            raise ValueError(f"triton_dist {op}: this compiled graph was traced at world size {world}, the runtime "
+                             f"has {world_size()} ranks; call torch._dynamo.reset() after re-initialising at another "
+                             f"world size, or call the op eagerly")
+
     def define(name: str, eager, fake) -> None:
         torch.library.custom_op(f"{NAMESPACE}::{name}", eager, mutates_args=()).register_fake(fake)
         _ops[name] = getattr(getattr(torch.ops, NAMESPACE), name)
 
-    def all_reduce(x: torch.Tensor, method: str = "auto") -> torch.Tensor:
+    def all_reduce(x: torch.Tensor, method: str, world: int) -> torch.Tensor:
+        traced_at("all_reduce", world)
         return ops.all_reduce(x, method=method)
 
-    def all_gather(x: torch.Tensor, method: str = "auto") -> torch.Tensor:
+    def all_gather(x: torch.Tensor, method: str, world: int) -> torch.Tensor:
+        traced_at("all_gather", world)
         return ops.all_gather(x, method=method)
 
-    def reduce_scatter(x: torch.Tensor, method: str = "auto") -> torch.Tensor:
+    def reduce_scatter(x: torch.Tensor, method: str, world: int) -> torch.Tensor:
+        traced_at("reduce_scatter", world)
         return ops.reduce_scatter(x, method=method)
 
-    def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, method: str = "auto") -> torch.Tensor:
+    def ag_gemm(a_shard: torch.Tensor, b: torch.Tensor, method: str, world: int) -> torch.Tensor:
+        traced_at("ag_gemm", world)
         return ops.ag_gemm(a_shard, b, method=method)
 
-    def gemm_rs(a: torch.Tensor, b: torch.Tensor, method: str = "auto") -> torch.Tensor:
+    def gemm_rs(a: torch.Tensor, b: torch.Tensor, method: str, world: int) -> torch.Tensor:
+        traced_at("gemm_rs", world)
         return ops.gemm_rs(a, b, method=method)
 
-    def gemm_ar(a: torch.Tensor, b: torch.Tensor, method: str = "auto") -> torch.Tensor:
+    def gemm_ar(a: torch.Tensor, b: torch.Tensor, method: str, world: int) -> torch.Tensor:
+        traced_at("gemm_ar", world)
         return ops.gemm_ar(a, b, method=method)
 
     def rows_times(x, factor: int, divisor: int = 1):
         return x.new_empty((x.shape[0] * factor // divisor, *x.shape[1:]))
 
-    define("all_reduce", all_reduce, lambda x, method="auto": torch.empty_like(x))
-    define("all_gather", all_gather, lambda x, method="auto": rows_times(x, world_size()))
-    define("reduce_scatter", reduce_scatter, lambda x, method="auto": rows_times(x, 1, world_size()))
+    define("all_reduce", all_reduce, lambda x, method, world: torch.empty_like(x))
+    define("all_gather", all_gather, lambda x, method, world: rows_times(x, world))
+    define("reduce_scatter", reduce_scatter, lambda x, method, world: rows_times(x, 1, world))
     define("ag_gemm", ag_gemm,
-           lambda a_shard, b, method="auto": a_shard.new_empty((world_size() * a_shard.shape[0], b.shape[0])))
-    define("gemm_rs", gemm_rs, lambda a, b, method="auto": a.new_empty((a.shape[0] // world_size(), b.shape[0])))
-    define("gemm_ar", gemm_ar, lambda a, b, method="auto": a.new_empty((a.shape[0], b.shape[0])))
+           lambda a_shard, b, method, world: a_shard.new_empty((world * a_shard.shape[0], b.shape[0])))
+    define("gemm_rs", gemm_rs, lambda a, b, method, world: a.new_empty((a.shape[0] // world, b.shape[0])))
+    define("gemm_ar", gemm_ar, lambda a, b, method, world: a.new_empty((a.shape[0], b.shape[0])))
     _registered = True
 
+
+_world = None
+"""The runtime's world size, from the latest :func:`register` (each :func:`triton_dist.init`)."""
 
 _is_compiling = None
 """``torch.compiler.is_compiling``, kept by :func:`register` so that an eager call pays no import."""
@@ -79,6 +104,13 @@ _is_compiling = None
 def op(name: str):
     """``torch.ops.triton_dist.<name>`` (after :func:`register`)."""
     return _ops[name]
+
+
+def call(name: str, *args):
+    """``torch.ops.triton_dist.<name>(*args, world)``: what :mod:`triton_dist.ops` calls while
+    ``torch.compile`` traces. Dynamo reads ``world`` as a constant (guarded), so it is a literal of
+    the graph's code (module notes: why)."""
+    return _ops[name](*args, _world)
 
 
 def compiling() -> bool:

@@ -1,7 +1,8 @@
 """The dense ops under torch.compile (triton_dist.torch_library): torch.ops.triton_dist.* pass
 torch's custom-op checks (schema, fake tensors), and a tensor-parallel MLP written with ops.* and
 compiled with fullgraph=True gives the eager result (to bf16 rounding); each collective and gemm_ar
-compiled alone give exactly the eager bits; out= inside a compiled function is refused."""
+compiled alone give exactly the eager bits; out= inside a compiled function is refused, and so is an
+op call traced at another world size."""
 
 import pytest
 import torch
@@ -61,8 +62,9 @@ def test_custom_ops_pass_torchs_checks():
     a = rank_randn((128, 256), torch.bfloat16, 8)
     b = rank_randn((256, 256), torch.bfloat16, 9)
     lib = torch.ops.triton_dist
-    cases = [(lib.all_reduce, (x, "auto")), (lib.all_gather, (x, "auto")), (lib.reduce_scatter, (x, "auto")),
-             (lib.ag_gemm, (a, b)), (lib.gemm_rs, (a, b, "auto")), (lib.gemm_ar, (a[:16].contiguous(), b, "auto"))]
+    cases = [(lib.all_reduce, (x, "auto", world)), (lib.all_gather, (x, "auto", world)),
+             (lib.reduce_scatter, (x, "auto", world)), (lib.ag_gemm, (a, b, "auto", world)),
+             (lib.gemm_rs, (a, b, "auto", world)), (lib.gemm_ar, (a[:16].contiguous(), b, "auto", world))]
     failed = []
     for op, args in cases:  # the same order on every rank: each check runs the collective
         try:
@@ -87,3 +89,19 @@ def test_out_and_context_are_refused_inside_compile():
     torch.cuda.synchronize()
     tdist.barrier()
     all_ranks_agree(refused, "ops.all_reduce(out=...) inside torch.compile was not refused")
+
+
+def test_a_graph_traced_at_another_world_size_is_refused():
+    """The world size is a literal of each op's call (torch_library's notes: Inductor's graph cache
+    would otherwise hand a graph traced at one world size to a run at another); the op refuses a
+    call whose world is not the runtime's, on every rank, before any collective starts."""
+    world = dist.get_world_size()
+    x = rank_randn((4 * world, 32), torch.float32, 11)
+    try:
+        torch.ops.triton_dist.all_gather(x, "auto", world + 1)
+        refused = False
+    except Exception as e:  # noqa: BLE001 - torch.library may wrap the ValueError
+        refused = f"traced at world size {world + 1}" in str(e)
+    torch.cuda.synchronize()
+    tdist.barrier()
+    all_ranks_agree(refused, "torch.ops.triton_dist.all_gather with another world size was not refused")
