@@ -150,8 +150,8 @@ def breakdown(device, dtype) -> list[str]:
 
 
 def _cases(world: int, device, dtype, shared: bool):
-    """``(name, shape, ours, torch_timed, reference)``: zero-argument callables. ``ours`` returns
-    our result, ``reference`` the torch one it is checked against, ``torch_timed`` is the torch
+    """``(name, shape, ours, torch_timed, reference)``: callables of no argument (``ours`` takes an
+    optional ``method``, default ``"auto"``). ``ours`` returns our result, ``reference`` the torch one it is checked against, ``torch_timed`` is the torch
     contender timed beside ours: the NCCL equivalent, or, when ranks share GPUs (no NCCL there),
     the op's local torch part alone (an elementwise op of the same size for the collectives, the
     matmul for the GEMMs), with the reference gathered through gloo on the CPU."""
@@ -222,12 +222,12 @@ def _cases(world: int, device, dtype, shared: bool):
                  "ag_gemm": nccl_ag_gemm, "gemm_rs": nccl_gemm_rs, "gemm_ar": nccl_gemm_ar}
         references = timed
     ours = [
-        ("all_reduce", [n], lambda: ops.all_reduce(x)),
-        ("all_gather", [n], lambda: ops.all_gather(x)),
-        ("reduce_scatter", [n], lambda: ops.reduce_scatter(x)),
-        ("ag_gemm", [m, n_full // world, k_full], lambda: ops.ag_gemm(ag_a, ag_b)),
-        ("gemm_rs", [m, n_full, k_full // world], lambda: ops.gemm_rs(rs_a, rs_b)),
-        ("gemm_ar", [16, n_full // 2, k_full // world], lambda: ops.gemm_ar(ar_a, ar_b)),
+        ("all_reduce", [n], lambda method="auto": ops.all_reduce(x, method=method)),
+        ("all_gather", [n], lambda method="auto": ops.all_gather(x, method=method)),
+        ("reduce_scatter", [n], lambda method="auto": ops.reduce_scatter(x, method=method)),
+        ("ag_gemm", [m, n_full // world, k_full], lambda method="auto": ops.ag_gemm(ag_a, ag_b, method=method)),
+        ("gemm_rs", [m, n_full, k_full // world], lambda method="auto": ops.gemm_rs(rs_a, rs_b, method=method)),
+        ("gemm_ar", [16, n_full // 2, k_full // world], lambda method="auto": ops.gemm_ar(ar_a, ar_b, method=method)),
     ]
     return [(name, shape, fn, timed[name], references[name]) for name, shape, fn in ours]
 
@@ -240,6 +240,8 @@ def main() -> int:
                         help="also print, on rank 0, where each op's host time goes (cProfile of 200 calls)")
     parser.add_argument("--breakdown", action="store_true",
                         help="also print the host µs of an 8 KiB all_reduce's parts (bare launches, torch ops)")
+    parser.add_argument("--methods", action="store_true",
+                        help="also time each op's every method (not only auto's choice): method_us in the JSON")
     args = parser.parse_args()
 
     import torch
@@ -274,14 +276,54 @@ def main() -> int:
         method = "GPU busy (torch.cuda._sleep), wall time of issuing / calls"
         if shared:
             method += f"; {world} ranks sharing one GPU (MPS): torch baseline is the op's local part, no NCCL"
+        extra = method_times(name, ours, reference(), repeats) if args.methods else {}
         records.append(bench.record(f"host_{name}", shape=shape, dtype="bfloat16", world_size=world, gpu=gpu,
                                     ours_us=ours_us, baselines={baseline: torch_us}, calls=CALLS, repeats=repeats,
-                                    method=method, relative_error=err, verified=verified))
+                                    method=method, relative_error=err, verified=verified, **extra))
     if args.breakdown:
         for line in copy_engine_schedules():
             log(f"breakdown: {line}")
     return bench.script.finish("host_overhead_shared" if shared else "host_overhead", records, args,
                                extra=("calls", ))
+
+
+OP_METHODS = {
+    "all_reduce": "triton_dist.kernels:AllReduceContext", "all_gather": "triton_dist.kernels:AllGatherContext",
+    "reduce_scatter": "triton_dist.kernels:ReduceScatterContext",
+    "ag_gemm": "triton_dist.kernels:AllGatherGemmContext", "gemm_rs": "triton_dist.kernels:GemmReduceScatterContext",
+    "gemm_ar": "triton_dist.kernels:GemmAllReduceContext",
+}
+"""Where ``--methods`` finds each op's methods (its context class's ``METHODS``)."""
+
+
+def method_times(name: str, ours, want, repeats: int) -> dict:
+    """``--methods``: host µs per call of ``ours(method)`` for each of ``name``'s methods but
+    ``"auto"`` (``method_us``), each checked against ``want`` first; a method that raises or
+    misses (the same on every rank: the checks depend on shapes and the world) is listed in
+    ``method_errors`` instead. Why: the host time of a call is mostly its driver calls, which differ
+    by method by a factor of several (one kernel against a copy-engine schedule), and ``"auto"``
+    picks by GPU time alone."""
+    import importlib
+
+    import torch
+
+    module, cls = OP_METHODS[name].split(":")
+    methods = [m for m in getattr(importlib.import_module(module), cls).METHODS if m != "auto"]
+    times, errors = {}, {}
+    for m in methods:
+        try:
+            got = ours(m)
+            torch.cuda.synchronize()
+            err = bench.script.relative_error(got.float(), want.float())
+        except Exception as e:  # noqa: BLE001  recorded: a method this shape or world does not take
+            errors[m] = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+            continue
+        if not all_ok(err < 2e-2):
+            errors[m] = f"relative error {err:.2e} on some rank"
+            continue
+        times[m] = issue_us(lambda: ours(m), repeats)
+        log(f"{name} method {m}: host per call {times[m]:.1f} us")
+    return {"method_us": times, **({"method_errors": errors} if errors else {})}
 
 
 def copy_engine_schedules() -> list[str]:
