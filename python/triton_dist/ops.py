@@ -338,7 +338,9 @@ def ag_gemm(a_shard, b, *, out=None, method: str = "auto", context=None):
     ``method``: the producer, one of :data:`~triton_dist.kernels.gemm.ag_gemm.METHODS`:
     ``"ce_push"`` (copy engines push each shard to every peer), ``"ce_pull"`` (copy engines pull
     the peers' shards into ordinary memory), ``"sm_push"`` (a kernel of a few SMs pushes),
-    ``"sm_2d"`` (that kernel across nodes: NVSHMEM puts between nodes, forwarding within), or
+    ``"sm_2d"`` (that kernel across nodes: NVSHMEM puts between nodes, forwarding within),
+    ``"sm_push_inline"`` (that kernel on the caller's stream before the GEMM: two launches a call,
+    no side stream, for eager calls whose host time exceeds their GPU time), or
     ``"auto"`` (``context``'s producer, else ``"ce_push"`` within a node and ``"sm_2d"`` across
     nodes: :func:`~triton_dist.kernels.gemm.policy.ag_gemm_method`). A context is made for one
     producer.
@@ -352,6 +354,10 @@ def ag_gemm(a_shard, b, *, out=None, method: str = "auto", context=None):
     if _torch_library.compiling():
         _torch_library.eager_only("ag_gemm", out=out, context=context)
         return _torch_library.call("ag_gemm", a_shard, b, method)
+    if context is None:
+        replayed = _eager_calls.replay_gemm("ag_gemm", a_shard, b, out, method)
+        if replayed is not None:
+            return replayed
     _require_initialized("ag_gemm")
     _call_agreement.check("ag_gemm", a_shard=a_shard, b=b, method=method)
     from .kernels.gemm.ag_gemm import METHODS
@@ -360,13 +366,17 @@ def ag_gemm(a_shard, b, *, out=None, method: str = "auto", context=None):
     m, k, n = _matmul_operands("ag_gemm", "a_shard", a_shard, b, "allgather(a_shard) @ b.T")
     from .runtime import world_size
 
+    out_given = out is not None
     out = _output("ag_gemm", a_shard, out, (world_size() * m, n))
     _check_aligned("ag_gemm", "b", b)
     _check_aligned("ag_gemm", "out", out)
+    given_context = context
     context = _ag_gemm_context(a_shard, context, method)
     if m == 0 or n == 0:
         return out
-    context.run(a_shard, b, out)
+    launched = context.run(a_shard, b, out)
+    if given_context is None:
+        _eager_calls.record_gemm("ag_gemm", a_shard, b, out, out_given, method, launched)
     return out
 
 

@@ -77,6 +77,19 @@ def test_slot_indices_must_be_0_to_k_minus_1(args):
         LaunchPlan(Kernel(), (1, ), args, META)
 
 
+def test_with_an_arity_a_plan_may_leave_slots_to_another_plan_of_its_sequence():
+    """ag_gemm's inline push takes the shard (slot 0), its GEMM ``b`` and ``out`` (slots 1, 2)."""
+    push, gemm = Kernel(), Kernel()
+    consumer = LaunchPlan(gemm, (4, ), (Slot(1, "b"), Slot(2, "out"), 5), META, arity=3)
+    assert consumer.arity == 3
+    sequence = LaunchSequence(LaunchPlan(push, (1, ), (X, COUNTER), META), consumer)
+    assert sequence.arity == 3
+    sequence.launch("a", "b", "out")
+    assert push.ran[0][0] == ["a", COUNTER] and gemm.ran[0][0] == ["b", "out", 5]
+    with pytest.raises(ValueError, match="below arity=2"):
+        LaunchPlan(gemm, (4, ), (Slot(1, "b"), Slot(2, "out")), META, arity=2)
+
+
 def test_descriptor_slots_get_a_tma_descriptor_of_their_tensor(monkeypatch):
     from triton_dist.kernels.common import launch_plan
 

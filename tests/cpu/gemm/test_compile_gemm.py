@@ -5,6 +5,7 @@ with B's rows on wgmma's M side, no spills, its partials read only after the tic
 them; the producer's signal kernels release and acquire at system scope. Host-side rules (config
 and slice choice) need no GPU."""
 
+import inspect
 import re
 
 import pytest
@@ -99,7 +100,7 @@ def test_signal_kernels_release_and_acquire_at_the_right_scopes(world):
         gpu = re.findall(r"atom\.global\.gpu\.release|atom\.release\.gpu\.global", ptx)
         assert len(gpu) == gpu_releases[phase], phase
         assert ptx.count(_SPIN) == 2 * waits[phase], phase
-    assert allgather_gemm.METHODS == ("ce_push", "ce_pull", "sm_push", "sm_2d")
+    assert allgather_gemm.METHODS == ("ce_push", "ce_pull", "sm_push", "sm_2d", "sm_push_inline")
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
@@ -123,6 +124,34 @@ def test_push_kernel_releases_each_peers_rows_after_storing_them(world):
         stores = [i for i, line in enumerate(lines) if "st.global" in line]
         assert any("st.global.v4" in lines[i] for i in stores)  # 16-byte stores on the unmasked path
         assert min(i for i, line in enumerate(lines) if _SPIN in line) < min(stores)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_inline_push_kernel_enters_its_call_and_copies_its_own_rows_first(world):
+    """sm_push_inline: the call's epoch from enter_call (one acq_rel ticket on the counter's
+    count, at GPU scope) instead of a bump; this rank's rows into its own slot (16-byte loads and
+    stores, no wait before them); then sm_push's protocol: the same releases, waits and
+    per-peer tickets as :func:`ag_gemm_push_kernel`."""
+    peers = world - 1
+    compiled = compile_for_hopper(allgather_gemm.ag_gemm_push_inline_kernel,
+                                  {"shard": "*bf16", "gathered": "*bf16", "signals": "*u64", "calls": "*i64",
+                                   "tickets": "*i32", "n": "i32"}, dict(WORLD=world, BLOCK=allgather_gemm.PUSH_BLOCK),
+                                  num_warps=8)
+    ptx = compiled.asm["ptx"]
+    assert len(re.findall(_RELEASE, ptx)) == 2 * peers
+    assert len(re.findall(r"atom\.global\.gpu\.release|atom\.release\.gpu\.global", ptx)) == 1
+    assert ptx.count(_SPIN) == 2 * peers
+    sys_tickets = re.findall(r"atom\.(?:global\.)?(?:sys\.)?acq_rel\.sys\.(?:global\.)?add|"
+                             r"atom\.(?:global\.)?sys\.acq_rel\.(?:global\.)?add|"
+                             r"atom\.acq_rel\.sys\.(?:global\.)?add", ptx)
+    assert len(sys_tickets) == peers, sys_tickets
+    lines = ptx.splitlines()
+    stores = [i for i, line in enumerate(lines) if "st.global.v4" in line]
+    assert stores  # the own slot's copy, 16-byte vectors
+    if peers:
+        assert min(stores) < min(i for i, line in enumerate(lines) if _SPIN in line)  # own rows before any wait
+    body = inspect.getsource(allgather_gemm.ag_gemm_push_inline_kernel.fn.fn).split('"""')[-1]
+    assert body.count("enter_call(calls)") == 1 and "tl.load(calls" not in body
 
 
 def test_plain_gemm_rule_follows_the_measured_configs():

@@ -221,7 +221,7 @@ def test_wave_tail_gemm_cuda_graph_replay():
                          captured_calls=1, replays=2, seed=95)
 
 
-@pytest.mark.parametrize("producer", ["ce_push", "sm_push", "sm_2d"])
+@pytest.mark.parametrize("producer", ["ce_push", "sm_push", "sm_2d", "sm_push_inline"])
 @pytest.mark.parametrize("m,n,calls", [(1000, 1024, 500), (1024, 1024, 500), (2048, 4096, 100)])
 def test_ag_gemm_back_to_back(m, n, calls, producer):
     k, dtype = 1024, torch.bfloat16
@@ -283,7 +283,30 @@ def test_ag_gemm_bad_inputs():
     all_ranks_agree(tuple(got.shape) == (world * 32, 64) and err < _TOL, f"ag_gemm after errors: {err}")
 
 
-@pytest.mark.parametrize("producer", ["ce_push", "ce_pull", "sm_push", "sm_2d"])
+def test_ag_gemm_inline_calls_replay_their_launches(replays):
+    """200 ``method="sm_push_inline"`` calls of one shape, fresh seeded inputs, a new out and a
+    given poisoned out in turn: all but the first call of each form are replayed
+    (triton_dist.eager_calls: the push kernel and the GEMM again), and every element is right."""
+    from triton_dist import eager_calls
+
+    world = dist.get_world_size()
+    m, n, k, calls = 40, 256, 512, 200
+    b = rank_randn((n, k), torch.bfloat16, 61)
+    eager_calls.clear()
+    bad = []
+    for i in range(calls):
+        a = rank_randn((m, k), torch.bfloat16, 6000 + i)
+        out = None if i % 2 == 0 else torch.full((world * m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        got = ops.ag_gemm(a, b, out=out, method="sm_push_inline")
+        if (out is not None and got is not out) or not tolerance_ratio(got, _reference(a, b)) < _TOL:
+            bad.append(i)
+    all_ranks_agree(not bad, f"ag_gemm sm_push_inline repeated: wrong at calls {bad[:10]}")
+    expected = calls - 2 if world > 1 else 0
+    all_ranks_agree(replays[0] == expected, f"ag_gemm sm_push_inline: {replays[0]} calls replayed, expected {expected}")
+    tdist.barrier()
+
+
+@pytest.mark.parametrize("producer", ["ce_push", "ce_pull", "sm_push", "sm_2d", "sm_push_inline"])
 def test_ag_gemm_cuda_graph_replay(producer):
     m, n, k, dtype = 512, 1024, 1024, torch.bfloat16
     ctx = AllGatherGemmContext(m, k, dtype, method=producer)
@@ -310,7 +333,7 @@ def test_ag_gemm_cuda_graph_replay(producer):
     all_ranks_agree(all(e < _TOL for e in errors), f"ag_gemm {producer} graph replays: error/tolerance {errors}")
 
 
-@pytest.mark.parametrize("producer", ["ce_push", "ce_pull", "sm_push", "sm_2d"])
+@pytest.mark.parametrize("producer", ["ce_push", "ce_pull", "sm_push", "sm_2d", "sm_push_inline"])
 def test_ag_gemm_protocol_on_one_rank(producer):
     """The gather-and-signal protocol at any world size, including one rank (where ag_gemm is
     otherwise the plain GEMM): preload, the signal kernels and the waiting GEMM run on one GPU."""
@@ -329,7 +352,7 @@ def test_ag_gemm_protocol_on_one_rank(producer):
     all_ranks_agree(not bad, f"ag_gemm {producer} with the protocol forced on: wrong calls (call, error/tolerance) {bad}")
 
 
-@pytest.mark.parametrize("producer", ["ce_pull", "sm_push", "sm_2d"])
+@pytest.mark.parametrize("producer", ["ce_pull", "sm_push", "sm_2d", "sm_push_inline"])
 @pytest.mark.parametrize("m", [1000, 40])
 def test_ag_gemm_back_to_back_with_changing_rows(m, producer):
     """60 unsynchronised calls on one context, m changing between calls (m = 40 < BM: tiles hold

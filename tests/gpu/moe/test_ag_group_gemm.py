@@ -55,7 +55,7 @@ def _check(result, xs, idx, w, experts):
     return ok
 
 
-@pytest.mark.parametrize("producer", ["ce_push", "sm_push", "ce_pull", "sm_2d"])
+@pytest.mark.parametrize("producer", ["ce_push", "sm_push", "ce_pull", "sm_2d", "sm_push_inline"])
 @pytest.mark.parametrize("m,k,n,experts,topk", [(256, 512, 384, 8, 2), (7, 256, 128, 16, 4), (1, 128, 64, 4, 1)])
 def test_matches_torch(m, k, n, experts, topk, producer):
     ctx = AllGatherGroupGemmContext(max(m, 64), k, torch.bfloat16, experts, topk, method=producer)

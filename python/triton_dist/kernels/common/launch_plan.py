@@ -42,21 +42,23 @@ def _descriptor(tensor, block: list):
 
 class LaunchPlan:
     """``kernel[grid](*args, **meta)`` with each :class:`Slot` in ``args`` replaced by its tensor of
-    the launch (or that tensor's descriptor); the slots' indices are ``0 .. k - 1``, each used."""
+    the launch (or that tensor's descriptor). The slots' indices are ``0 .. k - 1``, each used; or,
+    with ``arity``, any below it (a plan of a :class:`LaunchSequence` that leaves some of the call's
+    tensors to another)."""
 
     __slots__ = ("kernel", "grid", "args", "meta", "arity", "_slots", "_prepared")
 
-    def __init__(self, kernel, grid: tuple, args: tuple, meta: dict):
+    def __init__(self, kernel, grid: tuple, args: tuple, meta: dict, arity: int | None = None):
         self.kernel = kernel
         self.grid = tuple(grid)
         self.args = list(args)
         self.meta = meta
         self._slots = [(at, a) for at, a in enumerate(args) if isinstance(a, Slot)]
         used = sorted({slot.index for _, slot in self._slots})
-        if used != list(range(len(used))):
+        if used != list(range(len(used))) if arity is None else any(not 0 <= i < arity for i in used):
             raise ValueError(f"triton_dist LaunchPlan of {kernel!r}: the slots' indices must be 0 .. k - 1, each "
-                             f"used; got {args!r}")
-        self.arity = len(used)
+                             f"used, or below arity={arity}; got {args!r}")
+        self.arity = len(used) if arity is None else arity
         """How many tensors :meth:`launch` takes."""
         self._prepared = None
 

@@ -86,6 +86,20 @@ instead of ``2 * world - 1`` stream operations, so the first rows land sooner th
 engine's (bench/results/h200-x2/allgather.json, small messages: ``sm_push`` in about a third of
 ``ce_push``'s time); what it costs: ``push_programs`` SMs taken from the GEMM.
 
+``"sm_push_inline"`` (``method="sm_push_inline"``): ``sm_push``'s kernel body on the caller's stream
+``S``, before the GEMM, with no side stream: :func:`ag_gemm_push_inline_kernel` takes the call's
+epoch from :func:`~triton_dist.kernels.common.call_counter.enter_call` (no bump), copies this
+rank's rows from ``A_shard`` into slot ``me`` of the local ``gathered`` and of every peer's (each
+peer after its ack, as ``sm_push``), then the GEMM runs, waiting for the peers' rows. Two launches
+a call and no event, against ``sm_push``'s eight stream operations (bump, copy, two joins, push,
+GEMM): for eager calls whose host time exceeds their GPU time (issue 21: ~9 µs of host time per
+driver call with ranks sharing a GPU under MPS). What it costs: this rank's GEMM starts only after
+its own push has ended; the overlap left is across ranks (a peer's GEMM beside this push). Why no
+deadlock: the push waits only for acks that the peers' push kernels send first thing (for the
+previous call, whose GEMM ended before them on their streams), and the GEMM waits only for the
+peers' pushes, which need no GEMM to finish. ``ready[me]`` is set by program 0 before the local
+copy ends: harmless, as this rank's GEMM starts after the whole kernel on the same stream.
+
 SMs: the consumer spins while the producer's kernels still have to run on this GPU, so the
 GEMM's persistent grid leaves SMs free (its programs use > 114 KiB of shared memory each, so at
 most one per SM): :data:`RESERVED_SMS` for the copy-engine producers' signal kernels,
@@ -101,6 +115,7 @@ protocol as ``ce_push`` with the acknowledgement moved after the GEMM.
 
 from __future__ import annotations
 
+import triton
 import triton.language as tl
 
 from ... import config as _config
@@ -115,6 +130,8 @@ from . import dense as _gemm
 from .ag_gemm_2d import ag_gemm_push_2d_kernel
 from .context import OverlappedGemmContext
 from ..common import call_counter as _call_counter
+from ..common.call_counter import enter_call
+from ..common.launch_plan import LaunchPlan, LaunchSequence, Slot
 from ..common import reach as _reach
 from ..common.streams import side_stream, wait_for
 from ... import timeline as _timeline
@@ -124,14 +141,18 @@ from ..common.tiles import copy_program_tiles
 RESERVED_SMS = 1
 """SMs the consumer GEMM leaves free for the producer's signal kernels (see the module notes)."""
 
-METHODS = ("ce_push", "ce_pull", "sm_push", "sm_2d")
+METHODS = ("ce_push", "ce_pull", "sm_push", "sm_2d", "sm_push_inline")
 """The producers a context may use (``method=``; the module notes; ``"sm_2d"``: across nodes,
 :mod:`~triton_dist.kernels.gemm.ag_gemm_2d`)."""
 """How the shards travel: ``"ce_push"`` (each rank's copy engine writes its shard into every peer's
 symmetric ``gathered``, which the GEMM reads) or ``"ce_pull"`` (each rank publishes its shard in
 a symmetric ``shard`` buffer, and every rank's copy engine copies the peers' shards into an
 ordinary ``gathered`` buffer, which the GEMM reads) or ``"sm_push"`` (``ce_push`` with the copies
-made by a kernel of a few SMs; see the module notes)."""
+made by a kernel of a few SMs; see the module notes) or ``"sm_push_inline"`` (that kernel before the
+GEMM on the caller's stream: two launches a call, for host-bound eager calls)."""
+
+PUSH_METHODS = ("sm_push", "sm_2d", "sm_push_inline")
+"""The methods whose rows a kernel of ``push_programs`` programs sends."""
 
 PUSH_PROGRAMS = 8
 """``"sm_push"``'s programs (and SMs taken from the GEMM) by default. Only 8 was measured
@@ -155,7 +176,29 @@ def ag_gemm_push_kernel(gathered, signals, calls, tickets, n, WORLD: tl.constexp
     local ``gathered`` (at ``me * n``) into the same slot of every peer's, ``ready``/``ack`` as
     :func:`ag_gemm_signal_kernel` phases 0 and 1. ``tickets``: ``WORLD`` int32 counters, zero
     between calls. ``n``: a multiple of 8."""
-    k = tl.load(calls)
+    slot = dl.rank().to(tl.int64) * ((n // 8) * 8)  # == me * n, with the divisibility fact for 16-byte vectors
+    push_rows(gathered + slot, gathered, signals, tickets, tl.load(calls), n, WORLD, BLOCK)
+
+
+@jit(do_not_specialize=["n"])
+def ag_gemm_push_inline_kernel(shard, gathered, signals, calls, tickets, n, WORLD: tl.constexpr,
+                               BLOCK: tl.constexpr):
+    """``"sm_push_inline"``'s producer (module notes), the call's first kernel: its epoch from
+    :func:`~triton_dist.kernels.common.call_counter.enter_call` (``calls``: two int64), ``n``
+    elements of ``shard`` (16-byte aligned) into slot ``me`` of the local ``gathered``, then as
+    :func:`ag_gemm_push_kernel` from ``shard`` into every peer's."""
+    k = enter_call(calls)
+    slot = dl.rank().to(tl.int64) * ((n // 8) * 8)
+    copy_program_tiles(gathered + slot, shard, n, tl.cdiv(n, BLOCK), BLOCK)
+    push_rows(shard, gathered, signals, tickets, k, n, WORLD, BLOCK)
+
+
+@triton.jit
+def push_rows(src, gathered, signals, tickets, k, n, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """The push kernels' body for call ``k``: program 0 sets ``ready[me] = k`` here and ``ack[me]
+    = k - 1`` on every peer; then for each peer ``r`` every program waits for ``ack[r] >= k - 1``
+    and stores its share of the ``n`` elements at ``src`` into slot ``me`` of ``r``'s
+    ``gathered``, and the last program to finish sets ``ready[me] = k`` on ``r``."""
     me = dl.rank()
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -163,8 +206,7 @@ def ag_gemm_push_kernel(gathered, signals, calls, tickets, n, WORLD: tl.constexp
         dl.notify(signals + me, me, k, "set", "gpu")
         for i in tl.static_range(1, WORLD):
             dl.notify(signals + WORLD + me, (me + i) % WORLD, k - 1, "set", "intra_node")
-    slot = me.to(tl.int64) * ((n // 8) * 8)  # == me * n, with the divisibility fact for 16-byte vectors
-    src = gathered + slot
+    slot = me.to(tl.int64) * ((n // 8) * 8)
     tiles = tl.cdiv(n, BLOCK)
     for i in tl.static_range(1, WORLD):
         # Rank r's GEMM needs my rows (me - r) % world blocks in: ranks me - 1, me - 2, ... first.
@@ -263,7 +305,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
             raise ValueError(f"triton_dist AllGatherGemmContext: push_programs must be an int in [1, "
                              f"{self.num_sms - 1}], got {push_programs!r}")
         self.push_programs = push_programs
-        if method in ("sm_push", "sm_2d"):  # the GEMM waits on the push kernel's programs beside it
+        if method in PUSH_METHODS:  # the GEMM waits on push kernels' programs beside it (a peer's, inline)
             self.max_programs = _residency.max_waiting_programs(self.device, reserved=push_programs,
                                                                 what="AllGatherGemmContext")
         else:  # the GEMM waits for copies, which need SMs of their own when ranks share a GPU
@@ -281,7 +323,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
         self.pad = SignalPad(3 * w, owner="AllGatherGemmContext",
                              regions=[("ready", 0, w), ("ack or pulled", w, w), ("published", 2 * w, w)])
         self.tickets = torch.zeros(self.world * self.world, dtype=torch.int32, device=self.device)
-        """``"sm_push"``: per peer, ``"sm_2d"``: per (rows of rank, peer), the push programs that
+        """``"sm_push"`` and ``"sm_push_inline"``: per peer, ``"sm_2d"``: per (rows of rank, peer), the push programs that
         finished their share (zero between calls)."""
         self.local_world = _runtime.local_world_size()
         """Ranks per node (``"sm_2d"``'s ``LOCAL``)."""
@@ -296,6 +338,8 @@ class AllGatherGemmContext(OverlappedGemmContext):
         self._first_signal = torch.cuda.Event() if copy_engine and _config.get().ranks_per_gpu > 1 else None
         if pull:  # ordinary memory written on the side stream: its release must wait for that stream too
             self.gathered.record_stream(self._side)
+        self._inline_plans: dict = {}
+        """(m, n) -> ``"sm_push_inline"``'s :class:`LaunchSequence` (:meth:`inline_plan`)."""
         self.ready()
 
     def preload(self) -> None:
@@ -310,6 +354,10 @@ class AllGatherGemmContext(OverlappedGemmContext):
 
     def preload_producer(self) -> None:
         """Compile and load the gather's kernels (the call counter's and the producer's)."""
+        if self.method == "sm_push_inline":  # its own epoch: no bump
+            ag_gemm_push_inline_kernel.preload(self.gathered, self.gathered, self.pad.signals, self.calls,
+                                               self.tickets, 2, grid=(1, ), **self._push_meta())
+            return
         _call_counter.preload(self.calls)
         if self.method == "sm_push":
             ag_gemm_push_kernel.preload(self.gathered, self.pad.signals, self.calls, self.tickets, 2, grid=(1, ),
@@ -323,14 +371,21 @@ class AllGatherGemmContext(OverlappedGemmContext):
             ag_gemm_signal_kernel.preload(self.pad.signals, self.calls, 2, grid=(1, ), PHASE=phase,
                                           WORLD=self.world, num_warps=1)
 
-    def run(self, a_shard, b, out) -> None:
+    def run(self, a_shard, b, out) -> LaunchSequence | None:
         """``out = allgather(a_shard) @ b.T`` on the current stream. ``a_shard [m, k]``, ``b [N, k]``
         and ``out [world * m, N]``: contiguous CUDA tensors of this dtype, ``m <= max_m_per_rank``,
         ``N % 8 == 0``, ``b`` and ``out`` 16-byte aligned (validated by
-        :func:`triton_dist.ops.ag_gemm`, not here)."""
+        :func:`triton_dist.ops.ag_gemm`, not here). Returns the launches of ``"sm_push_inline"``
+        (:meth:`inline_plan`: a call of the same sizes with any aligned tensors makes them again,
+        :mod:`triton_dist.eager_calls`), else None."""
         m, n = a_shard.shape[0], b.shape[0]
         if m == 0 or n == 0 or self.ran_plain_gemm(a_shard, b, out):
-            return
+            return None
+        if self.method == "sm_push_inline" and not _timeline.kernel_args():
+            plan = self.inline_plan(m, n)
+            # The plan's push variant reads 16-byte vectors: a view at an odd offset goes aligned.
+            plan.launch(a_shard if a_shard.data_ptr() % 16 == 0 else a_shard.clone(), b, out)
+            return plan
         k = self.k
         stream = self.start_gather(a_shard)
         rows = self.world * m
@@ -340,7 +395,33 @@ class AllGatherGemmContext(OverlappedGemmContext):
         ag_gemm_consumer_kernel[_gemm.grid_for(rows, n, config, self.max_programs)](
             a_desc, b_desc, c_desc, rows, n, k, self.pad.signals, self.calls, self.rank, m,
             **self.consumer_meta(config), **_timeline.kernel_args())
-        wait_for(stream, self._side, self._joined)
+        self.finish_gather(stream)
+        return None
+
+    def inline_plan(self, m: int, n: int) -> LaunchSequence:
+        """``"sm_push_inline"``'s launches for ``m`` rows per rank and ``N = n``, made once per
+        ``(m, n)``: the push kernel, then the GEMM over the first ``world * m`` rows of
+        ``gathered`` (its descriptor fixed); :meth:`~LaunchSequence.launch` takes ``(a_shard, b,
+        out)``."""
+        plan = self._inline_plans.get((m, n))
+        if plan is not None:
+            return plan
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        k, rows = self.k, self.world * m
+        config = _gemm.pick_config(rows, n, k, self.max_programs)
+        c = _gemm.config_params(config)
+        a_desc = TensorDescriptor.from_tensor(self.gathered[:rows * k].view(rows, k), [c["BM"], c["BK"]])
+        push = LaunchPlan(ag_gemm_push_inline_kernel, (self.push_programs, ),
+                          (Slot(0, "a_shard"), self.gathered, self.pad.signals, self.calls, self.tickets, m * k),
+                          self._push_meta())
+        consumer = LaunchPlan(ag_gemm_consumer_kernel, _gemm.grid_for(rows, n, config, self.max_programs),
+                              (a_desc, Slot(1, "b", (c["BN"], c["BK"])), Slot(2, "out", (c["BM"], c["BN"])), rows, n, k,
+                               self.pad.signals, self.calls, self.rank, m), self.consumer_meta(config), arity=3)
+        if len(self._inline_plans) >= 64:  # a caller of ever new shapes: keep the memo bounded
+            self._inline_plans.clear()
+        plan = self._inline_plans[(m, n)] = LaunchSequence(push, consumer)
+        return plan
 
     def consumer_meta(self, config: str) -> dict:
         """The GEMM consumer's constexprs and options for ``config``: with ``"sm_2d"`` across nodes,
@@ -351,15 +432,21 @@ class AllGatherGemmContext(OverlappedGemmContext):
 
     def start_gather(self, a_shard):
         """The gather's half of a call (module notes): bump the call counter, this rank's rows into
-        ``gathered``, the producer on the side stream. A consumer launched next on the returned
-        (current) stream may read rank ``r``'s rows ``[r * m, (r + 1) * m)`` of ``gathered`` once
-        ``pad.signals[r] >= *calls``; the call then ends with the current stream waiting for the
-        side stream."""
+        ``gathered``, the producer on the side stream (``"sm_push_inline"``: its one kernel, on
+        the current stream). A consumer launched next on the returned (current) stream may read
+        rank ``r``'s rows ``[r * m, (r + 1) * m)`` of ``gathered`` once ``pad.signals[r] >=
+        *calls``; the call then ends with :meth:`finish_gather`."""
         import torch
 
         m, k, me = a_shard.shape[0], self.k, self.rank
         x = a_shard.reshape(-1)
         stream = torch.cuda.current_stream()
+        if self.method == "sm_push_inline":  # the whole gather, on this stream (module notes)
+            if x.data_ptr() % 16:  # the preloaded variant reads 16-byte vectors: a view at an odd offset
+                x = x.clone()
+            ag_gemm_push_inline_kernel[(self.push_programs, )](x, self.gathered, self.pad.signals, self.calls,
+                                                               self.tickets, m * k, **self._push_meta())
+            return stream
         _call_counter.bump(self.calls)
         self.gathered[me * m * k:(me + 1) * m * k].copy_(x)
         wait_for(self._side, stream, self._joined)
@@ -382,6 +469,12 @@ class AllGatherGemmContext(OverlappedGemmContext):
             # previous call, in a mode that proves correctness and measures no speed.
             stream.wait_event(self._first_signal)
         return stream
+
+    def finish_gather(self, stream) -> None:
+        """The end of a call whose consumer :meth:`start_gather`'s ``stream`` runs: that stream
+        waits for the side stream (nothing with ``"sm_push_inline"``, which has none)."""
+        if self.method != "sm_push_inline":
+            wait_for(stream, self._side, self._joined)
 
     def _push_meta(self) -> dict:
         return dict(WORLD=self.world, BLOCK=PUSH_BLOCK, num_warps=8)

@@ -42,8 +42,10 @@ class OverlappedGemmContext:
         # this, and ranks may see different SM counts (MPS shares, mixed GPUs): every rank takes
         # the smallest, as the collectives' grids do (collective, like the allocations).
         self.num_sms, = smallest_on_any_rank(_gemm.num_sms(self.device))
-        self.calls = torch.zeros(1, dtype=torch.int64, device=self.device)
-        """The device-side call counter (this call's epoch once bumped)."""
+        self.calls = torch.zeros(2, dtype=torch.int64, device=self.device)
+        """The device-side call counter (this call's epoch once bumped); the second element is
+        :func:`~triton_dist.kernels.common.call_counter.enter_call`'s count, for a method whose
+        first kernel takes its epoch itself (AllGather+GEMM's ``"sm_push_inline"``)."""
         self._protocol = self.world > 1 or bool(protocol_on_one_rank)
 
     def ready(self) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from ... import timeline as _timeline
 from ...distributed_jit import DistributedKernel
-from ..common.streams import wait_for
 from ..gemm.ag_gemm import AllGatherGemmContext
 from .ep_context import _describe
 from .group_gemm import CONFIGS, grid_for, group_gemm_kernel, kernel_meta, launch, pick_config, weight_descriptor
@@ -114,7 +113,7 @@ class AllGatherGroupGemmContext(AllGatherGemmContext):
         ag_group_gemm_kernel[grid_for(rows, experts, n, config, self.max_programs)](
             None, weight_descriptor(w, config), out, offsets, experts, rows, 0, n, k,
             **self._consumer_args(token_index, m), **kernel_meta(config), **_timeline.kernel_args())
-        wait_for(stream, self._side, self._joined)
+        self.finish_gather(stream)
         return result
 
     def _consumer_args(self, token_index, m_per_rank: int) -> dict:
