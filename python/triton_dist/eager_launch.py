@@ -166,7 +166,7 @@ class EagerLaunches:
         if key is None:
             return None
         return PreparedLaunch(self._launchers.setdefault(key, []), tuple(grid) + (1, ) * (3 - len(grid)), device,
-                              _config._current)
+                              _config._current, self._complete)
 
     def learn(self, compiled, args: tuple, kwargs: dict) -> None:
         """Add the variant Triton loaded for ``args``/``kwargs`` (``compiled``, a CompiledKernel
@@ -223,9 +223,9 @@ class PreparedLaunch:
     """:meth:`EagerLaunches.launch` with the key and grid worked out once: a repeated launch of the
     same kernel, grid and keywords on one device (:class:`triton_dist.kernels.common.launch_plan.LaunchPlan`)."""
 
-    __slots__ = ("launchers", "grid", "device", "config")
+    __slots__ = ("launchers", "grid", "device", "config", "complete")
 
-    def __init__(self, launchers: list, grid: tuple, device: int, config):
+    def __init__(self, launchers: list, grid: tuple, device: int, config, complete=tuple):
         self.launchers = launchers
         """The key's learnt launchers: :meth:`EagerLaunches.learn` appends to this same list."""
         self.grid = grid
@@ -233,14 +233,18 @@ class PreparedLaunch:
         self.config = config
         """The Config in force when the key was made: its keywords (``extern_libs``: the support
         library, built with the Config's timeouts) may differ under another."""
+        self.complete = complete
+        """The runtime arguments with the kernel's left-out trailing defaults appended
+        (:meth:`EagerLaunches._complete`): the C++ launcher takes every one, and a plan may leave
+        the GEMM's optional epilogue operands out (AllGather+GEMM's consumer)."""
 
     def current(self) -> bool:
         """Whether the Config it was prepared under is still the one in force."""
         return _config._current is self.config
 
     def launch(self, args) -> bool:
-        """Launch with the runtime arguments ``args`` (every one, by position) on the current
-        stream; False (nothing launched) when the current device is another, a launch hook is
+        """Launch with the runtime arguments ``args`` (by position; left-out trailing defaults
+        are appended) on the current stream; False (nothing launched) when the current device is another, a launch hook is
         installed, the Config is another, or no learnt variant takes them: the caller then takes
         Triton's path."""
         hook = triton.knobs.runtime.launch_enter_hook
@@ -250,6 +254,7 @@ class PreparedLaunch:
         if device != self.device:
             return False
         gx, gy, gz = self.grid
+        args = self.complete(tuple(args))
         for launcher in self.launchers:
             if launcher.launch(gx, gy, gz, stream, *args):
                 return True

@@ -211,6 +211,28 @@ def test_a_prepared_launch_takes_the_variants_learnt_before_and_after_it(launche
     assert prepared.launch((FakeTensor(4104, BF16), None, 17, 1, 3, 0.5))
 
 
+@triton.jit
+def trailing_defaults(x, n, C: tl.constexpr, extra=0, flag=None):
+    """Runtime parameters after a constexpr, each with a default, as the GEMM's epilogue operands."""
+    offs = tl.arange(0, C)
+    tl.store(x + offs, tl.load(x + offs) + n + extra)
+
+
+def test_a_prepared_launch_appends_the_left_out_trailing_defaults(monkeypatch):
+    """A plan gives only the leading runtime arguments (AllGather+GEMM's consumer: ten of the
+    GEMM's seventeen); the C++ launcher takes every one, so the prepared launch completes them
+    instead of falling back to Triton's path on every call."""
+    learner = _learner(trailing_defaults, monkeypatch)
+    x = FakeTensor(4096, FP32)
+    meta = dict(C=16, num_warps=4)
+    learner.learn(loaded(), (x, 17), meta)
+    assert learner.variants() == 1
+    prepared = learner.prepare(NONE, meta)
+    assert prepared.launch([x, 18])
+    assert prepared.launch((x, 18, 0, None))  # complete already: unchanged
+    assert not prepared.launch([x])  # a required one missing: not completed, refused
+
+
 def test_a_prepared_launch_is_per_keyword_arguments_and_device(launches, monkeypatch):
     launches.learn(loaded(), example(), META)
     assert not launches.prepare(NONE, dict(BLOCK=256, num_warps=4)).launch(example())
