@@ -446,6 +446,10 @@ def gemm_rs(a, b, *, out=None, method: str = "auto", context=None, variant: str 
     if _torch_library.compiling():
         _torch_library.eager_only("gemm_rs", out=out, context=context)
         return _torch_library.call("gemm_rs", a, b, method)
+    if context is None:
+        replayed = _eager_calls.replay_gemm("gemm_rs", a, b, out, method)
+        if replayed is not None:
+            return replayed
     _require_initialized("gemm_rs")
     _call_agreement.check("gemm_rs", a=a, b=b, method=method)
     from .kernels.gemm.gemm_rs import METHODS
@@ -461,8 +465,12 @@ def gemm_rs(a, b, *, out=None, method: str = "auto", context=None, variant: str 
                          f"pad the rows")
     from .kernels import GemmReduceScatterContext
 
-    return _run_n_keyed_gemm("gemm_rs", GemmReduceScatterContext, a, b, (big_m // world, n), out, context, method,
-                             min_m=256)[0]
+    out_given = out is not None
+    out, launched = _run_n_keyed_gemm("gemm_rs", GemmReduceScatterContext, a, b, (big_m // world, n), out, context,
+                                      method, min_m=256)
+    if context is None:
+        _eager_calls.record_gemm("gemm_rs", a, b, out, out_given, method, launched)
+    return out
 
 
 def gemm_ar(a, b, *, out=None, method: str = "auto", context=None, variant: str | None = None):

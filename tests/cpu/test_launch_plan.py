@@ -90,6 +90,35 @@ def test_with_an_arity_a_plan_may_leave_slots_to_another_plan_of_its_sequence():
         LaunchPlan(gemm, (4, ), (Slot(1, "b"), Slot(2, "out")), META, arity=2)
 
 
+class Param:
+    def __init__(self, name, constexpr=False, default=None, has_default=False):
+        self.name, self.is_constexpr, self.default, self.has_default = name, constexpr, default, has_default
+
+
+def _kernel_with_params():
+    """``k(x, n, C: constexpr, extra=0, D: constexpr, out=None, flag=None)``: runtime parameters
+    after constexprs, each with a default, as the GEMMs' epilogue operands."""
+    kernel = Kernel()
+    kernel.fn = type("Fn", (), {"params": [Param("x"), Param("n"), Param("C", True),
+                                           Param("extra", default=0, has_default=True), Param("D", True),
+                                           Param("out", has_default=True), Param("flag", has_default=True)]})
+    return kernel
+
+
+def test_named_runtime_arguments_go_by_position_to_cpp_and_by_name_to_triton():
+    """The C++ launch takes the runtime arguments in the kernel's order (those after the last
+    named one left to their defaults); Triton's path takes the named ones by name."""
+    kernel = _kernel_with_params()
+    plan = LaunchPlan(kernel, (4, ), (X, 7), META, named=dict(out=OUT))
+    assert plan.arity == 2
+    plan.launch("x1", "out1")  # first: Triton's path
+    assert kernel.ran[0] == (["x1", 7], (4, ), dict(extra=0, out="out1", **META))
+    plan.launch("x2", "out2")  # then the prepared launch, every argument up to out by position
+    assert kernel.prepared.launched == [["x2", 7, 0, "out2"]]
+    with pytest.raises(ValueError, match="not runtime parameters"):
+        LaunchPlan(kernel, (4, ), (X, 7), META, named=dict(C=1))
+
+
 def test_descriptor_slots_get_a_tma_descriptor_of_their_tensor(monkeypatch):
     from triton_dist.kernels.common import launch_plan
 

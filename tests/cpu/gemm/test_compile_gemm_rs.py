@@ -148,6 +148,9 @@ def test_fused_producer_sums_own_tiles_after_waiting(config, world):
     stores = re.findall(r"st\.global[a-z0-9.]*", ptx)
     assert stores and all(".v4." in s for s in stores), stores
     assert "trap;" in ptx
+    # Its launch plan (GemmReduceScatterContext.fused_plan, replayed by eager calls) installs no
+    # global scratch: the kernel must ask for none.
+    assert compiled.metadata.global_scratch_size == 0
 
 
 @pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))

@@ -36,6 +36,30 @@ def test_gemm_rs_matches_torch(method, m, n, k):
     all_ranks_agree(got is out and err < _TOL, f"gemm_rs {method} M={world * m} N={n} K={k}: error/tolerance {err}")
 
 
+def test_fused_calls_replay_their_launches(replays):
+    """200 ``method="fused"`` calls of one shape, fresh seeded inputs, a new out and a given
+    poisoned out in turn: all but the first call of each form are replayed (triton_dist.eager_calls:
+    the bump and the fused GEMM again), and every element is right. The reference is the host
+    reduce-scatter, a collective: every rank checks every call, in the same order."""
+    from triton_dist import eager_calls
+
+    world, dtype = dist.get_world_size(), torch.bfloat16
+    m, n, k, calls = 40, 264, 136, 200
+    b = rank_randn((n, k), dtype, 81)
+    eager_calls.clear()
+    bad = []
+    for i in range(calls):
+        a = rank_randn((world * m, k), dtype, 8000 + i)
+        out = None if i % 2 == 0 else torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+        got = ops.gemm_rs(a, b, out=out, method="fused")
+        if (out is not None and got is not out) or not tolerance_ratio(got, _reference(a, b)) < _TOL:
+            bad.append(i)
+    all_ranks_agree(not bad, f"gemm_rs fused repeated: wrong at calls {bad[:10]}")
+    expected = calls - 2 if world > 1 else 0
+    all_ranks_agree(replays[0] == expected, f"gemm_rs fused: {replays[0]} calls replayed, expected {expected}")
+    tdist.barrier()
+
+
 @pytest.mark.parametrize("method", _METHODS + ["auto"])
 def test_gemm_rs_back_to_back(method):
     world, dtype, calls = dist.get_world_size(), torch.bfloat16, 500

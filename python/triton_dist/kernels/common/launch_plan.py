@@ -41,16 +41,25 @@ def _descriptor(tensor, block: list):
 
 
 class LaunchPlan:
-    """``kernel[grid](*args, **meta)`` with each :class:`Slot` in ``args`` replaced by its tensor of
-    the launch (or that tensor's descriptor). The slots' indices are ``0 .. k - 1``, each used; or,
-    with ``arity``, any below it (a plan of a :class:`LaunchSequence` that leaves some of the call's
-    tensors to another)."""
+    """``kernel[grid](*args, **named, **meta)`` with each :class:`Slot` in ``args`` and ``named``
+    replaced by its tensor of the launch (or that tensor's descriptor). The slots' indices are ``0
+    .. k - 1``, each used; or, with ``arity``, any below it (a plan of a :class:`LaunchSequence`
+    that leaves some of the call's tensors to another). ``named``: runtime arguments that come
+    after a constexpr in the kernel's signature (the GEMMs' epilogue operands), which Triton takes
+    only by name; ``kernel`` must then be a :func:`triton_dist.jit` kernel (its parameters say
+    where each goes)."""
 
-    __slots__ = ("kernel", "grid", "args", "meta", "arity", "_slots", "_prepared")
+    __slots__ = ("kernel", "grid", "args", "meta", "arity", "_slots", "_prepared", "_named")
 
-    def __init__(self, kernel, grid: tuple, args: tuple, meta: dict, arity: int | None = None):
+    def __init__(self, kernel, grid: tuple, args: tuple, meta: dict, arity: int | None = None,
+                 named: dict | None = None):
         self.kernel = kernel
         self.grid = tuple(grid)
+        self._named = [] if not named else _trailing_names(kernel, len(args), named)
+        """The runtime parameters after ``args``, in the kernel's order: what :meth:`arguments`
+        appends (each from ``named``, else its default), by name on Triton's path."""
+        if named:
+            args = (*args, *(named.get(name, default) for name, default in self._named))
         self.args = list(args)
         self.meta = meta
         self._slots = [(at, a) for at, a in enumerate(args) if isinstance(a, Slot)]
@@ -86,12 +95,33 @@ class LaunchPlan:
         # Triton's path: the first launch, another device, a launch hook, another Config, or a
         # variant not yet learnt. It learns the variant, which the prepared launch (sharing the
         # learnt list) then takes; one prepared under another Config is prepared again.
-        self.kernel.run(*args, grid=self.grid, **self.meta)
+        if self._named:
+            leading = len(args) - len(self._named)
+            by_name = {name: value for (name, _), value in zip(self._named, args[leading:])}
+            self.kernel.run(*args[:leading], grid=self.grid, **by_name, **self.meta)
+        else:
+            self.kernel.run(*args, grid=self.grid, **self.meta)
         if prepared is None or (prepared and not prepared.current()):
             self._prepared = self.kernel.prepare(self.grid, self.meta) or False  # False: never launchable from C++
 
     def __repr__(self) -> str:
         return f"LaunchPlan({self.kernel!r}, grid={self.grid}, args={self.args!r})"
+
+
+def _trailing_names(kernel, leading: int, named: dict) -> list[tuple[str, object]]:
+    """``(name, default)`` of ``kernel``'s runtime parameters after its first ``leading`` ones, up
+    to the last one ``named`` gives (later ones keep their defaults: the launchers complete them);
+    raises for a name that is no such parameter or one without a default left out."""
+    params = [p for p in kernel.fn.params if not p.is_constexpr][leading:]
+    unknown = set(named) - {p.name for p in params}
+    if unknown:
+        raise ValueError(f"triton_dist LaunchPlan of {kernel!r}: {sorted(unknown)} are not runtime parameters after "
+                         f"its first {leading}")
+    last = max(i for i, p in enumerate(params) if p.name in named)
+    missing = [p.name for p in params[:last + 1] if p.name not in named and not p.has_default]
+    if missing:
+        raise ValueError(f"triton_dist LaunchPlan of {kernel!r}: {missing} have no default and are not named")
+    return [(p.name, p.default if p.has_default else None) for p in params[:last + 1]]
 
 
 class LaunchSequence:

@@ -146,6 +146,7 @@ from .gemm_rs_2d import GemmThenReduceScatter, PushAcrossNodes
 from . import policy as _policy
 from . import tile as _gemm_tile
 from ..common import call_counter as _call_counter
+from ..common.launch_plan import LaunchPlan, LaunchSequence, Slot
 from ..common import reach as _reach
 from ... import timeline as _timeline
 from ..common.scratch import GlobalScratch
@@ -333,6 +334,8 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         self._joined = torch.cuda.Event()  # streams.wait_for's
         self._bumped = torch.cuda.Event()  # re-recorded each call: a wait takes the latest record
         self._scratch = GlobalScratch(self.device)  # the fused_tma method's device-built descriptors
+        self._fused_plans: dict = {}
+        """(M, K) -> ``"fused"``'s :class:`LaunchSequence` (:meth:`fused_plan`)."""
         self.gemm_then_reduce_scatter = None
         """``"2d"``'s ReduceScatter (:class:`~triton_dist.kernels.gemm.gemm_rs_2d.GemmThenReduceScatter`):
         made here across several nodes, else by the first ``"2d"`` call."""
@@ -378,12 +381,15 @@ class GemmReduceScatterContext(OverlappedGemmContext):
                                             2, 2, half_elems=2, signal_region=2, out=p, chunk_n=2,
                                             chunk_flags=self.chunk_flags, tickets=self.tickets, grid=(1, ), **meta)
 
-    def run(self, a, b, out, method: str = "auto") -> None:
+    def run(self, a, b, out, method: str = "auto") -> LaunchSequence | None:
         """``out`` = this rank's rows of the sum over ranks of ``a @ b.T`` on the current stream.
         ``a [M, K]``, ``b [n, K]``, ``out [M / world, n]``: contiguous, 16-byte aligned CUDA
         tensors of this dtype, ``M <= max_m`` a multiple of the world size, ``K`` a multiple of 8
         (validated by :func:`triton_dist.ops.gemm_rs`, not here). ``method``: one of
-        :data:`METHODS` (see the module notes; ``"auto"``: :func:`triton_dist.kernels.gemm.policy.gemm_rs_method`)."""
+        :data:`METHODS` (see the module notes; ``"auto"``: :func:`triton_dist.kernels.gemm.policy.gemm_rs_method`).
+        Returns the launches of ``"fused"`` (:meth:`fused_plan`: a call of the same sizes and
+        method with any aligned tensors makes them again, :mod:`triton_dist.eager_calls`), else
+        None."""
         import torch
 
         self.check_method(method)
@@ -393,15 +399,19 @@ class GemmReduceScatterContext(OverlappedGemmContext):
             raise ValueError(f"triton_dist GemmReduceScatterContext.run: a is {list(a.shape)} and b {list(b.shape)}; "
                              f"the context takes M <= {self.max_m}, a multiple of {self.world}, and N = {self.n}")
         if big_m == 0 or self.ran_plain_gemm(a, b, out):
-            return
+            return None
         method = _policy.gemm_rs_method(big_m // self.world, self.nodes) if method == "auto" else method
         _reach.check_reach("gemm_rs", method, ("2d", "push_2d"), self.unmapped, self.rank)
         if method == "2d":
             self._across_nodes("2d").run(a, b, out)
-            return
+            return None
         if method == "fused_ce":
             self._run_fused_ce(a, b, out)
-            return
+            return None
+        if method == "fused" and out.data_ptr() % 16 == 0 and not _timeline.kernel_args():
+            plan = self.fused_plan(big_m, k)
+            plan.launch(a, b, out)
+            return plan
         fused = method in ("fused", "fused_tma")
         peer = method in ("push", "push_2d")
         across = self._across_nodes("push_2d") if method == "push_2d" else None
@@ -434,7 +444,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         if fused:
             if target is not out:
                 out.copy_(target)
-            return
+            return None
         self._side.wait_event(self._bumped)
         with torch.cuda.stream(self._side):
             if across:
@@ -447,6 +457,29 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         wait_for(stream, self._side, self._joined)
         if target is not out:
             out.copy_(target)
+        return None
+
+    def fused_plan(self, big_m: int, k: int) -> LaunchSequence:
+        """``"fused"``'s launches for ``big_m`` rows of depth ``k``, made once per ``(big_m, k)``:
+        the bump, then the one GEMM (what :meth:`run` launches for it; the kernel's reduce-own
+        epilogue builds no descriptor on the device, so it needs no global scratch);
+        :meth:`~LaunchSequence.launch` takes ``(a, b, out)``, ``out`` 16-byte aligned."""
+        plan = self._fused_plans.get((big_m, k))
+        if plan is not None:
+            return plan
+        n, m = self.n, big_m // self.world
+        config = _gemm.pick_config(big_m, n, k, self.num_sms)
+        c = _gemm.CONFIGS[config]
+        tiles = cdiv(m, c["BM"]) * cdiv(n, c["BN"])
+        gemm = LaunchPlan(gemm_rs_producer_kernel, (max(1, min(self.world * tiles, self.num_sms)), ),
+                          (Slot(0, "a", (c["BM"], c["BK"])), Slot(1, "b", (c["BN"], c["BK"])), self.partials, big_m, n,
+                           k, self.pad.signals, self.calls, self.rank, m),
+                          _gemm.kernel_meta(config, False, epilogue=PRODUCER_EPILOGUES["fused"], world=self.world),
+                          named=dict(half_elems=self.half, signal_region=self.tiles_per_rank, out=Slot(2, "out")))
+        if len(self._fused_plans) >= 64:  # a caller of ever new shapes: keep the memo bounded
+            self._fused_plans.clear()
+        plan = self._fused_plans[(big_m, k)] = LaunchSequence(_call_counter.bump_plan(self.calls), gemm)
+        return plan
 
     def _fused_ce_schedule(self, big_m: int, config: str) -> StreamSchedule:
         """The copy stream's operations of ``"fused_ce"`` for ``big_m`` rows and GEMM ``config``
