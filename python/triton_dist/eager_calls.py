@@ -26,6 +26,7 @@ are dropped, so every call is checked.
 from __future__ import annotations
 
 from . import config as _config
+from . import timeline as _timeline
 
 MAX_PLANS = 1024
 """Plans kept before all are forgotten (a caller of ever new shapes)."""
@@ -92,8 +93,11 @@ def replay(op: str, x, out, method: str):
 
 
 def replay_gemm(op: str, a, b, out, method: str):
-    """:func:`replay` for a GEMM op of ``a [M, K]`` and ``b [N, K]``."""
-    if not _PLANS or type(a) is not _Tensor or type(b) is not _Tensor or type(method) is not str:
+    """:func:`replay` for a GEMM op of ``a [M, K]`` and ``b [N, K]``; None while a timeline records
+    (:mod:`triton_dist.timeline`: the GEMMs' full paths launch instrumented variants, the plans
+    do not)."""
+    if (not _PLANS or type(a) is not _Tensor or type(b) is not _Tensor or type(method) is not str
+            or _timeline._current is not None):
         return None
     plan = _plan_for((op, a.shape, b.shape, a.dtype, method, out is None))
     if (plan is None or b.dtype != a.dtype or _torch_c._cuda_getDevice() != plan.device or

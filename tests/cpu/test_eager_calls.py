@@ -191,6 +191,19 @@ def test_gemm_operands_the_plan_does_not_fit_take_the_full_path(calls, why, a, b
     assert plan.launched == []
 
 
+def test_no_gemm_call_is_replayed_while_a_timeline_records(calls, monkeypatch):
+    """The GEMMs' full paths launch their instrumented variants while a timeline records; a plan
+    holds the plain ones, which would record no spans."""
+    from triton_dist import timeline
+
+    plan = record_gemm()
+    a, b = Tensor((16, 512)), Tensor((1024, 512))
+    monkeypatch.setattr(timeline, "_current", object())
+    assert eager_calls.replay_gemm("gemm_ar", a, b, None, "auto") is None and plan.launched == []
+    monkeypatch.setattr(timeline, "_current", None)
+    assert eager_calls.replay_gemm("gemm_ar", a, b, None, "auto") is not None and len(plan.launched) == 1
+
+
 def test_a_gemm_out_is_checked_like_the_collectives(calls):
     plan = record_gemm(out_given=True)
     a, b = Tensor((16, 512)), Tensor((1024, 512))

@@ -104,7 +104,9 @@ SMs: the consumer spins while the producer's kernels still have to run on this G
 GEMM's persistent grid leaves SMs free (its programs use > 114 KiB of shared memory each, so at
 most one per SM): :data:`RESERVED_SMS` for the copy-engine producers' signal kernels,
 ``push_programs`` for ``"sm_push"``. With every SM held by a spinning GEMM program, the producer
-could never start - a deadlock.
+could never start - a deadlock. ``"sm_push_inline"`` leaves none: its GEMM waits only on the peers'
+push kernels, in other processes (on other GPUs, or in their own MPS shares where ranks share one,
+as every shared-GPU method assumes), and never runs beside its own push.
 
 Why not :class:`~triton_dist.kernels.AllGatherContext`: its ``ce_push`` copies out of its
 receive buffer and acknowledges right after that copy-out, so a GEMM reading that buffer directly
@@ -305,7 +307,9 @@ class AllGatherGemmContext(OverlappedGemmContext):
             raise ValueError(f"triton_dist AllGatherGemmContext: push_programs must be an int in [1, "
                              f"{self.num_sms - 1}], got {push_programs!r}")
         self.push_programs = push_programs
-        if method in PUSH_METHODS:  # the GEMM waits on push kernels' programs beside it (a peer's, inline)
+        if method == "sm_push_inline":  # waits only on other processes' pushes, never beside its own
+            self.max_programs = _residency.max_waiting_programs(self.device, what="AllGatherGemmContext")
+        elif method in PUSH_METHODS:  # the GEMM waits on the push kernel's programs beside it
             self.max_programs = _residency.max_waiting_programs(self.device, reserved=push_programs,
                                                                 what="AllGatherGemmContext")
         else:  # the GEMM waits for copies, which need SMs of their own when ranks share a GPU
