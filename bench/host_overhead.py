@@ -129,6 +129,9 @@ def breakdown(device, dtype) -> list[str]:
     (one_by_one, as_graph), _buffers = _schedules(device)
     parts = [
         ("torch.empty 8 KiB", lambda: torch.empty(4096, device=device, dtype=dtype)),
+        # A replayed call's one allocation (eager_calls: like.new_empty): which form costs least.
+        ("x.new_empty(shape)", lambda: x.new_empty(x.shape)),
+        ("torch.empty_like(x)", lambda: torch.empty_like(x)),
         ("x.add(1)", lambda: x.add(1)),
         ("y.copy_(x)", lambda: y.copy_(x)),
         ("call counter bump (one C++ launch)", lambda: call_counter.bump(counter)),
@@ -138,6 +141,7 @@ def breakdown(device, dtype) -> list[str]:
          lambda: ops.all_reduce(x, out=y, method="ll", context=context)),
         ("ops.all_reduce(x, out=y, method='ll'): replayed", lambda: ops.all_reduce(x, out=y, method="ll")),
         ("ops.all_reduce(x, out=y)", lambda: ops.all_reduce(x, out=y)),
+        ("ops.all_reduce(x, method='ll'): replayed, allocating", lambda: ops.all_reduce(x, method="ll")),
         ("ops.all_reduce(x)", lambda: ops.all_reduce(x)),
         (f"StreamSchedule enqueue, {one_by_one.driver_calls} driver calls", one_by_one.enqueue),
         ("the same StreamSchedule as one CUDA graph", as_graph.enqueue),
