@@ -84,6 +84,26 @@ def replays(monkeypatch):
     return count
 
 
+def check_repeated_calls(what: str, call, draw, out_shape, dtype, replays, calls: int = 200) -> None:
+    """``calls`` calls ``call(*operands, out=out)`` of one shape, ``(operands, reference) =
+    draw(i)`` fresh each call (``draw`` runs on every rank in the same order: a reference may be a
+    host collective), ``out`` a new tensor (even calls) or a given NaN-poisoned one (odd calls):
+    every element of every call within tolerance, and all but the first call of each form replayed
+    from the recorded plan (triton_dist.eager_calls; none with one rank, which runs no protocol).
+    ``replays``: the fixture."""
+    bad = []
+    for i in range(calls):
+        operands, want = draw(i)
+        out = None if i % 2 == 0 else torch.full(out_shape, float("nan"), device="cuda", dtype=dtype)
+        got = call(*operands, out=out)
+        if (out is not None and got is not out) or not tolerance_ratio(got, want) < 1.0:
+            bad.append(i)
+    all_ranks_agree(not bad, f"{what} repeated: wrong at calls {bad[:10]}")
+    expected = calls - 2 if dist.get_world_size() > 1 else 0
+    all_ranks_agree(replays[0] == expected, f"{what}: {replays[0]} calls replayed, expected {expected}")
+    tdist.barrier()
+
+
 SHARED_GPU_TRAP = (
     "a kernel trap in one CUDA MPS client is delivered to every client of the GPU (NVIDIA's MPS documentation, "
     "'Error containment'; scripts/gpu-test's mps-shared-fault check shows it), so a deliberately trapped child "

@@ -4,9 +4,8 @@ runtime arguments in the kernel's order, A's descriptor over the gathered rows m
 the output's per call, and its constexprs. A context stood up without a GPU, its buffers named
 stand-ins and descriptors recorded instead of made."""
 
-import types
-
 import pytest
+from stand_ins import bare_context
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from triton_dist.kernels.common.launch_plan import Slot
@@ -14,27 +13,10 @@ from triton_dist.kernels.gemm import ag_gemm
 from triton_dist.kernels.gemm import dense as gemm_module
 
 
-class Buffer:
-    """A named stand-in for a context's buffer: slicing and ``view`` give views that keep the name."""
-
-    def __init__(self, name: str, shape=None):
-        self.name, self.shape = name, shape
-
-    def __getitem__(self, item):
-        return Buffer(self.name)
-
-    def view(self, *shape):
-        return Buffer(self.name, shape)
-
-
 def _context(world: int, k: int):
-    ctx = ag_gemm.AllGatherGemmContext.__new__(ag_gemm.AllGatherGemmContext)
-    ctx.world, ctx.rank, ctx.k, ctx.num_sms, ctx.max_programs, ctx.push_programs = world, 1, k, 132, 124, 8
-    ctx.method, ctx.local_world = "sm_push_inline", world
-    ctx.gathered, ctx.calls, ctx.tickets = Buffer("gathered"), Buffer("calls"), Buffer("tickets")
-    ctx.pad = types.SimpleNamespace(signals=Buffer("signals"))
-    ctx._inline_plans = {}
-    return ctx
+    return bare_context(ag_gemm.AllGatherGemmContext, ("gathered", "calls", "tickets"), world=world, rank=1, k=k,
+                        num_sms=132, max_programs=124, push_programs=8, method="sm_push_inline", local_world=world,
+                        _inline_plans={})
 
 
 @pytest.mark.parametrize("m,n", [(1, 4096), (128, 14336 // 2), (1024, 1024)])

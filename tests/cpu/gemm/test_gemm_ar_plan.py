@@ -3,28 +3,17 @@ bump of the context's counter, then the split-K kernel with its runtime argument
 order, the operands' TMA descriptors of the config's blocks, and its constexprs. A context stood up
 without a GPU, its buffers named stand-ins."""
 
-import types
-
 import pytest
+from stand_ins import bare_context
 
 from triton_dist.kernels.common.launch_plan import Slot
 from triton_dist.kernels.gemm import gemm_ar
 from triton_dist.kernels.gemm.split_k import SPLIT_K_BN, SPLIT_K_CONFIGS
 
 
-class Buffer:
-    def __init__(self, name: str):
-        self.name = name
-
-
 def _context(world: int, n: int):
-    ctx = gemm_ar.GemmAllReduceContext.__new__(gemm_ar.GemmAllReduceContext)
-    ctx.world, ctx.rank, ctx.num_sms, ctx.n = world, 0, 132, n
-    ctx.half, ctx.tiles_max = 1 << 20, 512
-    ctx.partials, ctx.calls = Buffer("partials"), Buffer("calls")
-    ctx.pad = types.SimpleNamespace(signals=Buffer("signals"))
-    ctx._split_k_plans = {}
-    return ctx
+    return bare_context(gemm_ar.GemmAllReduceContext, ("partials", "calls"), world=world, rank=0, num_sms=132, n=n,
+                        half=1 << 20, tiles_max=512, _split_k_plans={})
 
 
 @pytest.mark.parametrize("m", [1, 16, 32, 100, 128])

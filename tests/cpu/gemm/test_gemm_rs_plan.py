@@ -4,28 +4,17 @@ order (the epilogue's operands after the constexprs, by name on Triton's path), 
 descriptors of the config's blocks, its grid and constexprs: what ``run`` launches for
 ``"fused"``. A context stood up without a GPU, its buffers named stand-ins."""
 
-import types
-
 import pytest
+from stand_ins import bare_context
 
 from triton_dist.kernels.common.launch_plan import Slot
 from triton_dist.kernels.gemm import dense as gemm_module
 from triton_dist.kernels.gemm import gemm_rs
 
 
-class Buffer:
-    def __init__(self, name: str):
-        self.name = name
-
-
 def _context(world: int, n: int):
-    ctx = gemm_rs.GemmReduceScatterContext.__new__(gemm_rs.GemmReduceScatterContext)
-    ctx.world, ctx.rank, ctx.num_sms, ctx.n = world, 1, 132, n
-    ctx.half, ctx.tiles_per_rank = 1 << 22, 640
-    ctx.partials, ctx.calls = Buffer("partials"), Buffer("calls")
-    ctx.pad = types.SimpleNamespace(signals=Buffer("signals"))
-    ctx._fused_plans = {}
-    return ctx
+    return bare_context(gemm_rs.GemmReduceScatterContext, ("partials", "calls"), world=world, rank=1, num_sms=132,
+                        n=n, half=1 << 22, tiles_per_rank=640, _fused_plans={})
 
 
 @pytest.mark.parametrize("big_m,n,k", [(1024, 14336, 4096), (256, 8192, 1024), (8192, 4096, 7168)])

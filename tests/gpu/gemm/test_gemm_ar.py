@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import triton_dist as tdist
-from conftest import all_ranks_agree, raises_everywhere, rank_randn, tolerance_ratio
+from conftest import all_ranks_agree, check_repeated_calls, raises_everywhere, rank_randn, tolerance_ratio
 from triton_dist import host_collectives, ops
 from triton_dist.kernels import GemmAllReduceContext
 
@@ -75,21 +75,16 @@ def test_repeated_calls_replay_the_split_k_launches(method, replays):
     from triton_dist import eager_calls
 
     world, me = tdist.world_size(), tdist.rank()
-    m, n, k, calls = 16, 1024, 512, 200
-    eager_calls.clear()
-    bad = []
-    for i in range(calls):
+    m, n, k = 16, 1024, 512
+
+    def draw(i):
         a_all = [rank_randn((m, k), torch.bfloat16, 3000 + i, r) for r in range(world)]
         b_all = [rank_randn((n, k), torch.bfloat16, 5000 + i, r) for r in range(world)]
-        want = sum(a.float() @ b.float().T for a, b in zip(a_all, b_all))
-        out = None if i % 2 == 0 else torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        got = ops.gemm_ar(a_all[me], b_all[me], out=out, method=method)
-        if (out is not None and got is not out) or tolerance_ratio(got, want) > _TOL:
-            bad.append(i)
-    all_ranks_agree(not bad, f"gemm_ar {method} repeated: wrong at calls {bad[:10]}")
-    expected = calls - 2 if world > 1 else 0
-    all_ranks_agree(replays[0] == expected, f"gemm_ar {method}: {replays[0]} calls replayed, expected {expected}")
-    tdist.barrier()
+        return (a_all[me], b_all[me]), sum(a.float() @ b.float().T for a, b in zip(a_all, b_all))
+
+    eager_calls.clear()
+    check_repeated_calls(f"gemm_ar {method}", lambda a, b, out: ops.gemm_ar(a, b, out=out, method=method), draw,
+                         (m, n), torch.bfloat16, replays)
 
 
 def test_gemm_ar_changing_rows_and_fp16():

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as tdist
-from conftest import all_ranks_agree, raises_everywhere, rank_randn, tolerance_ratio
+from conftest import all_ranks_agree, check_repeated_calls, raises_everywhere, rank_randn, tolerance_ratio
 from triton_dist import host_collectives, ops
 from triton_dist.kernels import GemmReduceScatterContext
 
@@ -44,20 +44,16 @@ def test_fused_calls_replay_their_launches(replays):
     from triton_dist import eager_calls
 
     world, dtype = dist.get_world_size(), torch.bfloat16
-    m, n, k, calls = 40, 264, 136, 200
+    m, n, k = 40, 264, 136
     b = rank_randn((n, k), dtype, 81)
-    eager_calls.clear()
-    bad = []
-    for i in range(calls):
+
+    def draw(i):
         a = rank_randn((world * m, k), dtype, 8000 + i)
-        out = None if i % 2 == 0 else torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
-        got = ops.gemm_rs(a, b, out=out, method="fused")
-        if (out is not None and got is not out) or not tolerance_ratio(got, _reference(a, b)) < _TOL:
-            bad.append(i)
-    all_ranks_agree(not bad, f"gemm_rs fused repeated: wrong at calls {bad[:10]}")
-    expected = calls - 2 if world > 1 else 0
-    all_ranks_agree(replays[0] == expected, f"gemm_rs fused: {replays[0]} calls replayed, expected {expected}")
-    tdist.barrier()
+        return (a, b), _reference(a, b)
+
+    eager_calls.clear()
+    check_repeated_calls("gemm_rs fused", lambda a, b, out: ops.gemm_rs(a, b, out=out, method="fused"), draw, (m, n),
+                         dtype, replays)
 
 
 @pytest.mark.parametrize("method", _METHODS + ["auto"])
