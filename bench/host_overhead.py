@@ -116,6 +116,7 @@ def breakdown(device, dtype) -> list[str]:
     schedule's enqueue one by one and as a graph (``--breakdown``): what a bare launch and a
     driver call cost on this host (under MPS too), against what the op's Python adds."""
     import torch
+    from triton.tools.tensor_descriptor import TensorDescriptor
 
     from triton_dist.kernels.common import call_counter
 
@@ -125,6 +126,10 @@ def breakdown(device, dtype) -> list[str]:
     context = ops._cached_context("all_reduce", dtype, x.numel() * x.element_size())
     plan = context.run(x, y, "ll")  # None with one rank (a copy, no kernel): its row is left out
     counter = torch.zeros(1, dtype=torch.int64, device=device)
+    # gemm_ar's split_k at decode size: a replayed call is two launches and two host descriptors.
+    a16, w = torch.randn(16, 512, device=device).to(dtype), torch.randn(1024, 512, device=device).to(dtype)
+    o16 = torch.empty(16, 1024, device=device, dtype=dtype)
+    ops.gemm_ar(a16, w, out=o16, method="split_k")
     # The schedules hold raw addresses: their buffers must live while they are enqueued.
     (one_by_one, as_graph), _buffers = _schedules(device)
     parts = [
@@ -143,6 +148,10 @@ def breakdown(device, dtype) -> list[str]:
         ("ops.all_reduce(x, out=y)", lambda: ops.all_reduce(x, out=y)),
         ("ops.all_reduce(x, method='ll'): replayed, allocating", lambda: ops.all_reduce(x, method="ll")),
         ("ops.all_reduce(x)", lambda: ops.all_reduce(x)),
+        ("TensorDescriptor.from_tensor(w, [128, 128])", lambda: TensorDescriptor.from_tensor(w, [128, 128])),
+        ("ops.gemm_ar(a, w, out=o, method='split_k'): replayed (bump, kernel)",
+         lambda: ops.gemm_ar(a16, w, out=o16, method="split_k")),
+        ("ops.gemm_ar(a, w, method='split_k'): replayed, allocating", lambda: ops.gemm_ar(a16, w, method="split_k")),
         (f"StreamSchedule enqueue, {one_by_one.driver_calls} driver calls", one_by_one.enqueue),
         ("the same StreamSchedule as one CUDA graph", as_graph.enqueue),
     ]
