@@ -18,8 +18,9 @@ against the same computation in fp32, its collectives through host memory
    uncaptured call: creating one is collective and allocates symmetric memory).
 
 Then the plain collectives: ``ops.all_reduce``, ``ops.all_gather`` (also into a symmetric output,
-which the zero-copy methods write directly) and ``ops.reduce_scatter``; and an eager loop of one
-small all_reduce, whose repeated calls replay the first one's recorded launch.
+which the zero-copy methods write directly) and ``ops.reduce_scatter``; and eager loops of one
+small all_reduce and of the prefill MLP with the overlapped GEMMs' two-launch methods, whose
+repeated calls replay the first ones' recorded launches.
 
 Every op is collective: each rank makes the same calls with the same shapes.
 """
@@ -58,12 +59,14 @@ def mlp_prefill(x_rows, w1_shard, w2_shard) -> bool:
 def check_ag_gemm_producers(x_rows, w1_shard) -> bool:
     """The gather's producer is a context's choice: the copy engine pushes the rows by default;
     ``"sm_push"`` has a kernel on a few SMs push them instead (one launch, lower latency, SMs
-    taken from the GEMM); ``"ce_pull"`` has each rank's copy engine fetch the peers' rows."""
+    taken from the GEMM); ``"ce_pull"`` has each rank's copy engine fetch the peers' rows;
+    ``"sm_push_inline"`` runs that kernel before the GEMM on the caller's stream (two launches a
+    call, no side stream: for eager calls whose host time exceeds their GPU time)."""
     from triton_dist.kernels import AllGatherGemmContext
 
     want = ops.ag_gemm(x_rows, w1_shard)
     ok = True
-    for producer in ("sm_push", "ce_pull"):
+    for producer in ("sm_push", "ce_pull", "sm_push_inline"):
         ctx = AllGatherGemmContext(x_rows.shape[0], x_rows.shape[1], x_rows.dtype, method=producer)  # collective
         ok &= _close(ops.ag_gemm(x_rows, w1_shard, context=ctx), want.float(), f"ag_gemm, producer {producer}")
     return ok
@@ -150,6 +153,32 @@ def check_eager_loop() -> bool:
     return _close(out, want, "all_reduce, 100 eager calls")
 
 
+def check_eager_mlp_loop(x_rows, w1_shard, w2_shard) -> bool:
+    """The prefill MLP in an eager loop with the two-launch methods (``ag_gemm``'s
+    ``"sm_push_inline"``, ``gemm_rs``'s ``"fused"``): after a step's first calls, each later step
+    replays both ops' recorded launches. Host µs per step printed, the last step's result checked."""
+    import time
+
+    def step():
+        h = torch.relu(ops.ag_gemm(x_rows, w1_shard, method="sm_push_inline"))
+        return ops.gemm_rs(h, w2_shard, method="fused")
+
+    step()  # the full paths, recorded
+    torch.cuda.synchronize()
+    tdist.barrier()
+    start = time.perf_counter()
+    for _ in range(20):
+        y = step()
+    issue_us = (time.perf_counter() - start) * 1e6 / 20
+    torch.cuda.synchronize()
+    if tdist.rank() == 0:
+        print(f"rank 0: 20 eager MLP steps (ag_gemm sm_push_inline, relu, gemm_rs fused): {issue_us:.1f} us of "
+              f"host time each to issue", flush=True)
+    x_all = host_collectives.all_gather(x_rows)
+    partial = torch.relu(x_all.float() @ w1_shard.float().T).to(x_rows.dtype).float() @ w2_shard.float().T
+    return _close(y, host_collectives.reduce_scatter(partial), "prefill MLP, 20 eager steps")
+
+
 def run_all() -> bool:
     """Every check of this tutorial (an initialised runtime needed); True when all passed."""
     world = tdist.world_size()
@@ -164,6 +193,7 @@ def run_all() -> bool:
     ok &= check_decode_graph(decode_x, w1_shard, w2_shard)
     ok &= check_collectives()
     ok &= check_eager_loop()
+    ok &= check_eager_mlp_loop(x_rows, w1_shard, w2_shard)
     tdist.barrier()
     ops.clear_contexts()
     return ok
