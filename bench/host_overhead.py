@@ -164,8 +164,9 @@ def breakdown(device, dtype) -> list[str]:
 
 def _cases(world: int, device, dtype, shared: bool):
     """``(name, shape, ours, torch_timed, reference)``: callables of no argument (``ours`` takes an
-    optional ``method``, default ``"auto"``). ``ours`` returns our result, ``reference`` the torch one it is checked against, ``torch_timed`` is the torch
-    contender timed beside ours: the NCCL equivalent, or, when ranks share GPUs (no NCCL there),
+    optional ``method``, default ``"auto"``). ``ours`` returns our result, ``reference`` the torch
+    one it is checked against, ``torch_timed`` is the torch contender timed beside ours: the NCCL
+    equivalent, or, when ranks share GPUs (no NCCL there),
     the op's local torch part alone (an elementwise op of the same size for the collectives, the
     matmul for the GEMMs), with the reference gathered through gloo on the CPU."""
     import torch

@@ -244,9 +244,9 @@ class PreparedLaunch:
 
     def launch(self, args) -> bool:
         """Launch with the runtime arguments ``args`` (by position; left-out trailing defaults
-        are appended) on the current stream; False (nothing launched) when the current device is another, a launch hook is
-        installed, the Config is another, or no learnt variant takes them: the caller then takes
-        Triton's path."""
+        are appended) on the current stream; False (nothing launched) when the current device is
+        another, a launch hook is installed, the Config is another, or no learnt variant takes
+        them: the caller then takes Triton's path."""
         hook = triton.knobs.runtime.launch_enter_hook
         if (hook is not None and getattr(hook, "calls", True)) or _config._current is not self.config:
             return False

@@ -297,8 +297,10 @@ def test_ag_gemm_inline_calls_replay_their_launches(replays):
         return (a, b), _reference(a, b)
 
     eager_calls.clear()
-    check_repeated_calls("ag_gemm sm_push_inline", lambda a, b, out: ops.ag_gemm(a, b, out=out, method="sm_push_inline"),
-                         draw, (dist.get_world_size() * m, n), torch.bfloat16, replays)
+    def call(a, b, out):
+        return ops.ag_gemm(a, b, out=out, method="sm_push_inline")
+
+    check_repeated_calls("ag_gemm sm_push_inline", call, draw, (dist.get_world_size() * m, n), torch.bfloat16, replays)
 
 
 @pytest.mark.parametrize("producer", ["ce_push", "ce_pull", "sm_push", "sm_2d", "sm_push_inline"])

@@ -327,8 +327,8 @@ class AllGatherGemmContext(OverlappedGemmContext):
         self.pad = SignalPad(3 * w, owner="AllGatherGemmContext",
                              regions=[("ready", 0, w), ("ack or pulled", w, w), ("published", 2 * w, w)])
         self.tickets = torch.zeros(self.world * self.world, dtype=torch.int32, device=self.device)
-        """``"sm_push"`` and ``"sm_push_inline"``: per peer, ``"sm_2d"``: per (rows of rank, peer), the push programs that
-        finished their share (zero between calls)."""
+        """``"sm_push"`` and ``"sm_push_inline"``: per peer, ``"sm_2d"``: per (rows of rank, peer),
+        the push programs that finished their share (zero between calls)."""
         self.local_world = _runtime.local_world_size()
         """Ranks per node (``"sm_2d"``'s ``LOCAL``)."""
         exposed = self.shard if pull else self.gathered
