@@ -101,11 +101,6 @@ _is_compiling = None
 """``torch.compiler.is_compiling``, kept by :func:`register` so that an eager call pays no import."""
 
 
-def op(name: str):
-    """``torch.ops.triton_dist.<name>`` (after :func:`register`)."""
-    return _ops[name]
-
-
 def call(name: str, *args):
     """``torch.ops.triton_dist.<name>(*args, world)``: what :mod:`triton_dist.ops` calls while
     ``torch.compile`` traces. Dynamo reads ``world`` as a constant (guarded), so it is a literal of
