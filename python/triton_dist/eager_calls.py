@@ -1,9 +1,10 @@
 """Repeated eager calls of the ops, replayed: a call of ``ops.all_reduce``, ``ops.all_gather``,
 ``ops.reduce_scatter``, ``ops.gemm_ar``, ``ops.ag_gemm`` or ``ops.gemm_rs`` like an earlier one (the
 same op, input shapes, dtype, method, and ``out`` given or not) launches the earlier call's
-:class:`~triton_dist.kernels.common.launch_plan.LaunchPlan` (gemm_ar's ``"split_k"`` and gemm_rs's
-``"fused"``: a ``LaunchSequence``, the bump and the kernel; ag_gemm's ``"sm_push_inline"``: the push
-kernel and the GEMM) after checking only what may differ between two such
+:class:`~triton_dist.kernels.common.launch_plan.LaunchPlan` (a ``LaunchSequence``: gemm_ar's
+``"split_k"``, its kernel, after a bump past 64 rows; gemm_rs's ``"fused"``, the bump and the
+kernel; ag_gemm's ``"sm_push_inline"``, the push kernel and the GEMM) after checking only what may
+differ between two such
 calls: the tensors' device, contiguity and alignment, and ``out``'s shape and dtype.
 
 Why (issue 21): the op's full path (validation, context lookup, method choice, the context's

@@ -41,11 +41,12 @@ def test_pushes_signals_then_waits_and_sums(config, world):
         assert "nvshmemi_device_state_d" in compiled.asm["ptx"]  # peers' buffers through symm_at
 
 
-def _assert_pushes_then_waits(compiled, world, *, pushes, waits):
+def _assert_pushes_then_waits(compiled, world, *, pushes, waits, enters=False):
     """The protocol both methods share: a pipelined wgmma/TMA loop; ``pushes`` fp32 tile stores,
     then one release per rank, each right after a CTA barrier; ``waits`` acquire spins, after the
     releases (signalled before waiting: the no-deadlock argument), every partial-tile load
-    depending on one; 16-byte stores; one rounding on the way out; waits that time out."""
+    depending on one; 16-byte stores; one rounding on the way out; waits that time out.
+    ``enters``: the kernel also stores its epoch into the call counter (one 8-byte store)."""
     ptx, ttgir, ttir = compiled.asm["ptx"], compiled.asm["ttgir"], compiled.asm["ttir"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
     assert not wgmma_serialized(ptx)
@@ -56,7 +57,8 @@ def _assert_pushes_then_waits(compiled, world, *, pushes, waits):
     for i in releases:
         earlier = [line for line in lines[:i] if re.search(r"gpu\.barrier|tt\.store|tt\.atomic|inline_asm", line)]
         assert earlier and "gpu.barrier" in earlier[-1]
-    stores_before = [line for line in lines[:releases[0]] if "tt.store" in line]
+    stores_before = [line for line in lines[:releases[0]] if "tt.store" in line and
+                     not (enters and "tt.store %calls," in line)]
     assert len(stores_before) == pushes and all("f32" in line for line in stores_before)
     spins = results(ops_matching(ttgir, re.escape(_SPIN)))
     assert len(spins) == waits
@@ -66,7 +68,10 @@ def _assert_pushes_then_waits(compiled, world, *, pushes, waits):
         assert depends_on(ttgir, load, spins), f"a partial-tile load does not depend on the waits: {load}"
     first_spin = min(i for i, line in enumerate(lines) if "inline_asm" in line and "ld.acquire" in line)
     assert first_spin > releases[-1]
-    assert all(".v4." in s for s in re.findall(r"st\.global[a-z0-9.]*", ptx))
+    stores = re.findall(r"st\.global[a-z0-9.]*", ptx)
+    if enters:
+        stores.remove("st.global.b64")  # the counter's epoch
+    assert all(".v4." in s for s in stores)
     assert re.search(r"cvt\.rn\.bf16x2\.f32|cvt\.rn\.bf16\.f32", ptx)
     assert "trap;" in ptx
 
@@ -86,13 +91,14 @@ def test_sum_does_not_spill_at_more_ranks(config, world):
     assert stores <= 256 and loads <= 256, (config, world, stores, loads)
 
 
-def _compile_split_k(bm, world, dtype="bf16"):
+def _compile_split_k(bm, world, dtype="bf16", enter=False):
     c = gemm_all_reduce.SPLIT_K_CONFIGS[bm]
     signature = {"a_desc": f"tensordesc<{dtype}[{bm}, {c['BK']}]>",
                  "b_desc": f"tensordesc<{dtype}[{gemm_all_reduce.SPLIT_K_BN}, {c['BK']}]>", "partials": "*fp32",
                  "out": f"*{dtype}", "signals": "*u64", "calls": "*i64", "M": "i32", "N": "i32", "K": "i32",
                  "rank": "i32", "half_elems": "i32", "signal_region": "i32", "split_k": "i32"}
-    meta = dict(WORLD=world, BM=bm, BN=gemm_all_reduce.SPLIT_K_BN, BK=c["BK"], NUM_STAGES=c["NUM_STAGES"])
+    meta = dict(WORLD=world, BM=bm, BN=gemm_all_reduce.SPLIT_K_BN, BK=c["BK"], NUM_STAGES=c["NUM_STAGES"],
+                ENTER=enter)
     return compile_for_hopper(gemm_all_reduce.gemm_ar_split_k_kernel, signature, meta, num_warps=c["num_warps"])
 
 
@@ -107,6 +113,23 @@ def test_split_k_pushes_signals_then_waits_and_sums(bm, world):
     stores, loads = spill_bytes(compiled.asm["ptx"])
     assert stores <= 128 and loads <= 128, (bm, world, stores, loads)
     _assert_pushes_then_waits(compiled, world, pushes=world, waits=1)
+
+
+@pytest.mark.parametrize("world", [1, 2, 8])
+@pytest.mark.parametrize("bm", [bm for bm in sorted(gemm_all_reduce.SPLIT_K_CONFIGS)
+                                if bm <= gemm_all_reduce.SPLIT_K_ENTER_MAX_BM])
+def test_split_k_entering_its_call_spills_nothing_and_keeps_the_protocol(bm, world):
+    """The ENTER variant (one launch a call): the entry's ticket (one acq_rel add at GPU scope on
+    the counter's count) before the first partial is stored, no spills, the same pushes and waits."""
+    compiled = _compile_split_k(bm, world, enter=True)
+    ptx = compiled.asm["ptx"]
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{bm}k16", ptx)
+    assert spill_bytes(ptx) == (0, 0), bm
+    lines = ptx.splitlines()
+    entry = [i for i, line in enumerate(lines) if re.search(r"atom\.global\.gpu\.acq_rel\.add\.u64", line)]
+    stores = [i for i, line in enumerate(lines) if "st.global.v4" in line]  # the fp32 partials
+    assert len(entry) == 1 and stores and entry[0] < min(stores)
+    _assert_pushes_then_waits(compiled, world, pushes=world, waits=1, enters=True)
 
 
 def test_split_k_rules():

@@ -18,11 +18,18 @@ def _context(world: int, n: int):
 
 @pytest.mark.parametrize("m", [1, 16, 32, 100, 128])
 @pytest.mark.parametrize("world", [2, 8])
-def test_split_k_plan_is_the_bump_then_the_kernel_with_its_parameters(m, world):
+def test_split_k_plan_is_the_kernel_with_its_parameters_after_a_bump_only_past_64_rows(m, world):
+    """Up to ``SPLIT_K_ENTER_MAX_BM`` rows the kernel advances the call counter itself (ENTER):
+    one launch a call; past them the bump goes first."""
     ctx = _context(world, 4096)
     sequence = ctx.split_k_plan(m, 7168)
-    bump, kernel = sequence.plans
-    assert bump.args == [ctx.calls] and bump.arity == 0 and bump.grid == (1, )
+    enters = ctx.split_k_block(m) <= gemm_ar.SPLIT_K_ENTER_MAX_BM
+    if enters:
+        kernel, = sequence.plans
+    else:
+        bump, kernel = sequence.plans
+        assert bump.args == [ctx.calls] and bump.arity == 0 and bump.grid == (1, )
+    assert kernel.meta["ENTER"] is enters
     fn = kernel.kernel.fn
     names = [p.name for p in fn.params if not p.is_constexpr]
     args = dict(zip(names, kernel.args))

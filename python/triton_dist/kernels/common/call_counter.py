@@ -45,8 +45,8 @@ def enter_call(calls):
     programmatic dependent launch, which no library kernel uses) and a context whose calls run on
     one stream at a time: were ``calls[1]`` ever left non-zero, no program would be last again.
     Early rather than last, so that no value stays live across the kernel for it. (gemm_ar's
-    split-K kernel still takes a bump: with this entry its spills at 128 rows and 8 ranks grew
-    from 96 to 144 bytes, first or last in the kernel alike.)"""
+    split-K kernel enters its call up to 64 rows; at 128 it still takes a bump: with this entry its
+    spills at 128 rows and 8 ranks grew from 96 to 144 bytes, first or last in the kernel alike.)"""
     epoch = tl.load(calls) + 1
     programs = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
     if last_to_finish(calls + 1, 0, programs):

@@ -16,7 +16,9 @@ must all add the same exact values; bf16 partials would differ from the sender's
 The traffic is ``(world - 1) * M * N * 4`` bytes per rank, small at decode sizes.
 
 Call ``e`` (the context's device call counter, bumped on the caller's stream before the launch,
-so a CUDA graph replays with fresh values): the partials buffer has two halves, the call's is
+or, by ``"split_k"`` up to :data:`SPLIT_K_ENTER_MAX_BM` rows, advanced by the kernel itself,
+:func:`~triton_dist.kernels.common.call_counter.enter_call`; so a CUDA graph replays with fresh
+values): the partials buffer has two halves, the call's is
 ``e % 2``; a rank writes half ``e % 2`` again in call ``e + 2``, after its call ``e + 1``, which
 waited for every peer's tiles of call ``e + 1``, which each peer produced after its call ``e``
 (stream order), the only reader of call ``e``'s half. Signals only grow (set to ``e``, waited
@@ -74,6 +76,7 @@ from .split_k import SPLIT_K_BN, SPLIT_K_CONFIGS, SPLIT_K_MAX_M, block_for
 from .tile import swapped_tile_product
 from . import policy as _policy
 from ..common import call_counter as _call_counter
+from ..common.call_counter import enter_call
 from ..common import reach as _reach
 from ..common.host_math import cdiv
 from ..common.launch_plan import LaunchPlan, LaunchSequence, Slot
@@ -100,17 +103,22 @@ language's libraries linked in (``"output_tiles"``)."""
 @jit(do_not_specialize=["M", "K", "rank", "half_elems", "signal_region", "split_k"])
 def gemm_ar_split_k_kernel(a_desc, b_desc, partials, out, signals, calls, M, N, K, rank, half_elems, signal_region,
                            split_k, WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                           NUM_STAGES: tl.constexpr):
+                           NUM_STAGES: tl.constexpr, ENTER: tl.constexpr = False):
     """``"split_k"`` GEMM+AllReduce (module notes): ``out [M, N]`` = the sum over ranks and slices
     of ``A [M, K] @ B [N, K]^T``. ``a_desc`` block ``[BM, BK]`` (rows past ``M`` read as zeros),
     ``b_desc`` block ``[BN, BK]``. ``partials``: this rank's symmetric fp32 buffer, two halves of
     ``half_elems`` (the call's half ``*calls % 2``), each ``WORLD * split_k`` slots of ``[M, N]``.
     ``signals``: ``WORLD`` regions of ``signal_region``; rank ``r``'s slice ``s`` of n-tile ``j``
     is signal ``r * signal_region + s * cdiv(N, BN) + j``, set to the call's epoch. ``N`` is a
-    multiple of 8 (specialised: the context's ``n``)."""
+    multiple of 8 (specialised: the context's ``n``). ``ENTER``: the call's only kernel, its epoch
+    from :func:`~triton_dist.kernels.common.call_counter.enter_call` (``calls``: two int64), else
+    the bumped counter's value."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
-    epoch = tl.load(calls)
+    if ENTER:
+        epoch = enter_call(calls)
+    else:
+        epoch = tl.load(calls)
     half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
     stride = (N // 8) * 8  # == N, with the divisibility fact for 16-byte stores
     num_n = tl.cdiv(N, BN)
@@ -143,6 +151,13 @@ def gemm_ar_split_k_kernel(a_desc, b_desc, partials, out, signals, calls, M, N, 
                     src = partials + half + (r * split_k + t).to(tl.int64) * slot + offs
                     total += tl.load(dl.consume_token(src, token), mask=mask)
             tl.store(out + offs, total.to(out.dtype.element_ty), mask=mask)
+
+
+SPLIT_K_ENTER_MAX_BM = 64
+"""The widest ``"split_k"`` block whose kernel takes its epoch itself (``ENTER``: one launch a call,
+no bump; :func:`~triton_dist.kernels.common.call_counter.enter_call`). At 128 rows the entry grew
+the kernel's spills at 8 ranks from 96 to 144 bytes (ptxas, sm_90a), so there the bump stays; at
+16-64 rows neither variant spills at 1-8 ranks (tests/cpu/gemm/test_compile_gemm_ar.py)."""
 
 
 class GemmAllReduceContext(OverlappedGemmContext):
@@ -224,7 +239,7 @@ class GemmAllReduceContext(OverlappedGemmContext):
     def _split_k_meta(self, bm: int) -> dict:
         c = SPLIT_K_CONFIGS[bm]
         return dict(WORLD=self.world, BM=bm, BN=SPLIT_K_BN, BK=c["BK"], NUM_STAGES=c["NUM_STAGES"],
-                    num_warps=c["num_warps"])
+                    ENTER=bm <= SPLIT_K_ENTER_MAX_BM, num_warps=c["num_warps"])
 
     @staticmethod
     def _split_k_descriptors(a, b, bm: int):
@@ -289,7 +304,8 @@ class GemmAllReduceContext(OverlappedGemmContext):
 
     def split_k_plan(self, m: int, k: int) -> LaunchSequence:
         """``"split_k"``'s launches for ``m`` rows and depth ``k``, made once per ``(m, k)``: the
-        bump, then the kernel; :meth:`~LaunchSequence.launch` takes ``(a, b, out)``."""
+        kernel, which up to :data:`SPLIT_K_ENTER_MAX_BM` rows advances the call counter itself,
+        and past them the bump first; :meth:`~LaunchSequence.launch` takes ``(a, b, out)``."""
         plan = self._split_k_plans.get((m, k))
         if plan is not None:
             return plan
@@ -305,7 +321,8 @@ class GemmAllReduceContext(OverlappedGemmContext):
                             self._split_k_meta(bm))
         if len(self._split_k_plans) >= 64:  # a caller of ever new shapes: keep the memo bounded
             self._split_k_plans.clear()
-        plan = self._split_k_plans[(m, k)] = LaunchSequence(_call_counter.bump_plan(self.calls), kernel)
+        plans = (kernel, ) if bm <= SPLIT_K_ENTER_MAX_BM else (_call_counter.bump_plan(self.calls), kernel)
+        plan = self._split_k_plans[(m, k)] = LaunchSequence(*plans)
         return plan
 
     def _run_output_tiles(self, a, b, target) -> None:
