@@ -126,7 +126,8 @@ def breakdown(device, dtype) -> list[str]:
     context = ops._cached_context("all_reduce", dtype, x.numel() * x.element_size())
     plan = context.run(x, y, "ll")  # None with one rank (a copy, no kernel): its row is left out
     counter = torch.zeros(1, dtype=torch.int64, device=device)
-    # gemm_ar's split_k at decode size: a replayed call is two launches and two host descriptors.
+    # gemm_ar's split_k at decode size: a replayed call is one launch (the kernel enters its call)
+    # and two host descriptors.
     a16, w = torch.randn(16, 512, device=device).to(dtype), torch.randn(1024, 512, device=device).to(dtype)
     o16 = torch.empty(16, 1024, device=device, dtype=dtype)
     ops.gemm_ar(a16, w, out=o16, method="split_k")

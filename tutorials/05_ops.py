@@ -19,7 +19,7 @@ against the same computation in fp32, its collectives through host memory
 
 Then the plain collectives: ``ops.all_reduce``, ``ops.all_gather`` (also into a symmetric output,
 which the zero-copy methods write directly) and ``ops.reduce_scatter``; and eager loops of one
-small all_reduce and of the prefill MLP with the overlapped GEMMs' two-launch methods, whose
+small all_reduce and of the prefill MLP with the overlapped GEMMs' few-launch methods, whose
 repeated calls replay the first ones' recorded launches.
 
 Every op is collective: each rank makes the same calls with the same shapes.
@@ -154,9 +154,10 @@ def check_eager_loop() -> bool:
 
 
 def check_eager_mlp_loop(x_rows, w1_shard, w2_shard) -> bool:
-    """The prefill MLP in an eager loop with the two-launch methods (``ag_gemm``'s
-    ``"sm_push_inline"``, ``gemm_rs``'s ``"fused"``): after a step's first calls, each later step
-    replays both ops' recorded launches. Host µs per step printed, the last step's result checked."""
+    """The prefill MLP in an eager loop with the few-launch methods (``ag_gemm``'s
+    ``"sm_push_inline"``, two launches a call; ``gemm_rs``'s ``"fused"``, one): after a step's first
+    calls, each later step replays both ops' recorded launches. Host µs per step printed, the last
+    step's result checked."""
     import time
 
     def step():

@@ -19,13 +19,14 @@ _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.e
 _SMEM_LIMIT = 232448
 
 
-def _producer(config, peer, dtype="bf16", world=2, reduce_own=False, peer_tma=False, peer_copy_engine=False):
+def _producer(config, peer, dtype="bf16", world=2, reduce_own=False, peer_tma=False, peer_copy_engine=False,
+              enter_call=False):
     c = gemm_module.CONFIGS[config]
     if reduce_own:
         epilogue = "reduce_own_ce" if peer_copy_engine else "reduce_own_tma" if peer_tma else "reduce_own"
     else:
         epilogue = "rows_to_peer" if peer else "rows_here"
-    meta = gemm_module.kernel_meta(config, False, epilogue=epilogue, world=world)
+    meta = gemm_module.kernel_meta(config, False, epilogue=epilogue, world=world, enter_call=enter_call)
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
     signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
                  "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>", "c_desc": f"*{dtype}", "M": "i32",
@@ -151,6 +152,25 @@ def test_fused_producer_sums_own_tiles_after_waiting(config, world):
     # Its launch plan (GemmReduceScatterContext.fused_plan, replayed by eager calls) installs no
     # global scratch: the kernel must ask for none.
     assert compiled.metadata.global_scratch_size == 0
+
+
+@pytest.mark.parametrize("world", [2, 8])
+@pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
+def test_fused_producer_entering_its_call_spills_no_more(config, world):
+    """``"fused"``'s plan (GemmReduceScatterContext.fused_plan): the GEMM takes its epoch from
+    enter_call, one acq_rel add at GPU scope on the counter's count before any partial tile is
+    stored, and spills no more than the bumped variant (ptxas, sm_90a: the same bytes at 2-8 ranks
+    when written)."""
+    entering = _producer(config, True, world=world, reduce_own=True, enter_call=True)
+    plain = _producer(config, True, world=world, reduce_own=True)
+    ptx = entering.asm["ptx"]
+    assert spill_bytes(ptx) == spill_bytes(plain.asm["ptx"])
+    assert not wgmma_serialized(ptx) and entering.metadata.global_scratch_size == 0
+    lines = ptx.splitlines()
+    entry = [i for i, line in enumerate(lines) if re.search(r"atom\.global\.gpu\.acq_rel\.add\.u64", line)]
+    stores = [i for i, line in enumerate(lines) if "st.global.v4" in line]
+    assert len(entry) == 1 and stores and entry[0] < min(stores)
+    assert entering.asm["ttir"].count("tt.load %calls") == 1  # enter_call's, the only read of the counter
 
 
 @pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))

@@ -1,6 +1,6 @@
-"""gemm_rs's ``"fused"`` launches as a plan (what a repeated ``ops.gemm_rs`` call replays): the
-bump of the context's counter, then the fused GEMM with its runtime arguments in the kernel's
-order (the epilogue's operands after the constexprs, by name on Triton's path), the operands' TMA
+"""gemm_rs's ``"fused"`` launch as a plan (what a repeated ``ops.gemm_rs`` call replays): the
+fused GEMM alone, advancing the context's call counter itself (``ENTER_CALL``), with its runtime
+arguments in the kernel's order (the epilogue's operands after the constexprs, by name on Triton's path), the operands' TMA
 descriptors of the config's blocks, its grid and constexprs: what ``run`` launches for
 ``"fused"``. A context stood up without a GPU, its buffers named stand-ins."""
 
@@ -19,10 +19,9 @@ def _context(world: int, n: int):
 
 @pytest.mark.parametrize("big_m,n,k", [(1024, 14336, 4096), (256, 8192, 1024), (8192, 4096, 7168)])
 @pytest.mark.parametrize("world", [2, 8])
-def test_fused_plan_is_the_bump_then_the_gemm_with_its_parameters(big_m, n, k, world):
+def test_fused_plan_is_the_gemm_alone_with_its_parameters(big_m, n, k, world):
     ctx = _context(world, n)
-    bump, gemm = ctx.fused_plan(big_m, k).plans
-    assert bump.args == [ctx.calls] and bump.arity == 0 and bump.grid == (1, )
+    gemm, = ctx.fused_plan(big_m, k).plans
     params = [p.name for p in gemm.kernel.fn.params if not p.is_constexpr]
     args = dict(zip(params, gemm.args))
     assert params[:len(gemm.args)] == ["a_desc", "b_desc", "c_desc", "M", "N", "K", "signals", "calls", "rank",
@@ -38,5 +37,6 @@ def test_fused_plan_is_the_bump_then_the_gemm_with_its_parameters(big_m, n, k, w
     assert (args["half_elems"], args["signal_region"]) == (ctx.half, ctx.tiles_per_rank)
     tiles = -(-m // c["BM"]) * -(-n // c["BN"])
     assert gemm.grid == (max(1, min(world * tiles, ctx.num_sms)), ) and gemm.arity == 3
-    assert gemm.meta == gemm_module.kernel_meta(config, False, epilogue="reduce_own", world=world)
-    assert ctx.fused_plan(big_m, k).plans == (bump, gemm)  # made once per (M, K)
+    assert gemm.meta == dict(gemm_module.kernel_meta(config, False, epilogue="reduce_own", world=world),
+                             ENTER_CALL=True)
+    assert ctx.fused_plan(big_m, k).plans == (gemm, )  # made once per (M, K)

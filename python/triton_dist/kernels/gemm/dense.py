@@ -52,6 +52,7 @@ from . import split_k as _split_k
 from . import wave_tail as _wave_tail
 from .tile import own_node_first, tile_coords, tile_product
 from .epilogues import all_reduce_tile, copy_chunk, partial_destination, publish_pending, sum_own_tile
+from ..common.call_counter import enter_call
 from ..common.host_math import cdiv
 
 DTYPES = ("bfloat16", "float16")
@@ -181,12 +182,13 @@ GEMM+AllReduce."""
 
 
 def kernel_meta(config: str, wait_for_rows: bool, *, epilogue: str = "store", world: int = 1,
-                node_ranks: int = 0) -> dict:
+                node_ranks: int = 0, enter_call: bool = False) -> dict:
     """Launch keyword arguments (constexprs and options) of :func:`gemm_kernel` for ``config``, with
     the ``epilogue`` of :data:`EPILOGUES` (for ``world`` ranks) and ``wait_for_rows`` (the
     AllGather+GEMM consumer's wait; ``node_ranks`` > 0: its walk, or ``"rows_to_peer"``'s
-    destinations, across nodes of that many ranks). The plain store passes no ``EPILOGUE``, so
-    the plain GEMM's launch keeps its key."""
+    destinations, across nodes of that many ranks; ``enter_call``: the kernel advances the call
+    counter itself, ``ENTER_CALL``). The plain store passes no ``EPILOGUE``, so the plain GEMM's
+    launch keeps its key."""
     if epilogue not in EPILOGUES:
         raise ValueError(f"triton_dist gemm: epilogue must be one of {EPILOGUES}, got {epilogue!r}")
     c = _persistent(config)
@@ -199,6 +201,11 @@ def kernel_meta(config: str, wait_for_rows: bool, *, epilogue: str = "store", wo
             raise ValueError(f"triton_dist gemm: node_ranks walks AllGather+GEMM's consumer or sends "
                              f"'rows_to_peer' partials across nodes, not epilogue {epilogue!r}")
         meta.update(NODE_RANKS=node_ranks)
+    if enter_call:
+        if epilogue not in ("all_reduce", "rows_here", "rows_to_peer", "reduce_own", "reduce_own_tma"):
+            raise ValueError(f"triton_dist gemm: enter_call takes epochs of the all-reduce or signalled-rows "
+                             f"epilogues but the copy engine's, not {epilogue!r}")
+        meta.update(ENTER_CALL=True)
     return meta
 
 
@@ -208,7 +215,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 WAIT_FOR_ROWS: tl.constexpr, half_elems=0, EPILOGUE: tl.constexpr = "store",
                 WORLD: tl.constexpr = 1, signal_region=0, out=None, chunk_n=1,
                 chunk_flags=None, tickets=None, timeline=None, TIMELINE: tl.constexpr = False,
-                NODE_RANKS: tl.constexpr = 0):
+                NODE_RANKS: tl.constexpr = 0, ENTER_CALL: tl.constexpr = False):
     """``C = A @ B^T`` over a persistent grid. ``a_desc``: ``[M, K]`` block ``[BM, BK]``;
     ``b_desc``: ``[N, K]`` block ``[BN, BK]``; ``c_desc``: ``[M, N]`` block ``[BM, BN]``.
 
@@ -292,7 +299,12 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     everywhere), so no program waits for one that waits for it.
 
     ``TIMELINE``: stamps into ``timeline`` (:mod:`triton_dist.language.timeline`) for each tile: its
-    start, the end of its wait (``WAIT_FOR_ROWS``), the end of its K loop and of its epilogue."""
+    start, the end of its wait (``WAIT_FOR_ROWS``), the end of its K loop and of its epilogue.
+
+    ``ENTER_CALL`` (``"all_reduce"`` and the ``SIGNAL_ROWS`` epilogues but the copy engine's): the
+    kernel is its call's only one and takes the epoch from
+    :func:`~triton_dist.kernels.common.call_counter.enter_call` (``calls``: two int64) instead of
+    reading a counter bumped before it."""
     REDUCE_OWN: tl.constexpr = EPILOGUE == "reduce_own" or EPILOGUE == "reduce_own_tma" or EPILOGUE == "reduce_own_ce"
     SIGNAL_ROWS: tl.constexpr = EPILOGUE == "rows_here" or EPILOGUE == "rows_to_peer" or REDUCE_OWN
     PEER_EPILOGUE: tl.constexpr = EPILOGUE == "rows_to_peer" or EPILOGUE == "reduce_own" or EPILOGUE == "reduce_own_tma"
@@ -309,7 +321,10 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
         epoch = tl.load(calls)
         shift = (rank * m_per_rank) // BM  # the m-tile holding this rank's first row
     if ALL_REDUCE:
-        epoch = tl.load(calls)
+        if ENTER_CALL:
+            epoch = enter_call(calls)
+        else:
+            epoch = tl.load(calls)
         half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
         stride = (N // 8) * 8  # == N (a multiple of 8), with the divisibility fact for 16-byte stores
     if SIGNAL_ROWS:
@@ -318,7 +333,10 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             half = 0  # incoming rows; the outgoing ones follow
             outgoing = (half_elems // 8) * 8  # == half_elems, a multiple of 8
         else:
-            epoch = tl.load(calls)
+            if ENTER_CALL:
+                epoch = enter_call(calls)
+            else:
+                epoch = tl.load(calls)
             half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
         stride = (N // 8) * 8  # == N (a multiple of 8), with the divisibility fact for 16-byte stores
         local_m = tl.cdiv(m_per_rank, BM)  # m-tiles per destination

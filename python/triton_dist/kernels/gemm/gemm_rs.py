@@ -376,6 +376,9 @@ class GemmReduceScatterContext(OverlappedGemmContext):
                                                            **meta)
                 if compiled is not None:  # None while preload_in_parallel records
                     self._scratch.reserve(compiled, self.num_sms)
+            gemm_rs_producer_kernel.preload(a_desc, b_desc, p, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
+                                            half_elems=2, signal_region=2, out=p, grid=(1, ),
+                                            **self.fused_meta(config))  # fused_plan's
             meta = _gemm.kernel_meta(config, False, epilogue="reduce_own_ce", world=self.world)
             gemm_rs_producer_kernel.preload(a_desc, b_desc, self.ce_rows, 2, 2, 2, self.ce_pad.signals, self.calls,
                                             2, 2, half_elems=2, signal_region=2, out=p, chunk_n=2,
@@ -460,10 +463,11 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         return None
 
     def fused_plan(self, big_m: int, k: int) -> LaunchSequence:
-        """``"fused"``'s launches for ``big_m`` rows of depth ``k``, made once per ``(big_m, k)``:
-        the bump, then the one GEMM (what :meth:`run` launches for it; the kernel's reduce-own
-        epilogue builds no descriptor on the device, so it needs no global scratch);
-        :meth:`~LaunchSequence.launch` takes ``(a, b, out)``, ``out`` 16-byte aligned."""
+        """``"fused"``'s launch for ``big_m`` rows of depth ``k``, made once per ``(big_m, k)``: the
+        one GEMM of :meth:`run`'s, advancing the call counter itself (``ENTER_CALL``: no bump, so
+        one launch a call; its reduce-own epilogue builds no descriptor on the device, so it needs
+        no global scratch); :meth:`~LaunchSequence.launch` takes ``(a, b, out)``, ``out`` 16-byte
+        aligned."""
         plan = self._fused_plans.get((big_m, k))
         if plan is not None:
             return plan
@@ -474,12 +478,17 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         gemm = LaunchPlan(gemm_rs_producer_kernel, (max(1, min(self.world * tiles, self.num_sms)), ),
                           (Slot(0, "a", (c["BM"], c["BK"])), Slot(1, "b", (c["BN"], c["BK"])), self.partials, big_m, n,
                            k, self.pad.signals, self.calls, self.rank, m),
-                          _gemm.kernel_meta(config, False, epilogue=PRODUCER_EPILOGUES["fused"], world=self.world),
+                          self.fused_meta(config),
                           named=dict(half_elems=self.half, signal_region=self.tiles_per_rank, out=Slot(2, "out")))
         if len(self._fused_plans) >= 64:  # a caller of ever new shapes: keep the memo bounded
             self._fused_plans.clear()
-        plan = self._fused_plans[(big_m, k)] = LaunchSequence(_call_counter.bump_plan(self.calls), gemm)
+        plan = self._fused_plans[(big_m, k)] = LaunchSequence(gemm)
         return plan
+
+    def fused_meta(self, config: str) -> dict:
+        """The constexprs and options of :meth:`fused_plan`'s GEMM (``"fused"``, entering its call)."""
+        return _gemm.kernel_meta(config, False, epilogue=PRODUCER_EPILOGUES["fused"], world=self.world,
+                                 enter_call=True)
 
     def _fused_ce_schedule(self, big_m: int, config: str) -> StreamSchedule:
         """The copy stream's operations of ``"fused_ce"`` for ``big_m`` rows and GEMM ``config``
