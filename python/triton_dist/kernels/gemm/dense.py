@@ -201,10 +201,11 @@ def kernel_meta(config: str, wait_for_rows: bool, *, epilogue: str = "store", wo
             raise ValueError(f"triton_dist gemm: node_ranks walks AllGather+GEMM's consumer or sends "
                              f"'rows_to_peer' partials across nodes, not epilogue {epilogue!r}")
         meta.update(NODE_RANKS=node_ranks)
-    if enter_call:
-        if epilogue not in ("all_reduce", "rows_here", "rows_to_peer", "reduce_own", "reduce_own_tma"):
-            raise ValueError(f"triton_dist gemm: enter_call takes epochs of the all-reduce or signalled-rows "
-                             f"epilogues but the copy engine's, not {epilogue!r}")
+    if enter_call:  # the call's only kernel: no reduce kernel or producer beside it reads the counter
+        if epilogue not in ("all_reduce", "reduce_own", "reduce_own_tma") or wait_for_rows:
+            raise ValueError(f"triton_dist gemm: enter_call is for a call's only kernel (epilogue all_reduce, "
+                             f"reduce_own or reduce_own_tma, no wait for rows), not epilogue {epilogue!r} with "
+                             f"wait_for_rows={wait_for_rows}")
         meta.update(ENTER_CALL=True)
     return meta
 
@@ -301,8 +302,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     ``TIMELINE``: stamps into ``timeline`` (:mod:`triton_dist.language.timeline`) for each tile: its
     start, the end of its wait (``WAIT_FOR_ROWS``), the end of its K loop and of its epilogue.
 
-    ``ENTER_CALL`` (``"all_reduce"`` and the ``SIGNAL_ROWS`` epilogues but the copy engine's): the
-    kernel is its call's only one and takes the epoch from
+    ``ENTER_CALL`` (``"all_reduce"``, ``"reduce_own"``, ``"reduce_own_tma"``): the kernel is its
+    call's only one and takes the epoch from
     :func:`~triton_dist.kernels.common.call_counter.enter_call` (``calls``: two int64) instead of
     reading a counter bumped before it."""
     REDUCE_OWN: tl.constexpr = EPILOGUE == "reduce_own" or EPILOGUE == "reduce_own_tma" or EPILOGUE == "reduce_own_ce"
