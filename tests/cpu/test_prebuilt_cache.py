@@ -336,3 +336,37 @@ def test_every_shipped_variant_names_its_kernels_parameters():
         if set(r.variant.signature) != set(fn.arg_names):
             stale.append(f"{r.variant.name}: {sorted(set(r.variant.signature) ^ set(fn.arg_names))}")
     assert not stale, stale
+
+
+DENSE_OP_MODULES = (
+    "triton_dist.kernels.collectives.allreduce_kernels", "triton_dist.kernels.collectives.allgather_kernels",
+    "triton_dist.kernels.collectives.allgather_2d", "triton_dist.kernels.collectives.reduce_scatter",
+    "triton_dist.kernels.collectives.reduce_scatter_2d", "triton_dist.kernels.common.ring",
+    "triton_dist.kernels.common.call_counter", "triton_dist.kernels.common.rank_barrier",
+    "triton_dist.kernels.gemm.dense", "triton_dist.kernels.gemm.split_k", "triton_dist.kernels.gemm.ag_gemm",
+    "triton_dist.kernels.gemm.ag_gemm_2d", "triton_dist.kernels.gemm.gemm_rs", "triton_dist.kernels.gemm.gemm_rs_2d",
+    "triton_dist.kernels.gemm.gemm_ar",
+)
+"""The modules of the dense ops' kernels (issue 21's ops: the collectives and the overlapped GEMMs;
+not the wave-tail GEMM, a config gemm() takes by name only, nor the MoE and decode ops)."""
+
+
+def test_every_kernel_of_the_dense_ops_has_a_listed_variant():
+    """Each kernel the dense ops launch has at least one variant in the shipped list, so a new
+    kernel (or a renamed one) cannot leave its op compiling on first use unnoticed: record it on a
+    GPU (TRITON_DIST_RECORD_VARIANTS) and merge it. One variant per kernel, not every one of every
+    dtype and world size: those are what recorded runs met."""
+    import importlib
+
+    listed = {(r.variant.module, r.variant.name) for r in variant_list.read([prebuilt_cache.default_variant_list()])}
+    missing = []
+    for module_name in DENSE_OP_MODULES:
+        module = importlib.import_module(module_name)
+        for name, obj in vars(module).items():
+            fn = obj
+            while not isinstance(fn, triton.runtime.JITFunction) and hasattr(fn, "fn"):
+                fn = fn.fn  # DistributedKernel -> JITFunction
+            if (name.endswith("_kernel") and isinstance(fn, triton.runtime.JITFunction) and fn.__module__ == module_name
+                    and (module_name, fn.__name__) not in listed):
+                missing.append(f"{module_name}.{fn.__name__}")
+    assert not missing, missing
