@@ -19,9 +19,9 @@ _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.e
 _SMEM_LIMIT = 232448
 
 
-def _compile(config, world, dtype="bf16"):
+def _compile(config, world, dtype="bf16", enter_call=False):
     c = gemm_module.config_params(config)
-    meta = gemm_module.kernel_meta(config, False, epilogue="all_reduce", world=world)
+    meta = gemm_module.kernel_meta(config, False, epilogue="all_reduce", world=world, enter_call=enter_call)
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
     signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
                  "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>", "c_desc": "*fp32", "M": "i32", "N": "i32",
@@ -89,6 +89,21 @@ def test_sum_does_not_spill_at_more_ranks(config, world):
     at 8 ranks (small and skinny_n128 tiles)."""
     stores, loads = spill_bytes(_compile(config, world).asm["ptx"])
     assert stores <= 256 and loads <= 256, (config, world, stores, loads)
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("config", sorted(gemm_all_reduce.OUTPUT_TILES_ENTER_CONFIGS))
+def test_output_tiles_entering_its_call_spills_no_more(config, world):
+    """The output_tiles configs that enter their call (one launch): the entry's ticket before the
+    first partial is stored, the spills of the bumped variant, the same protocol."""
+    entering, plain = _compile(config, world, enter_call=True), _compile(config, world)
+    ptx = entering.asm["ptx"]
+    assert spill_bytes(ptx) == spill_bytes(plain.asm["ptx"]), config
+    lines = ptx.splitlines()
+    entry = [i for i, line in enumerate(lines) if re.search(r"atom\.global\.gpu\.acq_rel\.add\.u64", line)]
+    stores = [i for i, line in enumerate(lines) if "st.global.v4" in line]
+    assert len(entry) == 1 and stores and entry[0] < min(stores)
+    _assert_pushes_then_waits(entering, world, pushes=world - 1, waits=world if world <= 2 else 1, enters=True)
 
 
 def _compile_split_k(bm, world, dtype="bf16", enter=False):

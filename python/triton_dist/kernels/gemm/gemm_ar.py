@@ -16,7 +16,8 @@ must all add the same exact values; bf16 partials would differ from the sender's
 The traffic is ``(world - 1) * M * N * 4`` bytes per rank, small at decode sizes.
 
 Call ``e`` (the context's device call counter, bumped on the caller's stream before the launch,
-or, by ``"split_k"`` up to :data:`SPLIT_K_ENTER_MAX_BM` rows, advanced by the kernel itself,
+or, by ``"split_k"`` up to :data:`SPLIT_K_ENTER_MAX_BM` rows and ``"output_tiles"`` in
+:data:`OUTPUT_TILES_ENTER_CONFIGS`, advanced by the kernel itself,
 :func:`~triton_dist.kernels.common.call_counter.enter_call`; so a CUDA graph replays with fresh
 values): the partials buffer has two halves, the call's is
 ``e % 2``; a rank writes half ``e % 2`` again in call ``e + 2``, after its call ``e + 1``, which
@@ -160,6 +161,13 @@ the kernel's spills at 8 ranks from 96 to 144 bytes (ptxas, sm_90a), so there th
 16-64 rows neither variant spills at 1-8 ranks (tests/cpu/gemm/test_compile_gemm_ar.py)."""
 
 
+OUTPUT_TILES_ENTER_CONFIGS = frozenset(("small", "skinny_n32", "skinny_n64"))
+"""``"output_tiles"``' configs whose kernel takes its epoch itself (``ENTER_CALL``: one launch a
+call, no bump). ``"skinny_n128"`` keeps the bump: the entry grew its spills at 2 ranks from 32 to
+72 bytes (ptxas, sm_90a); the others' spills are the same with and without it at 2-8 ranks
+(tests/cpu/gemm/test_compile_gemm_ar.py)."""
+
+
 class GemmAllReduceContext(OverlappedGemmContext):
     """Symmetric fp32 partials, signals and loaded kernels for GEMM+AllReduce of up to ``max_m`` rows
     and ``n`` columns, ``dtype`` bfloat16 or float16; any ``K``.
@@ -221,7 +229,8 @@ class GemmAllReduceContext(OverlappedGemmContext):
         return cdiv(m, c["BM"]) * cdiv(self.n, c["BN"])
 
     def _meta(self, config: str) -> dict:
-        return _gemm.kernel_meta(config, False, epilogue="all_reduce", world=self.world)
+        return _gemm.kernel_meta(config, False, epilogue="all_reduce", world=self.world,
+                                 enter_call=config in OUTPUT_TILES_ENTER_CONFIGS)
 
     @staticmethod
     def split_k_block(m: int) -> int:
@@ -330,7 +339,8 @@ class GemmAllReduceContext(OverlappedGemmContext):
         n = b.shape[0]
         config = self._config(m)
         a_desc, b_desc = _gemm.operand_descriptors(a, b, config)
-        _call_counter.bump(self.calls)
+        if config not in OUTPUT_TILES_ENTER_CONFIGS:  # else the kernel advances the counter itself
+            _call_counter.bump(self.calls)
         grid = _gemm.grid_for(m, n, config, self.num_sms)
         gemm_ar_kernel[grid](a_desc, b_desc, self.partials, m, n, k, self.pad.signals, self.calls, self.rank, m,
                              half_elems=self.half, signal_region=self.tiles_max, out=target, **self._meta(config),
