@@ -70,8 +70,8 @@ def test_gemm_ar_back_to_back(method):
 def test_repeated_calls_replay_the_split_k_launches(method, replays):
     """200 calls of one shape, fresh seeded inputs (every rank redraws every rank's to know the
     sum), a new out and a given poisoned out in turn: all but the first call of each form are
-    replayed (triton_dist.eager_calls: the bump and the split-K kernel again), and every element
-    is right."""
+    replayed (triton_dist.eager_calls: the split-K kernel again, which at 16 rows advances the
+    call counter itself), and every element is right."""
     from triton_dist import eager_calls
 
     world, me = tdist.world_size(), tdist.rank()

@@ -39,7 +39,7 @@ def test_gemm_rs_matches_torch(method, m, n, k):
 def test_fused_calls_replay_their_launches(replays):
     """200 ``method="fused"`` calls of one shape, fresh seeded inputs, a new out and a given
     poisoned out in turn: all but the first call of each form are replayed (triton_dist.eager_calls:
-    the bump and the fused GEMM again), and every element is right. The reference is the host
+    the fused GEMM again, which advances the call counter itself), and every element is right. The reference is the host
     reduce-scatter, a collective: every rank checks every call, in the same order."""
     from triton_dist import eager_calls
 
