@@ -150,7 +150,7 @@ def breakdown(device, dtype) -> list[str]:
         ("ops.all_reduce(x, method='ll'): replayed, allocating", lambda: ops.all_reduce(x, method="ll")),
         ("ops.all_reduce(x)", lambda: ops.all_reduce(x)),
         ("TensorDescriptor.from_tensor(w, [128, 128])", lambda: TensorDescriptor.from_tensor(w, [128, 128])),
-        ("ops.gemm_ar(a, w, out=o, method='split_k'): replayed (bump, kernel)",
+        ("ops.gemm_ar(a, w, out=o, method='split_k'): replayed",
          lambda: ops.gemm_ar(a16, w, out=o16, method="split_k")),
         ("ops.gemm_ar(a, w, method='split_k'): replayed, allocating", lambda: ops.gemm_ar(a16, w, method="split_k")),
         (f"StreamSchedule enqueue, {one_by_one.driver_calls} driver calls", one_by_one.enqueue),
@@ -302,15 +302,6 @@ def main() -> int:
                                extra=("calls", ))
 
 
-OP_METHODS = {
-    "all_reduce": "triton_dist.kernels:AllReduceContext", "all_gather": "triton_dist.kernels:AllGatherContext",
-    "reduce_scatter": "triton_dist.kernels:ReduceScatterContext",
-    "ag_gemm": "triton_dist.kernels:AllGatherGemmContext", "gemm_rs": "triton_dist.kernels:GemmReduceScatterContext",
-    "gemm_ar": "triton_dist.kernels:GemmAllReduceContext",
-}
-"""Where ``--methods`` finds each op's methods (its context class's ``METHODS``)."""
-
-
 def method_times(name: str, ours, want, repeats: int) -> dict:
     """``--methods``: host µs per call of ``ours(method)`` for each of ``name``'s methods but
     ``"auto"`` (``method_us``), each checked against ``want`` first; a method that raises or
@@ -318,12 +309,14 @@ def method_times(name: str, ours, want, repeats: int) -> dict:
     ``method_errors`` instead. Why: the host time of a call is mostly its driver calls, which differ
     by method by a factor of several (one kernel against a copy-engine schedule), and ``"auto"``
     picks by GPU time alone."""
-    import importlib
-
     import torch
 
-    module, cls = OP_METHODS[name].split(":")
-    methods = [m for m in getattr(importlib.import_module(module), cls).METHODS if m != "auto"]
+    from triton_dist import kernels
+
+    context_class = {"all_reduce": kernels.AllReduceContext, "all_gather": kernels.AllGatherContext,
+                     "reduce_scatter": kernels.ReduceScatterContext, "ag_gemm": kernels.AllGatherGemmContext,
+                     "gemm_rs": kernels.GemmReduceScatterContext, "gemm_ar": kernels.GemmAllReduceContext}[name]
+    methods = [m for m in context_class.METHODS if m != "auto"]
     times, errors = {}, {}
     for m in methods:
         try:

@@ -138,8 +138,9 @@ class Config:
     (one H100, worlds 1, 2 and 4 under MPS, 2026-12-07)."""
 
     eager_replay: bool = True
-    """A repeated eager call of all_reduce, all_gather, reduce_scatter or gemm_ar's ``"split_k"``
-    launches the earlier call's recorded launches after checking only its tensors
+    """A repeated eager call of all_reduce, all_gather, reduce_scatter, gemm_ar's ``"split_k"``,
+    ag_gemm's ``"sm_push_inline"`` or gemm_rs's ``"fused"`` launches the earlier call's recorded
+    launches after checking only its tensors
     (:mod:`triton_dist.eager_calls`), instead of the op's whole Python path
     (TRITON_DIST_EAGER_REPLAY=0 turns it off, every call then takes the full path)."""
 

@@ -75,13 +75,13 @@ class EagerLaunches:
         # parameters before the first constexpr can be given by position among the runtime ones.
         self._leading = next((i for i, p in enumerate(fn.params) if p.is_constexpr), len(fn.params))
 
-    def _complete(self, args: tuple) -> tuple:
-        """``args`` with the left-out trailing defaults appended (unchanged when complete, or too
-        short to complete: the C++ launcher then refuses them)."""
+    def _complete(self, args):
+        """``args`` (a tuple or list) with the left-out trailing defaults appended (unchanged when
+        complete, or too short to complete: the C++ launcher then refuses them)."""
         missing = len(self._runtime_params) - len(args)
         if missing <= 0 or len(args) < self._required:
             return args
-        return args + self._defaults[len(self._defaults) - missing:]
+        return (*args, *self._defaults[len(self._defaults) - missing:])
 
     def _runtime_args(self, args: tuple, kwargs: dict) -> tuple | None:
         """Every runtime argument in the kernel's order, as the C++ launcher takes them: ``args``
@@ -225,7 +225,7 @@ class PreparedLaunch:
 
     __slots__ = ("launchers", "grid", "device", "config", "complete")
 
-    def __init__(self, launchers: list, grid: tuple, device: int, config, complete=tuple):
+    def __init__(self, launchers: list, grid: tuple, device: int, config, complete):
         self.launchers = launchers
         """The key's learnt launchers: :meth:`EagerLaunches.learn` appends to this same list."""
         self.grid = grid
@@ -254,7 +254,7 @@ class PreparedLaunch:
         if device != self.device:
             return False
         gx, gy, gz = self.grid
-        args = self.complete(tuple(args))
+        args = self.complete(args)
         for launcher in self.launchers:
             if launcher.launch(gx, gy, gz, stream, *args):
                 return True

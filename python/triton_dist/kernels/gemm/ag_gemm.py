@@ -257,6 +257,12 @@ def ag_gemm_signal_kernel(signals, calls, peer, PHASE: tl.constexpr, WORLD: tl.c
         dl.notify(signals + WORLD + me, peer, k, "set", "intra_node")
 
 
+def _aligned(shard):
+    """``shard``, cloned if its base is not 16-byte aligned: the preloaded inline push reads 16-byte
+    vectors, and a misaligned view would compile another variant, possibly while a peer spins."""
+    return shard if shard.data_ptr() % 16 == 0 else shard.clone()
+
+
 class AllGatherGemmContext(OverlappedGemmContext):
     """Symmetric buffer, signals, side stream and loaded kernels for AllGather+GEMM of up to
     ``max_m_per_rank`` rows of ``k`` columns per rank, ``dtype`` bfloat16 or float16.
@@ -387,8 +393,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
             return None
         if self.method == "sm_push_inline" and not _timeline.kernel_args():
             plan = self.inline_plan(m, n)
-            # The plan's push variant reads 16-byte vectors: a view at an odd offset goes aligned.
-            plan.launch(a_shard if a_shard.data_ptr() % 16 == 0 else a_shard.clone(), b, out)
+            plan.launch(_aligned(a_shard), b, out)
             return plan
         k = self.k
         stream = self.start_gather(a_shard)
@@ -446,9 +451,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
         x = a_shard.reshape(-1)
         stream = torch.cuda.current_stream()
         if self.method == "sm_push_inline":  # the whole gather, on this stream (module notes)
-            if x.data_ptr() % 16:  # the preloaded variant reads 16-byte vectors: a view at an odd offset
-                x = x.clone()
-            ag_gemm_push_inline_kernel[(self.push_programs, )](x, self.gathered, self.pad.signals, self.calls,
+            ag_gemm_push_inline_kernel[(self.push_programs, )](_aligned(x), self.gathered, self.pad.signals, self.calls,
                                                                self.tickets, m * k, **self._push_meta())
             return stream
         _call_counter.bump(self.calls)
