@@ -259,11 +259,16 @@ def reduce_scatter(x, *, out=None, method: str = "auto", context=None):
     return out
 
 
-def _ag_gemm_context(a_shard, context, method: str):
+def _ag_gemm_context(a_shard, n: int, context, method: str):
     """A cached :class:`~triton_dist.kernels.AllGatherGemmContext` of ``method`` (``"auto"``:
-    :func:`~triton_dist.kernels.gemm.policy.ag_gemm_method`) that fits ``a_shard``, else a new one
-    (collective; ``max_m_per_rank`` rounded up to a power of two, at least 128); ``context``, when
-    given, checked instead."""
+    :func:`~triton_dist.kernels.gemm.policy.ag_gemm_method` for a GEMM of ``N = n``) that fits
+    ``a_shard``, else a new one (collective; ``max_m_per_rank`` rounded up to a power of two, at
+    least 128); ``context``, when given, checked instead. Under CUDA graph capture, where no
+    context can be made, ``"auto"`` within one node takes a fitting context of another producer
+    when there is none of its own (an eager call's, made before the capture; every producer may be
+    captured)."""
+    import torch
+
     from .kernels import AllGatherGemmContext
 
     m, k = a_shard.shape
@@ -280,15 +285,19 @@ def _ag_gemm_context(a_shard, context, method: str):
             raise ValueError(f"triton_dist ag_gemm: method={method!r}, but the context's producer is "
                              f"{context.method!r} (chosen when it was made); pass method='auto' or another context")
         return context
+    fitting = [(key[2], ctx) for (o, dt, key), ctx in _CONTEXTS.items() if o == "ag_gemm" and dt == a_shard.dtype
+               and key[0] == k and key[1] >= m]
     if method == "auto":
         from .kernels.gemm.policy import ag_gemm_method
-        from .runtime import num_nodes
+        from .runtime import num_nodes, world_size
 
-        method = ag_gemm_method(num_nodes())
-    fitting = [ctx for (o, dt, key), ctx in _CONTEXTS.items() if o == "ag_gemm" and dt == a_shard.dtype and
-               key[0] == k and key[1] >= m and key[2] == method]
-    if fitting:
-        return min(fitting, key=lambda c: c.max_m)
+        nodes, capturing = num_nodes(), torch.cuda.is_current_stream_capturing()
+        method = ag_gemm_method(nodes, flops=2.0 * world_size() * m * n * k, eager=not capturing)
+        if capturing and nodes == 1 and fitting and method not in {producer for producer, _ in fitting}:
+            method = min(fitting, key=lambda f: f[1].max_m)[0]  # within a node every producer stands in
+    own = [ctx for producer, ctx in fitting if producer == method]
+    if own:
+        return min(own, key=lambda c: c.max_m)
     max_m = 128
     while max_m < m:
         max_m *= 2
@@ -342,9 +351,10 @@ def ag_gemm(a_shard, b, *, out=None, method: str = "auto", context=None):
     ``"sm_2d"`` (that kernel across nodes: NVSHMEM puts between nodes, forwarding within),
     ``"sm_push_inline"`` (that kernel on the caller's stream before the GEMM: two launches a call,
     no side stream, for eager calls whose host time exceeds their GPU time), or
-    ``"auto"`` (``context``'s producer, else ``"ce_push"`` within a node and ``"sm_2d"`` across
-    nodes: :func:`~triton_dist.kernels.gemm.policy.ag_gemm_method`). A context is made for one
-    producer.
+    ``"auto"`` (``context``'s producer, else within a node ``"sm_push_inline"`` for an eager call
+    of a GEMM too short to hide ``"ce_push"``'s host time and ``"ce_push"`` otherwise, and
+    ``"sm_2d"`` across nodes: :func:`~triton_dist.kernels.gemm.policy.ag_gemm_method`). A context
+    is made for one producer.
 
     ``a_shard``: ``[m, K]``, the same ``m`` on every rank; ``b``: ``[N, K]`` (the weight of a
     linear layer: ``y = x @ W.T``); both contiguous, bfloat16 or float16 (the same), on the current
@@ -372,7 +382,7 @@ def ag_gemm(a_shard, b, *, out=None, method: str = "auto", context=None):
     _check_aligned("ag_gemm", "b", b)
     _check_aligned("ag_gemm", "out", out)
     given_context = context
-    context = _ag_gemm_context(a_shard, context, method)
+    context = _ag_gemm_context(a_shard, n, context, method)
     if m == 0 or n == 0:
         return out
     launched = context.run(a_shard, b, out)
@@ -437,8 +447,10 @@ def gemm_rs(a, b, *, out=None, method: str = "auto", context=None, variant: str 
     separate reduce kernel on a side stream reads the partials that the GEMM stored into the
     destination's buffer, or into its own), ``"2d"`` (across nodes: the GEMM, then the hierarchical
     ReduceScatter), ``"push_2d"`` (across nodes, overlapped: ``"push"`` within each node, then each
-    node's fp32 partial sent across by the reduce kernel), or ``"auto"`` (fused_ce within a node,
-    2d across nodes).
+    node's fp32 partial sent across by the reduce kernel), or ``"auto"`` (within a node
+    ``"fused"`` for an eager call of a GEMM too short to hide ``"fused_ce"``'s host time and
+    ``"fused_ce"`` otherwise, ``"2d"`` across nodes:
+    :func:`~triton_dist.kernels.gemm.policy.gemm_rs_method`).
     ``context``: a :class:`~triton_dist.kernels.GemmReduceScatterContext` to use instead of a
     cached one (needed to capture the first call in a CUDA graph). Collective: every rank, same calls, same shapes,
     same method. ``variant``: the name ``method`` had before (deprecated).

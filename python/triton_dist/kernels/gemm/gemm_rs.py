@@ -12,7 +12,8 @@ Methods (``method=``):
   (``REDUCE_OWN`` in :func:`~triton_dist.kernels.gemm.dense.gemm_kernel`, whose notes give the order
   and the no-deadlock argument).
 - ``"fused_tma"``: ``"fused"`` with the peers' tiles sent by TMA stores; measured no faster.
-- ``"fused_ce"`` (what ``"auto"`` runs: :mod:`triton_dist.kernels.gemm.policy`): ``"fused"`` with the peers'
+- ``"fused_ce"`` (what ``"auto"`` runs but for eager calls too short to hide its host time, which
+  take ``"fused"``: :mod:`triton_dist.kernels.gemm.policy`): ``"fused"`` with the peers'
   tiles sent by the copy engine; faster than ``"fused"`` on 7 of the 9 benchmark shapes in its
   first run on 2 x H200 (4-8 %, slower on two, within the run-to-run noise of a second run that
   had it ahead there too). Why: in ``"fused"``
@@ -403,7 +404,9 @@ class GemmReduceScatterContext(OverlappedGemmContext):
                              f"the context takes M <= {self.max_m}, a multiple of {self.world}, and N = {self.n}")
         if big_m == 0 or self.ran_plain_gemm(a, b, out):
             return None
-        method = _policy.gemm_rs_method(big_m // self.world, self.nodes) if method == "auto" else method
+        if method == "auto":
+            method = _policy.gemm_rs_method(big_m // self.world, self.nodes, flops=2.0 * big_m * n * k,
+                                            eager=not torch.cuda.is_current_stream_capturing())
         _reach.check_reach("gemm_rs", method, ("2d", "push_2d"), self.unmapped, self.rank)
         if method == "2d":
             self._across_nodes("2d").run(a, b, out)

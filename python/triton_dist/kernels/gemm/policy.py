@@ -1,11 +1,24 @@
 """What ``method="auto"`` runs, for every overlapped GEMM: the only place that decides it. The rules
 come from the benchmarks that time every method side by side (bench/gemm_rs.py, bench/gemm_ar.py on
-2 x H200, CUDA-graph timing). The contexts validate and run a method; they ask this module which
-one ``"auto"`` means."""
+2 x H200, CUDA-graph timing) and, for eager calls, the host time each method takes to issue a call
+(bench/host_overhead.py ``--methods``). The contexts validate and run a method; they ask this
+module which one ``"auto"`` means."""
 
 from __future__ import annotations
 
 from .dense import SKINNY_MAX_M
+
+EAGER_GEMM_TFLOPS = 600.0
+"""The dense GEMM's rate in :func:`host_bound_eager`'s estimate of a call's GPU time:
+bench/results/h200-x2/gemm_rs.json's GEMM ran 1024x28672x4096 at 613-645 TFLOPS (bf16, 2 x
+H200); smaller GEMMs run slower, so the estimate errs towards host-bound."""
+
+COPY_ENGINE_HOST_US = {"ag_gemm": 275.0, "gemm_rs": 190.0}
+"""Host µs to issue one eager call of the copy-engine producer ``"auto"`` runs under a CUDA graph
+(``ag_gemm``'s ``"ce_push"``, ``gemm_rs``'s ``"fused_ce"``): bench/host_overhead.py ``--methods``,
+world 2 on one H100 under MPS (2026-12-07): 274.8 and 191.1 µs, against 65.1 for
+``"sm_push_inline"`` (two launches) and 31.1 for ``"fused"`` (one). A copy-engine call issues a
+launch, a copy or a stream-memory operation per peer, and events; Python issues each."""
 
 GEMM_RS_METHOD = "fused_ce"
 """``gemm_rs``: the fused producer with the peers' partial tiles moved by the copy engines, at every
@@ -13,19 +26,38 @@ shape; bench/gemm_rs.py logs every method's time and records this one against NC
 SymmetricMemory in bench/results/h200-x2/gemm_rs.json."""
 
 
-def ag_gemm_method(nodes: int) -> str:
-    """``ag_gemm(method="auto")``'s producer for a world of ``nodes`` nodes: the copy engine's
-    ``"ce_push"`` within one node (bench/results/h200-x2/ag_gemm.json), ``"sm_2d"`` across nodes
-    (the one producer whose loads and stores stay within a node; not timed across nodes)."""
-    return "sm_2d" if nodes > 1 else "ce_push"
+def host_bound_eager(op: str, flops: float, eager: bool) -> bool:
+    """Whether an eager call (``eager``: not under CUDA graph capture) of ``op`` (``"ag_gemm"`` or
+    ``"gemm_rs"``) whose GEMM does ``flops`` would wait on the host with the copy-engine producer:
+    its estimated GPU time (:data:`EAGER_GEMM_TFLOPS`) below that producer's host time per call
+    (:data:`COPY_ENGINE_HOST_US`). Eager calls issue one after another, so such a call costs its
+    host time, and the producer of one or two launches is the faster one, though its GPU time is
+    longer (``"fused"``: 1-6 % over ``"fused_ce"``, gemm_rs.json; ``"sm_push_inline"``: the
+    gather before the GEMM instead of beside it, not yet timed on two GPUs). In a graph the host
+    time is paid once, at capture."""
+    return eager and flops / (EAGER_GEMM_TFLOPS * 1e6) < COPY_ENGINE_HOST_US[op]
 
 
-def gemm_rs_method(m: int, nodes: int = 1) -> str:
-    """``gemm_rs(method="auto")`` for ``m`` rows per rank in a world of ``nodes`` nodes: ``"2d"``
-    across nodes (the one method whose loads and stores stay within a node), else
-    :data:`GEMM_RS_METHOD`."""
+def ag_gemm_method(nodes: int, flops: float = 0.0, eager: bool = False) -> str:
+    """``ag_gemm(method="auto")``'s producer for a world of ``nodes`` nodes and a GEMM of ``flops``
+    (all ranks' rows): ``"sm_2d"`` across nodes (the one producer whose loads and stores stay
+    within a node; not timed across nodes); within one node ``"sm_push_inline"`` for an eager call
+    that would wait on the host (:func:`host_bound_eager`), else the copy engine's ``"ce_push"``
+    (bench/results/h200-x2/ag_gemm.json)."""
+    if nodes > 1:
+        return "sm_2d"
+    return "sm_push_inline" if host_bound_eager("ag_gemm", flops, eager) else "ce_push"
+
+
+def gemm_rs_method(m: int, nodes: int = 1, flops: float = 0.0, eager: bool = False) -> str:
+    """``gemm_rs(method="auto")`` for ``m`` rows per rank in a world of ``nodes`` nodes and a GEMM of
+    ``flops`` (this rank's ``a @ b.T``): ``"2d"`` across nodes (the one method whose loads and
+    stores stay within a node); within one node ``"fused"`` for an eager call that would wait on
+    the host (:func:`host_bound_eager`), else :data:`GEMM_RS_METHOD`."""
     del m  # one answer at every shape measured so far (GEMM_RS_METHOD)
-    return "2d" if nodes > 1 else GEMM_RS_METHOD
+    if nodes > 1:
+        return "2d"
+    return "fused" if host_bound_eager("gemm_rs", flops, eager) else GEMM_RS_METHOD
 
 
 def gemm_ar_method(m: int, split_k_max_m: int) -> str:
