@@ -38,9 +38,38 @@ bool same_ints(nb::handle a, nb::handle b) {
   return true;
 }
 
+// A `(tensor, block_shape)` pair in a descriptor's place (LaunchPlan's TMA slots): the descriptor
+// TensorDescriptor.from_tensor(tensor, block_shape) would make, read straight from the tensor
+// (making that Python object cost 3 µs a call), with the checks its constructor makes: a 16-byte
+// aligned base (argument_fit), positive sizes, a contiguous last dimension and 16-byte strides.
+bool classify_tensor_operand(nb::handle h, const nb::object& dtype, const nb::object& block, tdist::ParamValue& v) {
+  nb::handle tensor(PyTuple_GET_ITEM(h.ptr(), 0));
+  if (!same_ints(PyTuple_GET_ITEM(h.ptr(), 1), block)) return false;
+  if (!PyObject_HasAttrString(tensor.ptr(), "data_ptr") || !tensor.attr("dtype").is(dtype)) return false;
+  nb::object shape = tensor.attr("shape");
+  nb::object strides = tensor.attr("stride")();
+  const std::size_t rank = nb::len(shape);
+  if (rank == 0 || rank > tdist::kMaxTensorMapRank || nb::len(strides) != rank) return false;
+  const std::int64_t element_bytes = nb::cast<std::int64_t>(dtype.attr("itemsize"));
+  v.type = tdist::ParamValue::Type::kValue;
+  v.kind = tdist::ParamKind::kTensorMap;
+  v.rank = static_cast<unsigned>(rank);
+  for (std::size_t d = 0; d < rank; ++d) {
+    v.shape[d] = nb::cast<std::int64_t>(shape[d]);
+    v.strides[d] = nb::cast<std::int64_t>(strides[d]);
+    if (v.shape[d] <= 0 || (d + 1 < rank && (v.strides[d] * element_bytes) % 16 != 0)) return false;
+  }
+  if (v.strides[rank - 1] != 1) return false;
+  v.nan_padding = false;
+  v.integer = static_cast<std::int64_t>(nb::cast<std::uint64_t>(tensor.attr("data_ptr")()));
+  return true;
+}
+
 // A host TensorDescriptor (triton.tools.tensor_descriptor: base, shape, strides, block_shape,
-// padding) of the variant's block shape and base dtype, into `v`; false for anything else.
+// padding) of the variant's block shape and base dtype, or a (tensor, block_shape) pair
+// (classify_tensor_operand), into `v`; false for anything else.
 bool classify_descriptor(nb::handle h, const nb::object& dtype, const nb::object& block, tdist::ParamValue& v) {
+  if (PyTuple_Check(h.ptr()) && PyTuple_GET_SIZE(h.ptr()) == 2) return classify_tensor_operand(h, dtype, block, v);
   if (!nb::hasattr(h, "block_shape") || !nb::hasattr(h, "base")) return false;
   if (!same_ints(h.attr("block_shape"), block)) return false;
   nb::object base = h.attr("base");

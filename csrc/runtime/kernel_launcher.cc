@@ -16,6 +16,15 @@ bool is_integer_kind(ParamKind kind) {
   return kind == ParamKind::kInt32 || kind == ParamKind::kInt64 || kind == ParamKind::kUInt64;
 }
 
+// Whether two descriptors of one parameter (its rule fixes rank's meaning, element type, box and
+// swizzle) encode to the same CUtensorMap: base, shape, strides and padding.
+bool same_descriptor(const ParamValue& a, const ParamValue& b) {
+  if (a.type != b.type || a.integer != b.integer || a.rank != b.rank || a.nan_padding != b.nan_padding) return false;
+  for (unsigned d = 0; d < a.rank; ++d)
+    if (a.shape[d] != b.shape[d] || a.strides[d] != b.strides[d]) return false;
+  return true;
+}
+
 }  // namespace
 
 ParamKind param_kind_of(const std::string& t) {
@@ -86,6 +95,7 @@ KernelLauncher::KernelLauncher(std::string name, int rank, CUfunction function, 
   // either are refused by the Python side (their memory is per launch), so both stay null.
   slots_.assign(slots + 2, 0);
   maps_.assign(maps, CUtensorMap{});
+  encoded_.assign(maps, ParamValue{});
   // The kernel's parameters in order: a descriptor is its CUtensorMap, then its shape and strides.
   for (std::size_t i = 0; i < rules_.size(); ++i) {
     const ParamRule& rule = rules_[i];
@@ -102,6 +112,9 @@ KernelLauncher::KernelLauncher(std::string name, int rank, CUfunction function, 
 }
 
 void KernelLauncher::encode(std::size_t i, const ParamValue& v) {
+  ParamValue& last = encoded_[map_of_[i]];
+  if (same_descriptor(last, v)) return;  // the map, shape and strides written for it are still there
+  last = ParamValue{};                    // until this encoding has succeeded
   const ParamRule& rule = rules_[i];
   const TensorMapEncoding e = tensor_map_encoding(rule.tensor_map, v);
   const CUresult result = CudaDriver::get().tensor_map_encode_tiled(
@@ -120,6 +133,7 @@ void KernelLauncher::encode(std::size_t i, const ParamValue& v) {
     slots_[slot_of_[i] + d] = static_cast<std::uint64_t>(static_cast<std::uint32_t>(dim));
     slots_[slot_of_[i] + n + d] = static_cast<std::uint64_t>(v.strides[d]);
   }
+  last = v;
 }
 
 ArgumentFit argument_fit(const ParamRule& rule, const ParamValue& v) {

@@ -128,6 +128,13 @@ def test_descriptor_slots_get_a_tma_descriptor_of_their_tensor(monkeypatch):
     assert plan.arity == 3
     plan.launch("a1", "b1", "out1")
     assert kernel.ran[0][0] == [("desc", "a1", (128, 64)), ("desc", "b1", (64, 64)), 5, "out1"]
+    # The prepared (C++) launch takes each tensor with its block and encodes the tensor map itself.
+    plan.launch("a2", "b2", "out2")
+    assert kernel.prepared.launched == [[("a2", [128, 64]), ("b2", [64, 64]), 5, "out2"]]
+    # A pair it refuses (TMA cannot take the tensor) goes to Triton's path, whose descriptor raises.
+    kernel.prepared.takes = False
+    plan.launch("a3", "b3", "out3")
+    assert kernel.ran[1][0] == [("desc", "a3", (128, 64)), ("desc", "b3", (64, 64)), 5, "out3"]
 
 
 def test_a_sequence_launches_its_plans_in_order_with_their_share_of_the_tensors():
@@ -162,6 +169,7 @@ def test_a_sequence_makes_every_plans_arguments_before_its_first_launch(monkeypa
         raise AssertionError("base must be 16-byte aligned")
 
     monkeypatch.setattr(launch_plan, "_descriptor", refuse)
+    monkeypatch.setattr(launch_plan, "_plain_tma_operand", lambda t: t != "a")  # "a": misaligned
     bump, gemm = Kernel(), Kernel()
     sequence = LaunchSequence(LaunchPlan(bump, (1, ), (COUNTER, ), META),
                               LaunchPlan(gemm, (4, ), (Slot(0, "a", (64, 64)), Slot(1, "out")), META))
@@ -169,3 +177,6 @@ def test_a_sequence_makes_every_plans_arguments_before_its_first_launch(monkeypa
     with pytest.raises(AssertionError, match="aligned"):
         sequence.launch("a", "out")
     assert bump.ran == [] and gemm.ran == []
+    monkeypatch.setattr(launch_plan, "_descriptor", lambda t, block: ("desc", t, tuple(block)))
+    sequence.launch("a2", "out")  # a plain operand: checked without a descriptor, then launched
+    assert bump.ran == [([COUNTER], (1, ), META)] and gemm.ran == [([("desc", "a2", (64, 64)), "out"], (4, ), META)]

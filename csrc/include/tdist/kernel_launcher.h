@@ -148,7 +148,8 @@ class KernelLauncher {
   std::size_t arguments() const { return rules_.size(); }
 
  private:
-  // Writes argument i's CUtensorMap (cuTensorMapEncodeTiled), shape and strides.
+  // Writes argument i's CUtensorMap (cuTensorMapEncodeTiled), shape and strides, unless they hold
+  // `value`'s already.
   void encode(std::size_t i, const ParamValue& value);
 
   std::string name_;
@@ -158,6 +159,9 @@ class KernelLauncher {
   KernelLaunchShape shape_;
   std::vector<std::uint64_t> slots_;  // 8 bytes per scalar parameter: every kind fits, little-endian
   std::vector<CUtensorMap> maps_;     // one per tensor descriptor (64-byte aligned, as the kernel takes it)
+  // Per CUtensorMap, the descriptor it was last encoded from (type kNone: never): the same one
+  // again (a weight, an output the allocator hands back) keeps it, without the driver call.
+  std::vector<ParamValue> encoded_;
   std::vector<void*> params_;
   std::vector<std::size_t> slot_of_;  // rule index -> its first slot (kTensorMap: its shape's; kConstant: unused)
   std::vector<std::size_t> map_of_;   // rule index -> its CUtensorMap (kTensorMap only)

@@ -40,16 +40,32 @@ def _descriptor(tensor, block: list):
     return TensorDescriptor.from_tensor(tensor, block)
 
 
+def _plain_tma_operand(tensor) -> bool:
+    """Whether TMA takes ``tensor`` as it is, checked without making a descriptor: contiguous, not
+    empty, 16-byte aligned base and rows (the rows' stride is a multiple of the last size)."""
+    return (tensor.is_contiguous() and tensor.numel() > 0 and tensor.data_ptr() % 16 == 0
+            and tensor.shape[-1] * tensor.element_size() % 16 == 0)
+
+
+def _check_tma_operand(tensor, block: list) -> None:
+    """Raise what ``TensorDescriptor.from_tensor(tensor, block)`` raises, making one only for an
+    operand that is not plain (:func:`_plain_tma_operand`)."""
+    if not _plain_tma_operand(tensor):
+        _descriptor(tensor, block)
+
+
 class LaunchPlan:
     """``kernel[grid](*args, **named, **meta)`` with each :class:`Slot` in ``args`` and ``named``
-    replaced by its tensor of the launch (or that tensor's descriptor). The slots' indices are ``0
+    replaced by its tensor of the launch (or that tensor's descriptor: the prepared C++ launch takes
+    a ``(tensor, block)`` pair and encodes the tensor map itself, as making a Triton
+    ``TensorDescriptor`` costs 3 µs of host time; Triton's path gets the descriptor). The slots' indices are ``0
     .. k - 1``, each used; or, with ``arity``, any below it (a plan of a :class:`LaunchSequence`
     that leaves some of the call's tensors to another). ``named``: runtime arguments that come
     after a constexpr in the kernel's signature (the GEMMs' epilogue operands), which Triton takes
     only by name; ``kernel`` must then be a :func:`triton_dist.jit` kernel (its parameters say
     where each goes)."""
 
-    __slots__ = ("kernel", "grid", "args", "meta", "arity", "_slots", "_prepared", "_named")
+    __slots__ = ("kernel", "grid", "args", "meta", "arity", "_slots", "_prepared", "_named", "_tma")
 
     def __init__(self, kernel, grid: tuple, args: tuple, meta: dict, arity: int | None = None,
                  named: dict | None = None):
@@ -63,6 +79,7 @@ class LaunchPlan:
         self.args = list(args)
         self.meta = meta
         self._slots = [(at, a) for at, a in enumerate(args) if isinstance(a, Slot)]
+        self._tma = [(at, slot) for at, slot in self._slots if slot.block is not None]
         used = sorted({slot.index for _, slot in self._slots})
         if used != list(range(len(used))) if arity is None else any(not 0 <= i < arity for i in used):
             raise ValueError(f"triton_dist LaunchPlan of {kernel!r}: the slots' indices must be 0 .. k - 1, each "
@@ -77,15 +94,22 @@ class LaunchPlan:
 
     def arguments(self, *tensors) -> list:
         """The launch's arguments: ``args`` with ``tensors`` (:attr:`arity` of them) in the slots,
-        descriptors made."""
+        a descriptor slot's as a ``(tensor, block)`` pair (:meth:`launch_arguments` makes the
+        descriptor where Triton's path needs it)."""
         if len(tensors) != self.arity:
             raise ValueError(f"triton_dist LaunchPlan of {self.kernel!r}: {len(tensors)} tensors for {self.arity} "
                              f"slots")
         args = self.args.copy()
         for at, slot in self._slots:
             t = tensors[slot.index]
-            args[at] = t if slot.block is None else _descriptor(t, slot.block)
+            args[at] = t if slot.block is None else (t, slot.block)
         return args
+
+    def check_operands(self, args: list) -> None:
+        """Raise, before anything launches, for a descriptor slot's tensor (in :meth:`arguments`'
+        result) that TMA cannot take."""
+        for at, _ in self._tma:
+            _check_tma_operand(*args[at])
 
     def launch_arguments(self, args: list) -> None:
         """Launch on the current stream with :meth:`arguments`' result."""
@@ -93,8 +117,11 @@ class LaunchPlan:
         if prepared and prepared.launch(args):
             return
         # Triton's path: the first launch, another device, a launch hook, another Config, or a
-        # variant not yet learnt. It learns the variant, which the prepared launch (sharing the
-        # learnt list) then takes; one prepared under another Config is prepared again.
+        # variant not yet learnt (or a tensor the C++ launcher's TMA checks refused: Triton's
+        # descriptor raises for it). It learns the variant, which the prepared launch (sharing
+        # the learnt list) then takes; one prepared under another Config is prepared again.
+        for at, _ in self._tma:
+            args[at] = _descriptor(*args[at])
         if self._named:
             leading = len(args) - len(self._named)
             by_name = {name: value for (name, _), value in zip(self._named, args[leading:])}
@@ -137,10 +164,12 @@ class LaunchSequence:
 
     def launch(self, *tensors) -> None:
         """Each plan's launch with the first ``arity`` of ``tensors``, every plan's arguments made
-        (descriptors included) before the first launch: a bad tensor must raise before a bump has
-        advanced this rank's call counter alone, which would leave its epochs off its peers'."""
+        and TMA operands checked before the first launch: a bad tensor must raise before a bump
+        has advanced this rank's call counter alone, which would leave its epochs off its peers'."""
         if len(tensors) != self.arity:
             raise ValueError(f"triton_dist LaunchSequence: {len(tensors)} tensors for {self.arity}")
         resolved = [(plan, plan.arguments(*tensors[:plan.arity])) for plan in self.plans]
+        for plan, args in resolved[1:]:  # the first plan's own launch raises before launching anything
+            plan.check_operands(args)
         for plan, args in resolved:
             plan.launch_arguments(args)
