@@ -252,7 +252,8 @@ def main() -> int:
     parser.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter,ag_gemm,gemm_rs,gemm_ar",
                         help="comma-separated ops to time (default: all six)")
     parser.add_argument("--profile", action="store_true",
-                        help="also print, on rank 0, where each op's host time goes (cProfile of 200 calls)")
+                        help="also print, on rank 0, where each op's host time goes (cProfile of 200 calls; "
+                             "with --methods, each method's too)")
     parser.add_argument("--breakdown", action="store_true",
                         help="also print the host µs of an 8 KiB all_reduce's parts (bare launches, torch ops)")
     parser.add_argument("--methods", action="store_true",
@@ -291,7 +292,7 @@ def main() -> int:
         method = "GPU busy (torch.cuda._sleep), wall time of issuing / calls"
         if shared:
             method += f"; {world} ranks sharing one GPU (MPS): torch baseline is the op's local part, no NCCL"
-        extra = method_times(name, ours, reference(), repeats) if args.methods else {}
+        extra = method_times(name, ours, reference(), repeats, args.profile) if args.methods else {}
         records.append(bench.record(f"host_{name}", shape=shape, dtype="bfloat16", world_size=world, gpu=gpu,
                                     ours_us=ours_us, baselines={baseline: torch_us}, calls=CALLS, repeats=repeats,
                                     method=method, relative_error=err, verified=verified, **extra))
@@ -302,9 +303,10 @@ def main() -> int:
                                extra=("calls", ))
 
 
-def method_times(name: str, ours, want, repeats: int) -> dict:
+def method_times(name: str, ours, want, repeats: int, profiled: bool = False) -> dict:
     """``--methods``: host µs per call of ``ours(method)`` for each of ``name``'s methods but
-    ``"auto"`` (``method_us``), each checked against ``want`` first; a method that raises or
+    ``"auto"`` (``method_us``; with ``profiled``, each one's :func:`profile` printed too), each
+    checked against ``want`` first; a method that raises or
     misses (the same on every rank: the checks depend on shapes and the world) is listed in
     ``method_errors`` instead. Why: the host time of a call is mostly its driver calls, which differ
     by method by a factor of several (one kernel against a copy-engine schedule), and ``"auto"``
@@ -331,6 +333,8 @@ def method_times(name: str, ours, want, repeats: int) -> dict:
             continue
         times[m] = issue_us(lambda: ours(m), repeats)
         log(f"{name} method {m}: host per call {times[m]:.1f} us")
+        if profiled:
+            profile(f"{name} method={m}", lambda: ours(m))
     return {"method_us": times, **({"method_errors": errors} if errors else {})}
 
 
