@@ -38,6 +38,23 @@ bool same_ints(nb::handle a, nb::handle b) {
   return true;
 }
 
+// A descriptor of `shape` and `strides` (ints, outermost first; strides in elements) over the
+// memory of `base` (anything with data_ptr()) into `v`; false for a rank TMA does not take.
+bool fill_tensor_map(nb::handle shape, nb::handle strides, nb::handle base, bool nan_padding, tdist::ParamValue& v) {
+  const std::size_t rank = nb::len(shape);
+  if (rank == 0 || rank > tdist::kMaxTensorMapRank || nb::len(strides) != rank) return false;
+  v.type = tdist::ParamValue::Type::kValue;
+  v.kind = tdist::ParamKind::kTensorMap;
+  v.rank = static_cast<unsigned>(rank);
+  for (std::size_t d = 0; d < rank; ++d) {
+    v.shape[d] = nb::cast<std::int64_t>(shape[d]);
+    v.strides[d] = nb::cast<std::int64_t>(strides[d]);
+  }
+  v.nan_padding = nan_padding;
+  v.integer = static_cast<std::int64_t>(nb::cast<std::uint64_t>(base.attr("data_ptr")()));
+  return true;
+}
+
 // A `(tensor, block_shape)` pair in a descriptor's place (LaunchPlan's TMA slots): the descriptor
 // TensorDescriptor.from_tensor(tensor, block_shape) would make, read straight from the tensor
 // (making that Python object cost 3 µs a call), with the checks its constructor makes: a 16-byte
@@ -46,23 +63,11 @@ bool classify_tensor_operand(nb::handle h, const nb::object& dtype, const nb::ob
   nb::handle tensor(PyTuple_GET_ITEM(h.ptr(), 0));
   if (!same_ints(PyTuple_GET_ITEM(h.ptr(), 1), block)) return false;
   if (!PyObject_HasAttrString(tensor.ptr(), "data_ptr") || !tensor.attr("dtype").is(dtype)) return false;
-  nb::object shape = tensor.attr("shape");
-  nb::object strides = tensor.attr("stride")();
-  const std::size_t rank = nb::len(shape);
-  if (rank == 0 || rank > tdist::kMaxTensorMapRank || nb::len(strides) != rank) return false;
+  if (!fill_tensor_map(tensor.attr("shape"), tensor.attr("stride")(), tensor, false, v)) return false;
   const std::int64_t element_bytes = nb::cast<std::int64_t>(dtype.attr("itemsize"));
-  v.type = tdist::ParamValue::Type::kValue;
-  v.kind = tdist::ParamKind::kTensorMap;
-  v.rank = static_cast<unsigned>(rank);
-  for (std::size_t d = 0; d < rank; ++d) {
-    v.shape[d] = nb::cast<std::int64_t>(shape[d]);
-    v.strides[d] = nb::cast<std::int64_t>(strides[d]);
-    if (v.shape[d] <= 0 || (d + 1 < rank && (v.strides[d] * element_bytes) % 16 != 0)) return false;
-  }
-  if (v.strides[rank - 1] != 1) return false;
-  v.nan_padding = false;
-  v.integer = static_cast<std::int64_t>(nb::cast<std::uint64_t>(tensor.attr("data_ptr")()));
-  return true;
+  for (unsigned d = 0; d < v.rank; ++d)
+    if (v.shape[d] <= 0 || (d + 1 < v.rank && (v.strides[d] * element_bytes) % 16 != 0)) return false;
+  return v.strides[v.rank - 1] == 1;
 }
 
 // A host TensorDescriptor (triton.tools.tensor_descriptor: base, shape, strides, block_shape,
@@ -74,20 +79,8 @@ bool classify_descriptor(nb::handle h, const nb::object& dtype, const nb::object
   if (!same_ints(h.attr("block_shape"), block)) return false;
   nb::object base = h.attr("base");
   if (!base.attr("dtype").is(dtype)) return false;
-  nb::object shape = h.attr("shape");
-  nb::object strides = h.attr("strides");
-  const std::size_t rank = nb::len(shape);
-  if (rank == 0 || rank > tdist::kMaxTensorMapRank || nb::len(strides) != rank) return false;
-  v.type = tdist::ParamValue::Type::kValue;
-  v.kind = tdist::ParamKind::kTensorMap;
-  v.rank = static_cast<unsigned>(rank);
-  for (std::size_t d = 0; d < rank; ++d) {
-    v.shape[d] = nb::cast<std::int64_t>(shape[d]);
-    v.strides[d] = nb::cast<std::int64_t>(strides[d]);
-  }
-  v.nan_padding = nb::cast<std::string>(h.attr("padding")) == "nan";
-  v.integer = static_cast<std::int64_t>(nb::cast<std::uint64_t>(base.attr("data_ptr")()));
-  return true;
+  return fill_tensor_map(h.attr("shape"), h.attr("strides"), base, nb::cast<std::string>(h.attr("padding")) == "nan",
+                         v);
 }
 
 // `h` classified as Triton's specialisation would (see ParamValue); false for what no launcher

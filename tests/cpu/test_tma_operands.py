@@ -1,0 +1,58 @@
+"""The C++ launcher's TMA operands given as ``(tensor, block)`` pairs (what a LaunchPlan's descriptor
+slot passes, kernels/common/launch_plan.py): taken where ``TensorDescriptor.from_tensor(tensor,
+block)`` would make a descriptor of the variant's block and dtype, refused (so that Triton's path
+raises its error) where it would not. A zero-sized grid launches nothing, so no driver is needed."""
+
+import types
+
+import pytest
+
+from triton_dist.runtime import _core
+
+BF16 = types.SimpleNamespace(itemsize=2)  # stands in for torch.bfloat16: matched by identity
+FP32 = types.SimpleNamespace(itemsize=4)
+BLOCK = [128, 64]
+
+
+class Tensor:
+    """What the launcher reads of a torch tensor: data_ptr(), dtype, shape, stride()."""
+
+    def __init__(self, shape, strides=None, address=0x7F0000000000, dtype=BF16):
+        self.shape, self.dtype, self._address = tuple(shape), dtype, address
+        self._strides = tuple(strides) if strides else (shape[1], 1)
+
+    def data_ptr(self):
+        return self._address
+
+    def stride(self):
+        return self._strides
+
+
+def _launcher():
+    """A variant taking one 2-D bf16 descriptor of block [128, 64] and an int."""
+    tensor_map = (BLOCK, 10, 2, 3, [64, 128], False)  # CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 128-byte swizzle
+    return _core().KernelLauncher("tma_stand_in", 0, 1, ["nvTmaDesc", "i32"], [False, False], [0, 0],
+                                  [False, False], [BF16, None], 128, 0, 1, False, False, [tensor_map, None])
+
+
+def _takes(operand) -> bool:
+    return _launcher().launch(0, 1, 1, 0, operand, 7)
+
+
+def test_a_plain_operand_of_the_variants_block_and_dtype_is_taken():
+    assert _takes((Tensor((1024, 4096)), BLOCK))
+    assert _takes((Tensor((256, 4096), strides=(8192, 1)), BLOCK))  # rows of a wider tensor
+
+
+@pytest.mark.parametrize("operand,why", [
+    ((Tensor((1024, 4096)), [64, 64]), "another block: another variant"),
+    ((Tensor((1024, 4096), dtype=FP32), BLOCK), "another dtype"),
+    ((Tensor((1024, 4096), address=0x7F0000000008), BLOCK), "a base TMA cannot take (16-byte alignment)"),
+    ((Tensor((1024, 4100), strides=(4100, 1)), BLOCK), "rows not 16-byte aligned"),
+    ((Tensor((1024, 4096), strides=(1, 1024)), BLOCK), "a last dimension that is not contiguous"),
+    ((Tensor((0, 4096)), BLOCK), "an empty tensor"),
+    ((Tensor((4096, ), strides=(1, )), BLOCK), "another rank"),
+    (("not a tensor", BLOCK), "no data_ptr"),
+])
+def test_an_operand_that_from_tensor_would_refuse_is_refused(operand, why):
+    assert not _takes(operand), why
