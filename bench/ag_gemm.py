@@ -13,6 +13,9 @@ its bandwidth, decides).
 - ``ours_us``: ``ops.ag_gemm`` with one context per shape (the default ``"ce_push"`` producer);
   ``ce_pull_us``: the same with a ``method="ce_pull"`` context (the GEMM reads ordinary memory);
   ``sm_push_us``: with a ``method="sm_push"`` context (the rows pushed by a kernel of a few SMs);
+  ``sm_push_inline_us``: with a ``method="sm_push_inline"`` context (that kernel before the GEMM);
+- outside CUDA graphs: ``ours_eager_us`` (``ops.ag_gemm`` with ``method="auto"`` and no context:
+  the producer ``auto_eager_method`` names, kernels/gemm/policy.py) and ``torch_nccl_eager_us``;
 - ``torch_nccl_us``: ``dist.all_gather_into_tensor`` + ``torch.matmul(A, B.T)``;
 - ``torch_symm_mem_us``: ``torch.ops.symm_mem.fused_all_gather_matmul(A_shard, [B.T], 0, group)``
   (omitted when unavailable or failing; timed without a CUDA graph, see ``timing``);
@@ -47,6 +50,8 @@ from triton_dist.kernels import AllGatherGemmContext  # noqa: E402
 from triton_dist.kernels.gemm import ag_gemm as allgather_gemm  # noqa: E402
 from triton_dist.kernels.gemm import dense as gemm_module  # noqa: E402
 from triton_dist.kernels.gemm.dense import gemm  # noqa: E402
+from triton_dist.kernels.gemm.policy import ag_gemm_method  # noqa: E402
+from triton_dist.runtime import num_nodes  # noqa: E402
 
 log = bench.script.logger("ag_gemm")
 all_ok = bench.script.all_ranks_ok
@@ -106,6 +111,7 @@ def main() -> int:
         ctx = AllGatherGemmContext(m, k, dtype)  # collective; preloads every kernel
         pull_ctx = None if args.skip_ce_pull else AllGatherGemmContext(m, k, dtype, method="ce_pull")
         push_ctx = AllGatherGemmContext(m, k, dtype, method="sm_push")
+        inline_ctx = AllGatherGemmContext(m, k, dtype, method="sm_push_inline")
         g = torch.Generator(device=device)
         g.manual_seed(3000 + rank)
         a_shard = torch.randn((m, k), device=device, generator=g).to(dtype)
@@ -116,6 +122,8 @@ def main() -> int:
         out = torch.empty((big_m, n), device=device, dtype=dtype)
         pull_out = torch.empty_like(out)
         push_out = torch.empty_like(out)
+        inline_out = torch.empty_like(out)
+        eager_out = torch.empty_like(out)
         nccl_out = torch.empty_like(out)
         nccl_a = torch.empty_like(a_full)
         gemm_out = torch.empty_like(out)
@@ -138,6 +146,10 @@ def main() -> int:
         outputs = {"ours": out, "torch_nccl": nccl_out, "gemm": gemm_out, "cublas": gemm_out}
         fns["sm_push"] = lambda: ops.ag_gemm(a_shard, b, out=push_out, context=push_ctx)
         outputs["sm_push"] = push_out
+        fns["sm_push_inline"] = lambda: ops.ag_gemm(a_shard, b, out=inline_out, context=inline_ctx)
+        outputs["sm_push_inline"] = inline_out
+        eager = {"ours": lambda: ops.ag_gemm(a_shard, b, out=eager_out), "torch_nccl": torch_nccl}
+        outputs["ours_eager"] = eager_out
         if pull_ctx is not None:
             fns["ce_pull"] = lambda: ops.ag_gemm(a_shard, b, out=pull_out, context=pull_ctx)
             outputs["ce_pull"] = pull_out
@@ -160,7 +172,7 @@ def main() -> int:
             log(f"torch symm_mem fused_all_gather_matmul skipped: {why}")
         for name in outputs:
             outputs[name].fill_(float("nan"))
-            fns[name]()
+            (eager["ours"] if name == "ours_eager" else fns[name])()
             torch.cuda.synchronize()
             errors[name] = _rel_error(outputs[name], ref)
         for name, err in errors.items():
@@ -168,13 +180,18 @@ def main() -> int:
         bench.sync_and_barrier()
 
         times = {name: bench.median_us(fn, warmup=3, iters=iters, graph=True) for name, fn in fns.items()}
+        for name, fn in eager.items():  # per-call timing: the host's launches count
+            times[f"{name}_eager"] = bench.median_us(fn, warmup=3, iters=iters, graph=False)
+        auto_eager = ag_gemm_method(num_nodes(), flops=2.0 * big_m * n * k, eager=True)
         if symm is not None:
             times["torch_symm_mem"] = bench.median_us(symm, warmup=3, iters=iters, graph=False)
         transfer = min(times["ag_ours"], times["ag_nccl"])
         bound = max(times["gemm"], transfer)
         flop = 2.0 * big_m * n * k
         log(f"{label} M={big_m} K={k} N={n}: ours {times['ours']:.1f} us "
-            f"(ce_pull {times.get('ce_pull', float('nan')):.1f} us, sm_push {times['sm_push']:.1f} us), "
+            f"(ce_pull {times.get('ce_pull', float('nan')):.1f} us, sm_push {times['sm_push']:.1f} us, "
+            f"sm_push_inline {times['sm_push_inline']:.1f} us; eager: ours ({auto_eager}) "
+            f"{times['ours_eager']:.1f} us, NCCL+cuBLAS {times['torch_nccl_eager']:.1f} us), "
             f"NCCL+cuBLAS {times['torch_nccl']:.1f} us, "
             f"symm_mem {times.get('torch_symm_mem', float('nan')):.1f} us, gemm alone {times['gemm']:.1f} us "
             f"(cuBLAS {times['cublas']:.1f} us), transfer {transfer:.1f} us, bound {bound:.1f} us, "
@@ -191,6 +208,8 @@ def main() -> int:
                          all_gather_ours_us=times["ag_ours"], all_gather_nccl_us=times["ag_nccl"],
                          consumer_only_us=times["consumer_only"], gemm_symm_us=times["gemm_symm"],
                          ce_pull_us=times.get("ce_pull"), sm_push_us=times["sm_push"],
+                         sm_push_inline_us=times["sm_push_inline"], ours_eager_us=times["ours_eager"],
+                         torch_nccl_eager_us=times["torch_nccl_eager"], auto_eager_method=auto_eager,
                          ours_tflops=flop / (times["ours"] * 1e6), of_bound=bound / times["ours"],
                          verified=checks["ours"] and checks["gemm"], checks=checks,  # ce_pull: its own check
                          rel_errors={name: (e if e < 1e30 else None) for name, e in errors.items()},
@@ -199,11 +218,11 @@ def main() -> int:
                          bound_method="max(our gemm alone, min(ops.all_gather, NCCL all_gather))",
                          shape_meaning="[M gathered rows, N per rank, K]"))
         bench.sync_and_barrier()
-        del ctx, pull_ctx, push_ctx
+        del ctx, pull_ctx, push_ctx, inline_ctx
         ops.clear_contexts()  # the transfer's cached contexts: the next shape's need the heap
 
-    extra = ("model", "ce_pull_us", "sm_push_us", "consumer_only_us", "gemm_symm_us", "gemm_us", "cublas_us", "transfer_us",
-             "of_bound")
+    extra = ("model", "ce_pull_us", "sm_push_us", "sm_push_inline_us", "ours_eager_us", "consumer_only_us",
+             "gemm_symm_us", "gemm_us", "cublas_us", "transfer_us", "of_bound")
     return bench.script.finish("ag_gemm", records, args, extra)
 
 
