@@ -254,6 +254,38 @@ def test_ag_gemm_new_tensor():
     all_ranks_agree(ok and err < _TOL, f"ag_gemm new tensor: shape {tuple(got.shape)}, error/tolerance {err}")
 
 
+def test_ag_gemm_auto_eager_then_captured_on_the_eager_calls_context():
+    """``method="auto"`` at a small shape takes ``"sm_push_inline"`` for an eager call
+    (kernels/gemm/policy.py; ``"sm_2d"`` across nodes); a capture that follows finds no context of
+    its own producer (``"ce_push"``) and can make none, so it runs on the eager call's: every
+    replay right, no context made in the capture."""
+    world, dtype = dist.get_world_size(), torch.bfloat16
+    m, n, k = 64, 256, 512
+    ops.clear_contexts()
+    b, a = rank_randn((n, k), dtype, 61), rank_randn((m, k), dtype, 62)
+    out = torch.full((world * m, n), float("nan"), device="cuda", dtype=dtype)
+    ops.ag_gemm(a, b, out=out)
+    torch.cuda.synchronize()
+    made = sorted(key[2][2] for key in ops._CONTEXTS if key[0] == "ag_gemm")
+    expected = "sm_push_inline" if tdist.num_nodes() == 1 else "sm_2d"
+    eager_err = tolerance_ratio(out, _reference(a, b))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        captured = ops.ag_gemm(a, b)  # out=None: not the recorded call, so the full path runs in the capture
+    errors = []
+    for replay in range(20):
+        a.copy_(rank_randn((m, k), dtype, 70 + replay))
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        errors.append(tolerance_ratio(captured, _reference(a, b)))
+    after = sorted(key[2][2] for key in ops._CONTEXTS if key[0] == "ag_gemm")
+    all_ranks_agree(made == [expected] and after == made and eager_err < _TOL and all(e < _TOL for e in errors),
+                    f"ag_gemm auto: contexts {made} after the eager call, {after} after the capture (expected "
+                    f"[{expected!r}]); error/tolerance eager {eager_err}, replays {errors}")
+    tdist.barrier()
+
+
 def test_ag_gemm_bad_inputs():
     world = dist.get_world_size()
     a = rank_randn((64, 128), torch.bfloat16, 9)

@@ -56,6 +56,27 @@ def test_fused_calls_replay_their_launches(replays):
                          dtype, replays)
 
 
+def test_auto_takes_the_one_launch_method_for_short_eager_calls(replays):
+    """``method="auto"`` on a GEMM far too short to hide ``"fused_ce"``'s host time takes
+    ``"fused"`` for eager calls (kernels/gemm/policy.py), the one method of one node whose calls
+    replay: 200 calls, every element right, all but the first of each form replayed."""
+    from triton_dist import eager_calls
+
+    if tdist.num_nodes() > 1:
+        pytest.skip("across nodes auto takes '2d' (test_push_2d_sums_like_push_at_one_node_and_like_2d_across)")
+    world, dtype = dist.get_world_size(), torch.bfloat16
+    m, n, k = 64, 256, 512
+    b = rank_randn((n, k), dtype, 82)
+
+    def draw(i):
+        a = rank_randn((world * m, k), dtype, 8500 + i)
+        return (a, b), _reference(a, b)
+
+    eager_calls.clear()
+    check_repeated_calls("gemm_rs auto (eager)", lambda a, b, out: ops.gemm_rs(a, b, out=out), draw, (m, n), dtype,
+                         replays)
+
+
 @pytest.mark.parametrize("method", _METHODS + ["auto"])
 def test_gemm_rs_back_to_back(method):
     world, dtype, calls = dist.get_world_size(), torch.bfloat16, 500
