@@ -182,3 +182,18 @@ def tolerance_ratio(got, ref) -> float:
         return float("inf")
     bound = ELEMENT_RTOL * ref.abs() + ELEMENT_RMS_TOL * ref.pow(2).mean().sqrt().clamp_min(1e-30)
     return float(((got - ref).abs() / bound).max())
+
+
+def graph_replay_errors(graph, a, out, reference, replays: int, seed: int) -> list[float]:
+    """:func:`tolerance_ratio` of each of ``replays`` replays of ``graph`` against
+    ``reference(a)``, ``a`` (an input the graph reads) redrawn from seed ``seed + replay`` and
+    ``out`` (what it writes) poisoned with NaN before each: a replay that reads a stale input or
+    leaves a tile unwritten shows up."""
+    errors = []
+    for replay in range(replays):
+        a.copy_(rank_randn(tuple(a.shape), a.dtype, seed + replay))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        errors.append(tolerance_ratio(out, reference(a)))
+    return errors

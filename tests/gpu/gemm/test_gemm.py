@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 
 import triton_dist as tdist
-from conftest import all_ranks_agree, check_repeated_calls, raises_everywhere, rank_randn, tolerance_ratio
+from conftest import (all_ranks_agree, check_repeated_calls, graph_replay_errors, raises_everywhere, rank_randn,
+                      tolerance_ratio)
 from triton_dist import host_collectives, ops
 from triton_dist.kernels import AllGatherGemmContext
 from triton_dist.kernels.gemm import dense as gemm_module
@@ -272,13 +273,7 @@ def test_ag_gemm_auto_eager_then_captured_on_the_eager_calls_context():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         captured = ops.ag_gemm(a, b)  # out=None: not the recorded call, so the full path runs in the capture
-    errors = []
-    for replay in range(20):
-        a.copy_(rank_randn((m, k), dtype, 70 + replay))
-        captured.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        errors.append(tolerance_ratio(captured, _reference(a, b)))
+    errors = graph_replay_errors(graph, a, captured, lambda a: _reference(a, b), replays=20, seed=70)
     after = sorted(key[2][2] for key in ops._CONTEXTS if key[0] == "ag_gemm")
     all_ranks_agree(made == [expected] and after == made and eager_err < _TOL and all(e < _TOL for e in errors),
                     f"ag_gemm auto: contexts {made} after the eager call, {after} after the capture (expected "
@@ -352,13 +347,7 @@ def test_ag_gemm_cuda_graph_replay(producer):
         ops.ag_gemm(a, b, out=out, context=ctx)
     torch.cuda.synchronize()
     tdist.barrier()
-    errors = []
-    for replay in range(3):
-        a.copy_(rank_randn((m, k), dtype, 20 + replay))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        errors.append(tolerance_ratio(out, _reference(a, b)))
+    errors = graph_replay_errors(graph, a, out, lambda a: _reference(a, b), replays=3, seed=20)
     all_ranks_agree(all(e < _TOL for e in errors), f"ag_gemm {producer} graph replays: error/tolerance {errors}")
 
 

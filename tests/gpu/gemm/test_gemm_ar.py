@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import triton_dist as tdist
-from conftest import all_ranks_agree, check_repeated_calls, raises_everywhere, rank_randn, tolerance_ratio
+from conftest import (all_ranks_agree, check_repeated_calls, graph_replay_errors, raises_everywhere, rank_randn,
+                      tolerance_ratio)
 from triton_dist import host_collectives, ops
 from triton_dist.kernels import GemmAllReduceContext
 
@@ -123,13 +124,7 @@ def test_gemm_ar_cuda_graph_replay(method):
             ops.gemm_ar(a, b, out=out, method=method, context=ctx)
     torch.cuda.synchronize()
     tdist.barrier()
-    errors = []
-    for replay in range(6):
-        a.copy_(rank_randn((m, k), dtype, 20 + replay))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        errors.append(tolerance_ratio(out, _reference(a, b)))
+    errors = graph_replay_errors(graph, a, out, lambda a: _reference(a, b), replays=6, seed=20)
     all_ranks_agree(all(e < _TOL for e in errors), f"gemm_ar {method} graph replays: error/tolerance {errors}")
 
 

@@ -36,13 +36,18 @@ def test_gemm_rs_matches_torch(method, m, n, k):
     all_ranks_agree(got is out and err < _TOL, f"gemm_rs {method} M={world * m} N={n} K={k}: error/tolerance {err}")
 
 
-def test_fused_calls_replay_their_launches(replays):
-    """200 ``method="fused"`` calls of one shape, fresh seeded inputs, a new out and a given
-    poisoned out in turn: all but the first call of each form are replayed (triton_dist.eager_calls:
-    the fused GEMM again, which advances the call counter itself), and every element is right. The reference is the host
-    reduce-scatter, a collective: every rank checks every call, in the same order."""
+@pytest.mark.parametrize("method", ["fused", "auto"])
+def test_one_launch_calls_replay_their_launches(method, replays):
+    """200 calls of one shape, fresh seeded inputs, a new out and a given poisoned out in turn: all
+    but the first call of each form are replayed (triton_dist.eager_calls: the fused GEMM again,
+    which advances the call counter itself), and every element is right. ``"auto"`` takes
+    ``"fused"`` for such eager calls, whose GEMM is far too short to hide ``"fused_ce"``'s host
+    time (kernels/gemm/policy.py), so they replay too. The reference is the host reduce-scatter, a
+    collective: every rank checks every call, in the same order."""
     from triton_dist import eager_calls
 
+    if method == "auto" and tdist.num_nodes() > 1:
+        pytest.skip("across nodes auto takes '2d' (test_push_2d_sums_like_push_at_one_node_and_like_2d_across)")
     world, dtype = dist.get_world_size(), torch.bfloat16
     m, n, k = 40, 264, 136
     b = rank_randn((n, k), dtype, 81)
@@ -52,29 +57,8 @@ def test_fused_calls_replay_their_launches(replays):
         return (a, b), _reference(a, b)
 
     eager_calls.clear()
-    check_repeated_calls("gemm_rs fused", lambda a, b, out: ops.gemm_rs(a, b, out=out, method="fused"), draw, (m, n),
-                         dtype, replays)
-
-
-def test_auto_takes_the_one_launch_method_for_short_eager_calls(replays):
-    """``method="auto"`` on a GEMM far too short to hide ``"fused_ce"``'s host time takes
-    ``"fused"`` for eager calls (kernels/gemm/policy.py), the one method of one node whose calls
-    replay: 200 calls, every element right, all but the first of each form replayed."""
-    from triton_dist import eager_calls
-
-    if tdist.num_nodes() > 1:
-        pytest.skip("across nodes auto takes '2d' (test_push_2d_sums_like_push_at_one_node_and_like_2d_across)")
-    world, dtype = dist.get_world_size(), torch.bfloat16
-    m, n, k = 64, 256, 512
-    b = rank_randn((n, k), dtype, 82)
-
-    def draw(i):
-        a = rank_randn((world * m, k), dtype, 8500 + i)
-        return (a, b), _reference(a, b)
-
-    eager_calls.clear()
-    check_repeated_calls("gemm_rs auto (eager)", lambda a, b, out: ops.gemm_rs(a, b, out=out), draw, (m, n), dtype,
-                         replays)
+    check_repeated_calls(f"gemm_rs {method}", lambda a, b, out: ops.gemm_rs(a, b, out=out, method=method), draw,
+                         (m, n), dtype, replays)
 
 
 @pytest.mark.parametrize("method", _METHODS + ["auto"])
