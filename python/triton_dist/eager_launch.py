@@ -52,6 +52,13 @@ def _device_and_stream() -> tuple[int, int]:
     return device, _torch_c._cuda_getCurrentRawStream(device)
 
 
+def _launch_hooked() -> bool:
+    """Whether a launch-enter hook is installed (a profiler), which must see every launch: a
+    HookChain in Triton 3.6, its hooks in ``.calls``."""
+    hook = triton.knobs.runtime.launch_enter_hook
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 class EagerLaunches:
     """The learnt variants of one ``triton.jit`` function (``fn``), by device and keyword
     arguments (constexprs and options)."""
@@ -136,8 +143,7 @@ class EagerLaunches:
     def launch(self, grid, args: tuple, kwargs: dict) -> bool:
         """Launch through a learnt variant; False (nothing launched) when none takes these
         arguments, so that the caller runs Triton's path."""
-        hook = triton.knobs.runtime.launch_enter_hook  # a HookChain in Triton 3.6: hooks in .calls
-        if (hook is not None and getattr(hook, "calls", True)) or callable(grid):
+        if _launch_hooked() or callable(grid):
             return False
         device, stream = _device_and_stream()
         launchers = self._launchers.get(self._key(device, kwargs))
@@ -247,8 +253,7 @@ class PreparedLaunch:
         are appended) on the current stream; False (nothing launched) when the current device is
         another, a launch hook is installed, the Config is another, or no learnt variant takes
         them: the caller then takes Triton's path."""
-        hook = triton.knobs.runtime.launch_enter_hook
-        if (hook is not None and getattr(hook, "calls", True)) or _config._current is not self.config:
+        if _launch_hooked() or _config._current is not self.config:
             return False
         device, stream = _device_and_stream()
         if device != self.device:

@@ -180,3 +180,21 @@ def test_a_sequence_makes_every_plans_arguments_before_its_first_launch(monkeypa
     monkeypatch.setattr(launch_plan, "_descriptor", lambda t, block: ("desc", t, tuple(block)))
     sequence.launch("a2", "out")  # a plain operand: checked without a descriptor, then launched
     assert bump.ran == [([COUNTER], (1, ), META)] and gemm.ran == [([("desc", "a2", (64, 64)), "out"], (4, ), META)]
+
+
+def test_a_plan_cache_makes_each_plan_once_and_forgets_all_past_its_limit():
+    from triton_dist.kernels.common.launch_plan import PlanCache
+
+    made = []
+
+    def make(key):
+        made.append(key)
+        return None if key == "none" else ("plan", key)
+
+    cache = PlanCache(limit=2)
+    assert cache.get(1, lambda: make(1)) == cache.get(1, lambda: make(1)) == ("plan", 1)
+    assert cache.get("none", lambda: make("none")) is None and len(cache) == 1  # None is not kept
+    cache.get(2, lambda: make(2))
+    cache.get(3, lambda: make(3))  # past the limit: all forgotten, then 3 kept
+    assert len(cache) == 1 and cache.get(1, lambda: make(1)) == ("plan", 1)
+    assert made == [1, "none", 2, 3, 1]

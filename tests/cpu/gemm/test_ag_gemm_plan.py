@@ -8,7 +8,7 @@ import pytest
 from stand_ins import bare_context
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from triton_dist.kernels.common.launch_plan import Slot
+from triton_dist.kernels.common.launch_plan import PlanCache, Slot
 from triton_dist.kernels.gemm import ag_gemm
 from triton_dist.kernels.gemm import dense as gemm_module
 
@@ -16,7 +16,7 @@ from triton_dist.kernels.gemm import dense as gemm_module
 def _context(world: int, k: int):
     return bare_context(ag_gemm.AllGatherGemmContext, ("gathered", "calls", "tickets"), world=world, rank=1, k=k,
                         num_sms=132, max_programs=124, push_programs=8, method="sm_push_inline", local_world=world,
-                        _inline_plans={})
+                        _inline_plans=PlanCache())
 
 
 @pytest.mark.parametrize("m,n", [(1, 4096), (128, 14336 // 2), (1024, 1024)])

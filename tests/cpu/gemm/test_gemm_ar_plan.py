@@ -6,14 +6,14 @@ without a GPU, its buffers named stand-ins."""
 import pytest
 from stand_ins import bare_context
 
-from triton_dist.kernels.common.launch_plan import Slot
+from triton_dist.kernels.common.launch_plan import PlanCache, Slot
 from triton_dist.kernels.gemm import gemm_ar
 from triton_dist.kernels.gemm.split_k import SPLIT_K_BN, SPLIT_K_CONFIGS
 
 
 def _context(world: int, n: int):
     return bare_context(gemm_ar.GemmAllReduceContext, ("partials", "calls"), world=world, rank=0, num_sms=132, n=n,
-                        half=1 << 20, tiles_max=512, _split_k_plans={})
+                        half=1 << 20, tiles_max=512, _split_k_plans=PlanCache())
 
 
 @pytest.mark.parametrize("m", [1, 16, 32, 100, 128])

@@ -7,14 +7,14 @@ descriptors of the config's blocks, its grid and constexprs: what ``run`` launch
 import pytest
 from stand_ins import bare_context
 
-from triton_dist.kernels.common.launch_plan import Slot
+from triton_dist.kernels.common.launch_plan import PlanCache, Slot
 from triton_dist.kernels.gemm import dense as gemm_module
 from triton_dist.kernels.gemm import gemm_rs
 
 
 def _context(world: int, n: int):
     return bare_context(gemm_rs.GemmReduceScatterContext, ("partials", "calls"), world=world, rank=1, num_sms=132,
-                        n=n, half=1 << 22, tiles_per_rank=640, _fused_plans={})
+                        n=n, half=1 << 22, tiles_per_rank=640, _fused_plans=PlanCache())
 
 
 @pytest.mark.parametrize("big_m,n,k", [(1024, 14336, 4096), (256, 8192, 1024), (8192, 4096, 7168)])

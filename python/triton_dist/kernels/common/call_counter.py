@@ -54,6 +54,17 @@ def enter_call(calls):
     return epoch
 
 
+@triton.jit
+def call_epoch(calls, ENTER: tl.constexpr):
+    """The running call's epoch: :func:`enter_call`'s for a kernel that is its call's only one
+    (``ENTER``), else the counter ``calls[0]`` as a :func:`bump` before the kernel left it."""
+    if ENTER:
+        epoch = enter_call(calls)
+    else:
+        epoch = tl.load(calls)
+    return epoch
+
+
 _BUMP = EagerLaunches(call_counter_bump_kernel)
 _META = dict(num_warps=1)
 

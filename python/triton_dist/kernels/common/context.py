@@ -24,7 +24,7 @@ from ...signals import SignalPad
 from ...symmetric import symm_empty
 from . import call_counter as _call_counter
 from . import reach as _reach
-from .launch_plan import OUT, X, LaunchPlan
+from .launch_plan import OUT, X, LaunchPlan, PlanCache
 from .ll_protocol import LL_BLOCK
 from .host_math import cdiv
 
@@ -98,7 +98,7 @@ class CollectiveContext:
             self.halves[name] = half
             setattr(self, name, symm_empty((2 * half, ), dtype))
         self.pad = SignalPad(max(1, signals_per_program * self.max_programs), owner=op)
-        self._launch_plans: dict = {}
+        self._launch_plans = PlanCache(256)
         """(n, method) -> :class:`LaunchPlan` (:meth:`launch_plan`)."""
         self.calls = torch.zeros(2, dtype=torch.int64, device=device)
         """The device-side call counter: the epoch of the latest call, then the count of a one-kernel
@@ -145,9 +145,6 @@ class CollectiveContext:
             out.copy_(target)
         return plan
 
-    MAX_LAUNCH_PLANS = 256
-    """Plans a context keeps (by element count and method) before it forgets them all."""
-
     def launch_plan(self, n: int, method: str) -> LaunchPlan | None:
         """The one kernel launch of a call on ``n > 0`` elements by ``method`` (resolved, never
         ``"auto"``), made once per ``(n, method)``; None for a method of several launches or of
@@ -155,14 +152,7 @@ class CollectiveContext:
         ``method`` as ``run`` does."""
         if self.world == 1:
             return None
-        plan = self._launch_plans.get((n, method))
-        if plan is None:
-            plan = self._make_launch_plan(n, method)
-            if plan is not None:
-                if len(self._launch_plans) >= self.MAX_LAUNCH_PLANS:
-                    self._launch_plans.clear()
-                self._launch_plans[(n, method)] = plan
-        return plan
+        return self._launch_plans.get((n, method), lambda: self._make_launch_plan(n, method))
 
     def _make_launch_plan(self, n: int, method: str) -> LaunchPlan | None:
         """:meth:`launch_plan`'s plan, uncached. Subclasses."""

@@ -173,3 +173,28 @@ class LaunchSequence:
             plan.check_operands(args)
         for plan, args in resolved:
             plan.launch_arguments(args)
+
+
+class PlanCache:
+    """A context's plans by the sizes of a call, each made once; past ``limit`` of them all are
+    forgotten (a caller of ever new shapes must not grow it without bound)."""
+
+    __slots__ = ("_plans", "limit")
+
+    def __init__(self, limit: int = 64):
+        self._plans: dict = {}
+        self.limit = limit
+
+    def get(self, key, make):
+        """The plan kept under ``key``, else ``make()``'s, kept unless it is None."""
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = make()
+            if plan is not None:
+                if len(self._plans) >= self.limit:
+                    self._plans.clear()
+                self._plans[key] = plan
+        return plan
+
+    def __len__(self) -> int:
+        return len(self._plans)

@@ -133,7 +133,7 @@ from .ag_gemm_2d import ag_gemm_push_2d_kernel
 from .context import OverlappedGemmContext
 from ..common import call_counter as _call_counter
 from ..common.call_counter import enter_call
-from ..common.launch_plan import LaunchPlan, LaunchSequence, Slot
+from ..common.launch_plan import LaunchPlan, LaunchSequence, PlanCache, Slot
 from ..common import reach as _reach
 from ..common.streams import side_stream, wait_for
 from ... import timeline as _timeline
@@ -348,7 +348,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
         self._first_signal = torch.cuda.Event() if copy_engine and _config.get().ranks_per_gpu > 1 else None
         if pull:  # ordinary memory written on the side stream: its release must wait for that stream too
             self.gathered.record_stream(self._side)
-        self._inline_plans: dict = {}
+        self._inline_plans = PlanCache()
         """(m, n) -> ``"sm_push_inline"``'s :class:`LaunchSequence` (:meth:`inline_plan`)."""
         self.ready()
 
@@ -412,9 +412,9 @@ class AllGatherGemmContext(OverlappedGemmContext):
         ``(m, n)``: the push kernel, then the GEMM over the first ``world * m`` rows of
         ``gathered`` (its descriptor fixed); :meth:`~LaunchSequence.launch` takes ``(a_shard, b,
         out)``."""
-        plan = self._inline_plans.get((m, n))
-        if plan is not None:
-            return plan
+        return self._inline_plans.get((m, n), lambda: self._make_inline_plan(m, n))
+
+    def _make_inline_plan(self, m: int, n: int) -> LaunchSequence:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         k, rows = self.k, self.world * m
@@ -427,10 +427,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
         consumer = LaunchPlan(ag_gemm_consumer_kernel, _gemm.grid_for(rows, n, config, self.max_programs),
                               (a_desc, Slot(1, "b", (c["BN"], c["BK"])), Slot(2, "out", (c["BM"], c["BN"])), rows, n, k,
                                self.pad.signals, self.calls, self.rank, m), self.consumer_meta(config), arity=3)
-        if len(self._inline_plans) >= 64:  # a caller of ever new shapes: keep the memo bounded
-            self._inline_plans.clear()
-        plan = self._inline_plans[(m, n)] = LaunchSequence(push, consumer)
-        return plan
+        return LaunchSequence(push, consumer)
 
     def consumer_meta(self, config: str) -> dict:
         """The GEMM consumer's constexprs and options for ``config``: with ``"sm_2d"`` across nodes,

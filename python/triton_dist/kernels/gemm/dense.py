@@ -52,7 +52,7 @@ from . import split_k as _split_k
 from . import wave_tail as _wave_tail
 from .tile import own_node_first, tile_coords, tile_product
 from .epilogues import all_reduce_tile, copy_chunk, partial_destination, publish_pending, sum_own_tile
-from ..common.call_counter import enter_call
+from ..common.call_counter import call_epoch
 from ..common.host_math import cdiv
 
 DTYPES = ("bfloat16", "float16")
@@ -322,10 +322,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
         epoch = tl.load(calls)
         shift = (rank * m_per_rank) // BM  # the m-tile holding this rank's first row
     if ALL_REDUCE:
-        if ENTER_CALL:
-            epoch = enter_call(calls)
-        else:
-            epoch = tl.load(calls)
+        epoch = call_epoch(calls, ENTER_CALL)
         half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
         stride = (N // 8) * 8  # == N (a multiple of 8), with the divisibility fact for 16-byte stores
     if SIGNAL_ROWS:
@@ -334,10 +331,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
             half = 0  # incoming rows; the outgoing ones follow
             outgoing = (half_elems // 8) * 8  # == half_elems, a multiple of 8
         else:
-            if ENTER_CALL:
-                epoch = enter_call(calls)
-            else:
-                epoch = tl.load(calls)
+            epoch = call_epoch(calls, ENTER_CALL)
             half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
         stride = (N // 8) * 8  # == N (a multiple of 8), with the divisibility fact for 16-byte stores
         local_m = tl.cdiv(m_per_rank, BM)  # m-tiles per destination

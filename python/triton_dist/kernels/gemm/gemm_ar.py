@@ -77,10 +77,10 @@ from .split_k import SPLIT_K_BN, SPLIT_K_CONFIGS, SPLIT_K_MAX_M, block_for
 from .tile import swapped_tile_product
 from . import policy as _policy
 from ..common import call_counter as _call_counter
-from ..common.call_counter import enter_call
+from ..common.call_counter import call_epoch
 from ..common import reach as _reach
 from ..common.host_math import cdiv
-from ..common.launch_plan import LaunchPlan, LaunchSequence, Slot
+from ..common.launch_plan import LaunchPlan, LaunchSequence, PlanCache, Slot
 
 CONFIG = "small"
 """The GEMM config of calls with more than ``gemm.SKINNY_MAX_M`` rows (128x128 tiles): with 128x256
@@ -116,10 +116,7 @@ def gemm_ar_split_k_kernel(a_desc, b_desc, partials, out, signals, calls, M, N, 
     the bumped counter's value."""
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
-    if ENTER:
-        epoch = enter_call(calls)
-    else:
-        epoch = tl.load(calls)
+    epoch = call_epoch(calls, ENTER)
     half = (epoch % 2).to(tl.int64) * ((half_elems // 8) * 8)  # == half_elems, a multiple of 8
     stride = (N // 8) * 8  # == N, with the divisibility fact for 16-byte stores
     num_n = tl.cdiv(N, BN)
@@ -215,7 +212,7 @@ class GemmAllReduceContext(OverlappedGemmContext):
         """The most tiles of a call (signals per source rank)."""
         self.partials = symm_empty((2 * self.half, ), torch.float32)
         self.pad = SignalPad(self.world * self.tiles_max, owner="GemmAllReduceContext")
-        self._split_k_plans: dict = {}
+        self._split_k_plans = PlanCache()
         """(m, k) -> ``"split_k"``'s :class:`LaunchSequence` (:meth:`split_k_plan`)."""
         self.ready()
 
@@ -315,9 +312,9 @@ class GemmAllReduceContext(OverlappedGemmContext):
         """``"split_k"``'s launches for ``m`` rows and depth ``k``, made once per ``(m, k)``: the
         kernel, which up to :data:`SPLIT_K_ENTER_MAX_BM` rows advances the call counter itself,
         and past them the bump first; :meth:`~LaunchSequence.launch` takes ``(a, b, out)``."""
-        plan = self._split_k_plans.get((m, k))
-        if plan is not None:
-            return plan
+        return self._split_k_plans.get((m, k), lambda: self._make_split_k_plan(m, k))
+
+    def _make_split_k_plan(self, m: int, k: int) -> LaunchSequence:
         bm = self.split_k_block(m)
         bk = SPLIT_K_CONFIGS[bm]["BK"]
         split_k = self.split_k(k)
@@ -328,11 +325,8 @@ class GemmAllReduceContext(OverlappedGemmContext):
                             (Slot(0, "a", (bm, bk)), Slot(1, "b", (SPLIT_K_BN, bk)), self.partials, Slot(2, "out"),
                              self.pad.signals, self.calls, m, self.n, k, self.rank, self.half, self.tiles_max, split_k),
                             self._split_k_meta(bm))
-        if len(self._split_k_plans) >= 64:  # a caller of ever new shapes: keep the memo bounded
-            self._split_k_plans.clear()
         plans = (kernel, ) if bm <= SPLIT_K_ENTER_MAX_BM else (_call_counter.bump_plan(self.calls), kernel)
-        plan = self._split_k_plans[(m, k)] = LaunchSequence(*plans)
-        return plan
+        return LaunchSequence(*plans)
 
     def _run_output_tiles(self, a, b, target) -> None:
         m, k = a.shape

@@ -147,7 +147,7 @@ from .gemm_rs_2d import GemmThenReduceScatter, PushAcrossNodes
 from . import policy as _policy
 from . import tile as _gemm_tile
 from ..common import call_counter as _call_counter
-from ..common.launch_plan import LaunchPlan, LaunchSequence, Slot
+from ..common.launch_plan import LaunchPlan, LaunchSequence, PlanCache, Slot
 from ..common import reach as _reach
 from ... import timeline as _timeline
 from ..common.scratch import GlobalScratch
@@ -335,7 +335,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         self._joined = torch.cuda.Event()  # streams.wait_for's
         self._bumped = torch.cuda.Event()  # re-recorded each call: a wait takes the latest record
         self._scratch = GlobalScratch(self.device)  # the fused_tma method's device-built descriptors
-        self._fused_plans: dict = {}
+        self._fused_plans = PlanCache()
         """(M, K) -> ``"fused"``'s :class:`LaunchSequence` (:meth:`fused_plan`)."""
         self.gemm_then_reduce_scatter = None
         """``"2d"``'s ReduceScatter (:class:`~triton_dist.kernels.gemm.gemm_rs_2d.GemmThenReduceScatter`):
@@ -471,9 +471,9 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         one launch a call; its reduce-own epilogue builds no descriptor on the device, so it needs
         no global scratch); :meth:`~LaunchSequence.launch` takes ``(a, b, out)``, ``out`` 16-byte
         aligned."""
-        plan = self._fused_plans.get((big_m, k))
-        if plan is not None:
-            return plan
+        return self._fused_plans.get((big_m, k), lambda: self._make_fused_plan(big_m, k))
+
+    def _make_fused_plan(self, big_m: int, k: int) -> LaunchSequence:
         n, m = self.n, big_m // self.world
         config = _gemm.pick_config(big_m, n, k, self.num_sms)
         c = _gemm.CONFIGS[config]
@@ -483,10 +483,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
                            k, self.pad.signals, self.calls, self.rank, m),
                           self.fused_meta(config),
                           named=dict(half_elems=self.half, signal_region=self.tiles_per_rank, out=Slot(2, "out")))
-        if len(self._fused_plans) >= 64:  # a caller of ever new shapes: keep the memo bounded
-            self._fused_plans.clear()
-        plan = self._fused_plans[(big_m, k)] = LaunchSequence(gemm)
-        return plan
+        return LaunchSequence(gemm)
 
     def fused_meta(self, config: str) -> dict:
         """The constexprs and options of :meth:`fused_plan`'s GEMM (``"fused"``, entering its call)."""
