@@ -60,8 +60,8 @@ def check_ag_gemm_producers(x_rows, w1_shard) -> bool:
     """The gather's producer is a context's choice: the copy engine pushes the rows by default;
     ``"sm_push"`` has a kernel on a few SMs push them instead (one launch, lower latency, SMs
     taken from the GEMM); ``"ce_pull"`` has each rank's copy engine fetch the peers' rows;
-    ``"sm_push_inline"`` runs that kernel before the GEMM on the caller's stream (two launches a
-    call, no side stream: for eager calls whose host time exceeds their GPU time)."""
+    ``"sm_push_inline"`` has the GEMM's own programs push first (one launch a call on the caller's
+    stream, no side stream: for eager calls whose host time exceeds their GPU time)."""
     from triton_dist.kernels import AllGatherGemmContext
 
     want = ops.ag_gemm(x_rows, w1_shard)
@@ -155,7 +155,7 @@ def check_eager_loop() -> bool:
 
 def check_eager_mlp_loop(x_rows, w1_shard, w2_shard) -> bool:
     """The prefill MLP in an eager loop with the few-launch methods (``ag_gemm``'s
-    ``"sm_push_inline"``, two launches a call; ``gemm_rs``'s ``"fused"``, one): after a step's first
+    ``"sm_push_inline"`` and ``gemm_rs``'s ``"fused"``, one launch a call each): after a step's first
     calls, each later step replays both ops' recorded launches. Host µs per step printed, the last
     step's result checked."""
     import time

@@ -3,7 +3,7 @@
 same op, input shapes, dtype, method, and ``out`` given or not) launches the earlier call's
 :class:`~triton_dist.kernels.common.launch_plan.LaunchPlan` (a ``LaunchSequence``: gemm_ar's
 ``"split_k"``, its kernel, after a bump past 64 rows; gemm_rs's ``"fused"``, its one GEMM;
-ag_gemm's ``"sm_push_inline"``, the push kernel and the GEMM) after checking only what may
+ag_gemm's ``"sm_push_inline"``, its one GEMM that pushes first) after checking only what may
 differ between two such
 calls: the tensors' device, contiguity and alignment, and ``out``'s shape and dtype.
 

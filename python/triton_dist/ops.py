@@ -349,8 +349,8 @@ def ag_gemm(a_shard, b, *, out=None, method: str = "auto", context=None):
     ``"ce_push"`` (copy engines push each shard to every peer), ``"ce_pull"`` (copy engines pull
     the peers' shards into ordinary memory), ``"sm_push"`` (a kernel of a few SMs pushes),
     ``"sm_2d"`` (that kernel across nodes: NVSHMEM puts between nodes, forwarding within),
-    ``"sm_push_inline"`` (that kernel on the caller's stream before the GEMM: two launches a call,
-    no side stream, for eager calls whose host time exceeds their GPU time), or
+    ``"sm_push_inline"`` (the GEMM's own programs push first: one launch a call on the caller's
+    stream, no side stream, for eager calls whose host time exceeds their GPU time), or
     ``"auto"`` (``context``'s producer, else within a node ``"sm_push_inline"`` for an eager call
     of a GEMM too short to hide ``"ce_push"``'s host time and ``"ce_push"`` otherwise, and
     ``"sm_2d"`` across nodes: :func:`~triton_dist.kernels.gemm.policy.ag_gemm_method`). A context

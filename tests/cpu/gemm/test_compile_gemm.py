@@ -22,9 +22,10 @@ _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.e
 _SMEM_LIMIT = 232448  # bytes of shared memory one program may use on sm_90
 
 
-def _compile(config, dtype, wait_for_rows, node_ranks=0):
+def _compile(config, dtype, wait_for_rows, node_ranks=0, push_world=0):
     c = gemm_module.config_params(config)
-    meta = gemm_module.kernel_meta(config, wait_for_rows, node_ranks=node_ranks)
+    meta = gemm_module.kernel_meta(config, wait_for_rows, node_ranks=node_ranks, world=max(push_world, 1),
+                                   push_shard=push_world > 0)
     options = {"num_warps": meta.pop("num_warps"), "num_stages": meta.pop("num_stages")}
     signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
                  "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>",
@@ -33,6 +34,8 @@ def _compile(config, dtype, wait_for_rows, node_ranks=0):
     if wait_for_rows:
         kernel = allgather_gemm.ag_gemm_consumer_kernel
         signature.update(signals="*u64", calls="*i64")
+        if push_world:
+            signature.update(tickets="*i32", shard=f"*{dtype}", gathered=f"*{dtype}")
     else:
         kernel = gemm_module.gemm_kernel
         meta.update(signals=None, calls=None)
@@ -81,6 +84,38 @@ def test_consumer_loads_of_a_depend_on_the_wait(config, node_ranks):
     assert first_spin < fence < first_load
     # The wait reports and traps on timeout like every dl.wait.
     assert "trap;" in ptx
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
+def test_one_launch_consumer_pushes_its_rows_before_its_tiles(config, world):
+    """sm_push_inline's one launch: the epoch from enter_call (an acq_rel ticket at GPU scope on
+    the counter's count), this rank's rows into its own slot (16-byte stores, before any wait), a
+    GPU-scope ticket and release for the own slot's ready, then sm_push's per-peer protocol (an
+    ack and a ready released at system scope per peer, a system-scope ticket per peer), and the
+    tiles' TMA loads of A still behind a wait; no spills beyond the plain consumer's."""
+    peers = world - 1
+    compiled = _compile(config, "bf16", True, push_world=world)
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx
+    assert not wgmma_serialized(ptx)
+    assert compiled.metadata.shared <= _SMEM_LIMIT
+    plain = spill_bytes(_compile(config, "bf16", True).asm["ptx"])
+    assert all(ours <= theirs for ours, theirs in zip(spill_bytes(ptx), plain)), (spill_bytes(ptx), plain)
+    assert len(re.findall(_RELEASE, ptx)) == 2 * peers
+    assert len(re.findall(r"atom\.global\.gpu\.release|atom\.release\.gpu\.global", ptx)) == 1
+    gpu_tickets = re.findall(r"atom\.(?:global\.)?(?:gpu\.)?acq_rel\.(?:gpu\.)?(?:global\.)?add", ptx)
+    assert len(gpu_tickets) == 2, gpu_tickets  # the call's entry and the own slot's copy
+    sys_tickets = re.findall(r"atom\.(?:global\.)?sys\.acq_rel\.(?:global\.)?add|"
+                             r"atom\.acq_rel\.sys\.(?:global\.)?add", ptx)
+    assert len(sys_tickets) == peers, sys_tickets
+    lines = ptx.splitlines()
+    first_store = min(i for i, line in enumerate(lines) if "st.global.v4" in line)
+    assert first_store < min(i for i, line in enumerate(lines) if _SPIN in line)
+    ttgir = compiled.asm["ttgir"]
+    spins = results(ops_matching(ttgir, re.escape(_SPIN)))
+    a_loads = [op for op in ops_matching(ttgir, r"async_tma_copy_global_to_local") if "%a_desc[" in op]
+    assert a_loads and all(depends_on(ttgir, load, spins) for load in a_loads)
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])  # 1: protocol_on_one_rank

@@ -86,27 +86,32 @@ instead of ``2 * world - 1`` stream operations, so the first rows land sooner th
 engine's (bench/results/h200-x2/allgather.json, small messages: ``sm_push`` in about a third of
 ``ce_push``'s time); what it costs: ``push_programs`` SMs taken from the GEMM.
 
-``"sm_push_inline"`` (``method="sm_push_inline"``): ``sm_push``'s kernel body on the caller's stream
-``S``, before the GEMM, with no side stream: :func:`ag_gemm_push_inline_kernel` takes the call's
-epoch from :func:`~triton_dist.kernels.common.call_counter.enter_call` (no bump), copies this
-rank's rows from ``A_shard`` into slot ``me`` of the local ``gathered`` and of every peer's (each
-peer after its ack, as ``sm_push``), then the GEMM runs, waiting for the peers' rows. Two launches
-a call and no event, against ``sm_push``'s eight stream operations (bump, copy, two joins, push,
-GEMM): for eager calls whose host time exceeds their GPU time (issue 21: ~9 µs of host time per
-driver call with ranks sharing a GPU under MPS). What it costs: this rank's GEMM starts only after
-its own push has ended; the overlap left is across ranks (a peer's GEMM beside this push). Why no
-deadlock: the push waits only for acks that the peers' push kernels send first thing (for the
-previous call, whose GEMM ended before them on their streams), and the GEMM waits only for the
-peers' pushes, which need no GEMM to finish. ``ready[me]`` is set by program 0 before the local
-copy ends: harmless, as this rank's GEMM starts after the whole kernel on the same stream.
+``"sm_push_inline"`` (``method="sm_push_inline"``): ``sm_push``'s protocol inside the GEMM, one
+kernel on the caller's stream ``S`` and no side stream. Every program of the GEMM first takes the
+call's epoch from :func:`~triton_dist.kernels.common.call_counter.enter_call` (no bump), copies its
+share of this rank's rows from ``A_shard`` into slot ``me`` of the local ``gathered`` (the last to
+finish sets ``ready[me] = k`` here), then of every peer's (each peer after its ack, as
+``sm_push``), and only then walks its tiles, waiting for the peers' rows
+(:func:`~triton_dist.kernels.gemm.shard_push.push_shard_first`). One launch a call and no event,
+against ``sm_push``'s eight stream operations (bump, copy, two joins, push, GEMM): for eager calls
+whose host time exceeds their GPU time (issue 21: ~9 µs of host time per driver call with ranks
+sharing a GPU under MPS). What it costs: a program's first tile waits for its own share of the
+push; the overlap left is across ranks and programs (a peer's tiles beside this push). Why no
+deadlock: the push waits only for acks that the peers' programs send first thing (for the
+previous call, whose kernel ended before theirs on their streams); a tile waits for peers'
+pushes, which need no tile to finish, and for ``ready[me]``, which every program of this grid
+(co-resident) reaches before its first tile. The AllGather+grouped-GEMM context with this producer
+keeps it as a kernel of its own before its consumer (:func:`ag_gemm_push_inline_kernel`: there
+``ready[me]`` is set by program 0 before the other programs' copies end, harmless as the consumer
+starts after the whole kernel on the same stream).
 
 SMs: the consumer spins while the producer's kernels still have to run on this GPU, so the
 GEMM's persistent grid leaves SMs free (its programs use > 114 KiB of shared memory each, so at
 most one per SM): :data:`RESERVED_SMS` for the copy-engine producers' signal kernels,
 ``push_programs`` for ``"sm_push"``. With every SM held by a spinning GEMM program, the producer
-could never start - a deadlock. ``"sm_push_inline"`` leaves none: its GEMM waits only on the peers'
-push kernels, in other processes (on other GPUs, or in their own MPS shares where ranks share one,
-as every shared-GPU method assumes), and never runs beside its own push.
+could never start - a deadlock. ``"sm_push_inline"`` leaves none: its GEMM's own push is in its
+programs, and otherwise it waits only on the peers' kernels, in other processes (on other GPUs, or
+in their own MPS shares where ranks share one, as every shared-GPU method assumes).
 
 Why not :class:`~triton_dist.kernels.AllGatherContext`: its ``ce_push`` copies out of its
 receive buffer and acknowledges right after that copy-out, so a GEMM reading that buffer directly
@@ -131,13 +136,13 @@ from ...symmetric import symm_empty
 from . import dense as _gemm
 from .ag_gemm_2d import ag_gemm_push_2d_kernel
 from .context import OverlappedGemmContext
+from .shard_push import PUSH_BLOCK, push_rows
 from ..common import call_counter as _call_counter
 from ..common.call_counter import enter_call
-from ..common.launch_plan import LaunchPlan, LaunchSequence, PlanCache, Slot
+from ..common.launch_plan import LaunchPlan, PlanCache, Slot
 from ..common import reach as _reach
 from ..common.streams import side_stream, wait_for
 from ... import timeline as _timeline
-from ..common.tickets import last_to_finish
 from ..common.tiles import copy_program_tiles
 
 RESERVED_SMS = 1
@@ -150,8 +155,8 @@ METHODS = ("ce_push", "ce_pull", "sm_push", "sm_2d", "sm_push_inline")
 symmetric ``gathered``, which the GEMM reads) or ``"ce_pull"`` (each rank publishes its shard in
 a symmetric ``shard`` buffer, and every rank's copy engine copies the peers' shards into an
 ordinary ``gathered`` buffer, which the GEMM reads) or ``"sm_push"`` (``ce_push`` with the copies
-made by a kernel of a few SMs; see the module notes) or ``"sm_push_inline"`` (that kernel before the
-GEMM on the caller's stream: two launches a call, for host-bound eager calls)."""
+made by a kernel of a few SMs; see the module notes) or ``"sm_push_inline"`` (the GEMM's programs
+push first, one launch a call on the caller's stream, for host-bound eager calls)."""
 
 PUSH_METHODS = ("sm_push", "sm_2d", "sm_push_inline")
 """The methods whose rows a kernel of ``push_programs`` programs sends."""
@@ -163,9 +168,6 @@ up, where the 8 SMs cost the GEMM more than the copy engine's latency.
 With fewer SMs (ranks sharing a GPU under MPS) the default is at most half of those the shared-GPU
 headroom (:func:`triton_dist.residency.headroom_sms`) leaves, so that the GEMM keeps the rest."""
 
-PUSH_BLOCK = 4096
-"""Elements per tile of :func:`ag_gemm_push_kernel` (8 KiB of bf16: 16 bytes a thread, twice, at
-8 warps)."""
 
 ag_gemm_consumer_kernel = DistributedKernel(_gemm.gemm_kernel)
 """:func:`triton_dist.kernels.gemm.dense.gemm_kernel` launched with ``WAIT_FOR_ROWS=True`` and the
@@ -193,31 +195,6 @@ def ag_gemm_push_inline_kernel(shard, gathered, signals, calls, tickets, n, WORL
     slot = dl.rank().to(tl.int64) * ((n // 8) * 8)
     copy_program_tiles(gathered + slot, shard, n, tl.cdiv(n, BLOCK), BLOCK)
     push_rows(shard, gathered, signals, tickets, k, n, WORLD, BLOCK)
-
-
-@triton.jit
-def push_rows(src, gathered, signals, tickets, k, n, WORLD: tl.constexpr, BLOCK: tl.constexpr):
-    """The push kernels' body for call ``k``: program 0 sets ``ready[me] = k`` here and ``ack[me]
-    = k - 1`` on every peer; then for each peer ``r`` every program waits for ``ack[r] >= k - 1``
-    and stores its share of the ``n`` elements at ``src`` into slot ``me`` of ``r``'s
-    ``gathered``, and the last program to finish sets ``ready[me] = k`` on ``r``."""
-    me = dl.rank()
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    if pid == 0:
-        dl.notify(signals + me, me, k, "set", "gpu")
-        for i in tl.static_range(1, WORLD):
-            dl.notify(signals + WORLD + me, (me + i) % WORLD, k - 1, "set", "intra_node")
-    slot = me.to(tl.int64) * ((n // 8) * 8)
-    tiles = tl.cdiv(n, BLOCK)
-    for i in tl.static_range(1, WORLD):
-        # Rank r's GEMM needs my rows (me - r) % world blocks in: ranks me - 1, me - 2, ... first.
-        r = (me - i + WORLD) % WORLD
-        token = dl.wait(signals + WORLD + r, 1, "sys", "acquire", k - 1)  # r no longer reads slot me
-        dst = dl.consume_token(tl.multiple_of(dl.symm_at(gathered, r), 16), token) + slot  # symm_at loses alignment
-        copy_program_tiles(dst, src, n, tiles, BLOCK)
-        if last_to_finish(tickets, r, grid, "sys"):
-            dl.notify(signals + me, r, k, "set", "intra_node")
 
 
 @jit(do_not_specialize=["peer"])
@@ -313,7 +290,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
             raise ValueError(f"triton_dist AllGatherGemmContext: push_programs must be an int in [1, "
                              f"{self.num_sms - 1}], got {push_programs!r}")
         self.push_programs = push_programs
-        if method == "sm_push_inline":  # waits only on other processes' pushes, never beside its own
+        if method == "sm_push_inline":  # its own push is in its programs; beside it, only other processes
             self.max_programs = _residency.max_waiting_programs(self.device, what="AllGatherGemmContext")
         elif method in PUSH_METHODS:  # the GEMM waits on the push kernel's programs beside it
             self.max_programs = _residency.max_waiting_programs(self.device, reserved=push_programs,
@@ -349,7 +326,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
         if pull:  # ordinary memory written on the side stream: its release must wait for that stream too
             self.gathered.record_stream(self._side)
         self._inline_plans = PlanCache()
-        """(m, n) -> ``"sm_push_inline"``'s :class:`LaunchSequence` (:meth:`inline_plan`)."""
+        """(m, n) -> ``"sm_push_inline"``'s :class:`LaunchPlan` (:meth:`inline_plan`)."""
         self.ready()
 
     def preload(self) -> None:
@@ -359,8 +336,10 @@ class AllGatherGemmContext(OverlappedGemmContext):
         for config in _gemm.CONFIGS:
             a_desc, b_desc, c_desc = _gemm.descriptors(a, a, a, config)  # only types and blocks matter
             ag_gemm_consumer_kernel.preload(a_desc, b_desc, c_desc, 2, 2, 2, self.pad.signals, self.calls, 2, 2,
-                                            grid=(1, ), **self.consumer_meta(config))
-        self.preload_producer()
+                                            grid=(1, ), **self._push_shard_args(self.gathered),
+                                            **self.consumer_meta(config))
+        if self.method != "sm_push_inline":  # its GEMM pushes (the grouped consumer's context loads the kernel)
+            self.preload_producer()
 
     def preload_producer(self) -> None:
         """Compile and load the gather's kernels (the call counter's and the producer's)."""
@@ -381,12 +360,12 @@ class AllGatherGemmContext(OverlappedGemmContext):
             ag_gemm_signal_kernel.preload(self.pad.signals, self.calls, 2, grid=(1, ), PHASE=phase,
                                           WORLD=self.world, num_warps=1)
 
-    def run(self, a_shard, b, out) -> LaunchSequence | None:
+    def run(self, a_shard, b, out) -> LaunchPlan | None:
         """``out = allgather(a_shard) @ b.T`` on the current stream. ``a_shard [m, k]``, ``b [N, k]``
         and ``out [world * m, N]``: contiguous CUDA tensors of this dtype, ``m <= max_m_per_rank``,
         ``N % 8 == 0``, ``b`` and ``out`` 16-byte aligned (validated by
-        :func:`triton_dist.ops.ag_gemm`, not here). Returns the launches of ``"sm_push_inline"``
-        (:meth:`inline_plan`: a call of the same sizes with any aligned tensors makes them again,
+        :func:`triton_dist.ops.ag_gemm`, not here). Returns the launch of ``"sm_push_inline"``
+        (:meth:`inline_plan`: a call of the same sizes with any aligned tensors makes it again,
         :mod:`triton_dist.eager_calls`), else None."""
         m, n = a_shard.shape[0], b.shape[0]
         if m == 0 or n == 0 or self.ran_plain_gemm(a_shard, b, out):
@@ -396,45 +375,51 @@ class AllGatherGemmContext(OverlappedGemmContext):
             plan.launch(_aligned(a_shard), b, out)
             return plan
         k = self.k
-        stream = self.start_gather(a_shard)
+        inline = self.method == "sm_push_inline"  # one kernel: the GEMM pushes first (module notes)
+        stream = None if inline else self.start_gather(a_shard)
         rows = self.world * m
         config = _gemm.pick_config(rows, n, k, self.max_programs)
         a = self.gathered[:rows * k].view(rows, k)
         a_desc, b_desc, c_desc = _gemm.descriptors(a, b, out, config)
         ag_gemm_consumer_kernel[_gemm.grid_for(rows, n, config, self.max_programs)](
             a_desc, b_desc, c_desc, rows, n, k, self.pad.signals, self.calls, self.rank, m,
-            **self.consumer_meta(config), **_timeline.kernel_args())
-        self.finish_gather(stream)
+            **self._push_shard_args(_aligned(a_shard)), **self.consumer_meta(config), **_timeline.kernel_args())
+        if not inline:
+            self.finish_gather(stream)
         return None
 
-    def inline_plan(self, m: int, n: int) -> LaunchSequence:
-        """``"sm_push_inline"``'s launches for ``m`` rows per rank and ``N = n``, made once per
-        ``(m, n)``: the push kernel, then the GEMM over the first ``world * m`` rows of
-        ``gathered`` (its descriptor fixed); :meth:`~LaunchSequence.launch` takes ``(a_shard, b,
-        out)``."""
+    def inline_plan(self, m: int, n: int) -> LaunchPlan:
+        """``"sm_push_inline"``'s launch for ``m`` rows per rank and ``N = n``, made once per
+        ``(m, n)``: the GEMM over the first ``world * m`` rows of ``gathered`` (its descriptor
+        fixed) that pushes the shard first; :meth:`~LaunchPlan.launch` takes ``(a_shard, b, out)``."""
         return self._inline_plans.get((m, n), lambda: self._make_inline_plan(m, n))
 
-    def _make_inline_plan(self, m: int, n: int) -> LaunchSequence:
+    def _make_inline_plan(self, m: int, n: int) -> LaunchPlan:
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         k, rows = self.k, self.world * m
         config = _gemm.pick_config(rows, n, k, self.max_programs)
         c = _gemm.config_params(config)
         a_desc = TensorDescriptor.from_tensor(self.gathered[:rows * k].view(rows, k), [c["BM"], c["BK"]])
-        push = LaunchPlan(ag_gemm_push_inline_kernel, (self.push_programs, ),
-                          (Slot(0, "a_shard"), self.gathered, self.pad.signals, self.calls, self.tickets, m * k),
-                          self._push_meta())
-        consumer = LaunchPlan(ag_gemm_consumer_kernel, _gemm.grid_for(rows, n, config, self.max_programs),
-                              (a_desc, Slot(1, "b", (c["BN"], c["BK"])), Slot(2, "out", (c["BM"], c["BN"])), rows, n, k,
-                               self.pad.signals, self.calls, self.rank, m), self.consumer_meta(config), arity=3)
-        return LaunchSequence(push, consumer)
+        return LaunchPlan(ag_gemm_consumer_kernel, _gemm.grid_for(rows, n, config, self.max_programs),
+                          (a_desc, Slot(1, "b", (c["BN"], c["BK"])), Slot(2, "out", (c["BM"], c["BN"])), rows, n, k,
+                           self.pad.signals, self.calls, self.rank, m), self.consumer_meta(config), arity=3,
+                          named=self._push_shard_args(Slot(0, "a_shard")))
+
+    def _push_shard_args(self, shard) -> dict:
+        """The GEMM's push arguments with ``shard`` as this rank's rows (``"sm_push_inline"``; none
+        for the other producers, whose push or copies run beside the GEMM)."""
+        if self.method != "sm_push_inline":
+            return {}
+        return dict(tickets=self.tickets, shard=shard, gathered=self.gathered)
 
     def consumer_meta(self, config: str) -> dict:
         """The GEMM consumer's constexprs and options for ``config``: with ``"sm_2d"`` across nodes,
         its tiles of this rank's node first (rows of the rest arrive later: put across, then
         forwarded within), else rotated to start at this rank's rows."""
         across = self.method == "sm_2d" and self.local_world < self.world
-        return _gemm.kernel_meta(config, True, node_ranks=self.local_world if across else 0)
+        return _gemm.kernel_meta(config, True, node_ranks=self.local_world if across else 0, world=self.world,
+                                 push_shard=self.method == "sm_push_inline")
 
     def start_gather(self, a_shard):
         """The gather's half of a call (module notes): bump the call counter, this rank's rows into

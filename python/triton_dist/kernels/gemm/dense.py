@@ -51,6 +51,7 @@ from ...language import timeline as _timeline
 from . import split_k as _split_k
 from . import wave_tail as _wave_tail
 from .tile import own_node_first, tile_coords, tile_product
+from .shard_push import push_shard_first
 from .epilogues import all_reduce_tile, copy_chunk, partial_destination, publish_pending, sum_own_tile
 from ..common.call_counter import call_epoch
 from ..common.host_math import cdiv
@@ -182,13 +183,14 @@ GEMM+AllReduce."""
 
 
 def kernel_meta(config: str, wait_for_rows: bool, *, epilogue: str = "store", world: int = 1,
-                node_ranks: int = 0, enter_call: bool = False) -> dict:
+                node_ranks: int = 0, enter_call: bool = False, push_shard: bool = False) -> dict:
     """Launch keyword arguments (constexprs and options) of :func:`gemm_kernel` for ``config``, with
     the ``epilogue`` of :data:`EPILOGUES` (for ``world`` ranks) and ``wait_for_rows`` (the
     AllGather+GEMM consumer's wait; ``node_ranks`` > 0: its walk, or ``"rows_to_peer"``'s
     destinations, across nodes of that many ranks; ``enter_call``: the kernel advances the call
-    counter itself, ``ENTER_CALL``). The plain store passes no ``EPILOGUE``, so the plain GEMM's
-    launch keeps its key."""
+    counter itself, ``ENTER_CALL``; ``push_shard``: the consumer pushes this rank's rows to the
+    ``world`` ranks first, ``PUSH_SHARD``, entering the call). The plain store passes no
+    ``EPILOGUE``, so the plain GEMM's launch keeps its key."""
     if epilogue not in EPILOGUES:
         raise ValueError(f"triton_dist gemm: epilogue must be one of {EPILOGUES}, got {epilogue!r}")
     c = _persistent(config)
@@ -201,7 +203,11 @@ def kernel_meta(config: str, wait_for_rows: bool, *, epilogue: str = "store", wo
             raise ValueError(f"triton_dist gemm: node_ranks walks AllGather+GEMM's consumer or sends "
                              f"'rows_to_peer' partials across nodes, not epilogue {epilogue!r}")
         meta.update(NODE_RANKS=node_ranks)
-    if enter_call:  # the call's only kernel: no reduce kernel or producer beside it reads the counter
+    if push_shard:  # AllGather+GEMM in one kernel: the push's side of the call is its own prologue
+        if not wait_for_rows:
+            raise ValueError("triton_dist gemm: push_shard is AllGather+GEMM's consumer (wait_for_rows=True)")
+        meta.update(PUSH_SHARD=True, ENTER_CALL=True, WORLD=world)
+    elif enter_call:  # the call's only kernel: no reduce kernel or producer beside it reads the counter
         if epilogue not in ("all_reduce", "reduce_own", "reduce_own_tma") or wait_for_rows:
             raise ValueError(f"triton_dist gemm: enter_call is for a call's only kernel (epilogue all_reduce, "
                              f"reduce_own or reduce_own_tma, no wait for rows), not epilogue {epilogue!r} with "
@@ -216,7 +222,8 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 WAIT_FOR_ROWS: tl.constexpr, half_elems=0, EPILOGUE: tl.constexpr = "store",
                 WORLD: tl.constexpr = 1, signal_region=0, out=None, chunk_n=1,
                 chunk_flags=None, tickets=None, timeline=None, TIMELINE: tl.constexpr = False,
-                NODE_RANKS: tl.constexpr = 0, ENTER_CALL: tl.constexpr = False):
+                NODE_RANKS: tl.constexpr = 0, ENTER_CALL: tl.constexpr = False, shard=None, gathered=None,
+                PUSH_SHARD: tl.constexpr = False):
     """``C = A @ B^T`` over a persistent grid. ``a_desc``: ``[M, K]`` block ``[BM, BK]``;
     ``b_desc``: ``[N, K]`` block ``[BN, BK]``; ``c_desc``: ``[M, N]`` block ``[BM, BN]``.
 
@@ -231,6 +238,10 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     GPU, published with release semantics at system scope); this program's rank is ``rank``.
     ``NODE_RANKS`` > 0: the world is nodes of that many ranks, walked own node first
     (:func:`~triton_dist.kernels.gemm.tile.own_node_first`). Unused otherwise (pass None).
+    ``PUSH_SHARD`` (with ``ENTER_CALL``, ``"sm_push_inline"``'s one launch): every program first
+    pushes its share of this rank's rows (``shard``, ``m_per_rank * K`` elements) into
+    ``gathered`` here and on every peer, ``WORLD`` ranks, ``tickets`` as the push's
+    (:func:`~triton_dist.kernels.gemm.shard_push.push_shard_first`).
 
     ``SIGNAL_ROWS`` (the GEMM+ReduceScatter producer, :mod:`~triton_dist.kernels.gemm.gemm_rs`):
     ``M = WORLD * m_per_rank``, rows ``[d * m_per_rank, (d + 1) * m_per_rank)`` of C go to rank
@@ -302,7 +313,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     ``TIMELINE``: stamps into ``timeline`` (:mod:`triton_dist.language.timeline`) for each tile: its
     start, the end of its wait (``WAIT_FOR_ROWS``), the end of its K loop and of its epilogue.
 
-    ``ENTER_CALL`` (``"all_reduce"``, ``"reduce_own"``, ``"reduce_own_tma"``): the kernel is its
+    ``ENTER_CALL`` (``"all_reduce"``, ``"reduce_own"``, ``"reduce_own_tma"``, ``PUSH_SHARD``): the kernel is its
     call's only one and takes the epoch from
     :func:`~triton_dist.kernels.common.call_counter.enter_call` (``calls``: two int64) instead of
     reading a counter bumped before it."""
@@ -319,7 +330,9 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     k_tiles = tl.cdiv(K, BK)
     num_tiles = num_m * num_n
     if WAIT_FOR_ROWS:
-        epoch = tl.load(calls)
+        epoch = call_epoch(calls, ENTER_CALL)
+        if PUSH_SHARD:
+            push_shard_first(shard, gathered, signals, tickets, epoch, m_per_rank * K, WORLD)
         shift = (rank * m_per_rank) // BM  # the m-tile holding this rank's first row
     if ALL_REDUCE:
         epoch = call_epoch(calls, ENTER_CALL)

@@ -18,7 +18,7 @@ COPY_ENGINE_HOST_US = {"ag_gemm": 325.0, "gemm_rs": 355.0}
 (``ag_gemm``'s ``"ce_push"``, ``gemm_rs``'s ``"fused_ce"``): bench/host_overhead.py ``--methods``,
 world 2 on one H100 under MPS, the higher of two runs on two machines of the same kind
 (2026-12-07: 274.8 and 324.6 µs; 191.1 and 355.0 µs), against 52-65 for ``"sm_push_inline"``
-(two launches) and 31-39 for ``"fused"`` (one). The higher one, because the two mistakes cost
+(then two launches, now one) and 31-39 for ``"fused"`` (one). The higher one, because the two mistakes cost
 differently: taking the few-launch producer for a GEMM that would have hidden the host time costs
 a few percent of its GPU time, taking the copy engine's for one that does not leaves the GPU
 idle for the difference. A copy-engine call issues a launch, a copy or a stream-memory operation
@@ -36,9 +36,9 @@ def host_bound_eager(op: str, flops: float, eager: bool) -> bool:
     ``"gemm_rs"``) whose GEMM does ``flops`` would wait on the host with the copy-engine producer:
     its estimated GPU time (:data:`EAGER_GEMM_TFLOPS`) below that producer's host time per call
     (:data:`COPY_ENGINE_HOST_US`). Eager calls issue one after another, so such a call costs its
-    host time, and the producer of one or two launches is the faster one, though its GPU time is
-    longer (``"fused"``: 1-6 % over ``"fused_ce"``, gemm_rs.json; ``"sm_push_inline"``: the
-    gather before the GEMM instead of beside it, not yet timed on two GPUs). In a graph the host
+    host time, and the producer of one launch is the faster one, though its GPU time is
+    longer (``"fused"``: 1-6 % over ``"fused_ce"``, gemm_rs.json; ``"sm_push_inline"``: each
+    program's push before its tiles instead of beside the GEMM, not yet timed on two GPUs). In a graph the host
     time is paid once, at capture."""
     return eager and flops / (EAGER_GEMM_TFLOPS * 1e6) < COPY_ENGINE_HOST_US[op]
 
