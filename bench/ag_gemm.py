@@ -13,7 +13,7 @@ its bandwidth, decides).
 - ``ours_us``: ``ops.ag_gemm`` with one context per shape (the default ``"ce_push"`` producer);
   ``ce_pull_us``: the same with a ``method="ce_pull"`` context (the GEMM reads ordinary memory);
   ``sm_push_us``: with a ``method="sm_push"`` context (the rows pushed by a kernel of a few SMs);
-  ``sm_push_inline_us``: with a ``method="sm_push_inline"`` context (that kernel before the GEMM);
+  ``sm_push_inline_us``: with a ``method="sm_push_inline"`` context (the GEMM's programs push first);
 - outside CUDA graphs: ``ours_eager_us`` (``ops.ag_gemm`` with ``method="auto"`` and no context:
   the producer ``auto_eager_method`` names, kernels/gemm/policy.py) and ``torch_nccl_eager_us``;
 - ``torch_nccl_us``: ``dist.all_gather_into_tensor`` + ``torch.matmul(A, B.T)``;

@@ -313,7 +313,7 @@ def test_ag_gemm_bad_inputs():
 def test_ag_gemm_inline_calls_replay_their_launches(replays):
     """200 ``method="sm_push_inline"`` calls of one shape, fresh seeded inputs, a new out and a
     given poisoned out in turn: all but the first call of each form are replayed
-    (triton_dist.eager_calls: the push kernel and the GEMM again), and every element is right."""
+    (triton_dist.eager_calls: the one GEMM that pushes first, again), and every element is right."""
     from triton_dist import eager_calls
 
     m, n, k = 40, 256, 512

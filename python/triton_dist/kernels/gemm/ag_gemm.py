@@ -159,7 +159,9 @@ made by a kernel of a few SMs; see the module notes) or ``"sm_push_inline"`` (th
 push first, one launch a call on the caller's stream, for host-bound eager calls)."""
 
 PUSH_METHODS = ("sm_push", "sm_2d", "sm_push_inline")
-"""The methods whose rows a kernel of ``push_programs`` programs sends."""
+"""The methods whose rows SMs push (``"sm_push"``, ``"sm_2d"``: a kernel of ``push_programs``
+programs beside the GEMM; ``"sm_push_inline"``: the GEMM's own programs, or that kernel before the
+grouped GEMM's consumer)."""
 
 PUSH_PROGRAMS = 8
 """``"sm_push"``'s programs (and SMs taken from the GEMM) by default. Only 8 was measured
