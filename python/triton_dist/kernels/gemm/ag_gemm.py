@@ -170,7 +170,6 @@ up, where the 8 SMs cost the GEMM more than the copy engine's latency.
 With fewer SMs (ranks sharing a GPU under MPS) the default is at most half of those the shared-GPU
 headroom (:func:`triton_dist.residency.headroom_sms`) leaves, so that the GEMM keeps the rest."""
 
-
 ag_gemm_consumer_kernel = DistributedKernel(_gemm.gemm_kernel)
 """:func:`triton_dist.kernels.gemm.dense.gemm_kernel` launched with ``WAIT_FOR_ROWS=True`` and the
 language's libraries linked in."""
