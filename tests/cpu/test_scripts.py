@@ -168,6 +168,18 @@ def test_gpu_test_option_rules(args, message):
     assert run.returncode == 2 and message in run.stdout, run.stdout + run.stderr
 
 
+def test_gpu_test_writes_its_summary_with_what_produced_it(tmp_path):
+    """$OUT/summary.txt: one line naming the commit and the arguments, then the printed summary's
+    lines (a budget of one second: the build, then every step listed as not run)."""
+    env = dict(os.environ, OUT=str(tmp_path), TRITON_DIST_COMMIT="abc1234")
+    run = subprocess.run(["bash", "scripts/gpu-test", "--parts", "lifecycle", "--budget-s", "1"], cwd=_ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    head, *lines = (tmp_path / "summary.txt").read_text().splitlines()
+    assert "commit abc1234" in head and head.endswith("scripts/gpu-test --parts lifecycle --budget-s 1"), head
+    printed = run.stdout.split("== summary", 1)[1].splitlines()[1:]
+    assert lines and lines == printed[:len(lines)] and "build (pip install .)" in lines[0], run.stdout
+
+
 _SANITIZER_PROBE = """\
 ========= Program hit CUDA_ERROR_NOT_FOUND (error 500) due to "named symbol not found" on CUDA API call to cuModuleGetGlobal_v2.
 =========     Saved host backtrace up to driver entry point at error
