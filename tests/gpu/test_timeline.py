@@ -5,6 +5,7 @@ trace JSON loads; a plain call after the recording runs without stamps."""
 
 import json
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -29,10 +30,11 @@ def _tiles_ok(spans, expected_tiles):
     return ok
 
 
-def test_ag_gemm_timeline(tmp_path):
+@pytest.mark.parametrize("producer", ["ce_push", "sm_push_inline"])  # sm_push_inline: its GEMM pushes first
+def test_ag_gemm_timeline(tmp_path, producer):
     m, n, k = 512, 1024, 512
     world = dist.get_world_size()
-    ctx = AllGatherGemmContext(m, k, torch.bfloat16)
+    ctx = AllGatherGemmContext(m, k, torch.bfloat16, method=producer)
     a = rank_randn((m, k), torch.bfloat16, 1)
     b = rank_randn((n, k), torch.bfloat16, 2)
     plain = ops.ag_gemm(a, b, context=ctx)
@@ -60,7 +62,7 @@ def test_ag_gemm_timeline(tmp_path):
     after = ops.ag_gemm(a, b, context=ctx)  # outside the recording: the unstamped variant, same result
     torch.cuda.synchronize()
     ok &= torch.equal(after, plain)
-    all_ranks_agree(ok, f"ag_gemm timeline: {tdist.timeline.summary(spans).get(dist.get_rank())}")
+    all_ranks_agree(ok, f"ag_gemm {producer} timeline: {tdist.timeline.summary(spans).get(dist.get_rank())}")
 
 
 def test_gemm_rs_timeline():
