@@ -341,9 +341,9 @@ def _check_aligned(op: str, name: str, t) -> None:
 def ag_gemm(a_shard, b, *, out=None, method: str = "auto", context=None):
     """AllGather+GEMM: ``allgather(a_shard) @ b.T``, every rank's ``a_shard`` concatenated along dim
     0 in rank order, times ``b`` transposed; returns ``out`` (``[world * m, N]``; a new tensor when
-    None). The gather (the producer, on a side stream; ``"sm_push_inline"``: before the GEMM on the
-    current stream) overlaps the GEMM (persistent Triton kernel, the current stream) tile by tile;
-    see :mod:`triton_dist.kernels.gemm.ag_gemm`.
+    None). The gather (the producer, on a side stream; ``"sm_push_inline"``: in the GEMM's own
+    programs, before their tiles) overlaps the GEMM (persistent Triton kernel, the current stream)
+    tile by tile; see :mod:`triton_dist.kernels.gemm.ag_gemm`.
 
     ``method``: the producer, one of :data:`~triton_dist.kernels.gemm.ag_gemm.METHODS`:
     ``"ce_push"`` (copy engines push each shard to every peer), ``"ce_pull"`` (copy engines pull
