@@ -90,10 +90,12 @@ def test_consumer_loads_of_a_depend_on_the_wait(config, node_ranks):
 @pytest.mark.parametrize("config", sorted(gemm_module.CONFIGS))
 def test_one_launch_consumer_pushes_its_rows_before_its_tiles(config, world):
     """sm_push_inline's one launch: the epoch from enter_call (an acq_rel ticket at GPU scope on
-    the counter's count), this rank's rows into its own slot (16-byte stores, before any wait), a
-    GPU-scope ticket and release for the own slot's ready, then sm_push's per-peer protocol (an
-    ack and a ready released at system scope per peer, a system-scope ticket per peer), and the
-    tiles' TMA loads of A still behind a wait; no spills beyond the plain consumer's."""
+    the counter's count), the push's shares claimed at run time (relaxed GPU-scope adds on one
+    counter, before the loop and at its end, and the last claimant's reset of it), this rank's rows
+    into its own slot (16-byte stores, before any wait), a GPU-scope ticket and release for the own
+    slot's ready, then sm_push's per-peer protocol (an ack and a ready released at system scope per
+    peer, a system-scope ticket per peer), and the tiles' TMA loads of A still behind a wait; no
+    spills beyond the plain consumer's."""
     peers = world - 1
     compiled = _compile(config, "bf16", True, push_world=world)
     ptx = compiled.asm["ptx"]
@@ -109,6 +111,9 @@ def test_one_launch_consumer_pushes_its_rows_before_its_tiles(config, world):
     sys_tickets = re.findall(r"atom\.(?:global\.)?sys\.acq_rel\.(?:global\.)?add|"
                              r"atom\.acq_rel\.sys\.(?:global\.)?add", ptx)
     assert len(sys_tickets) == peers, sys_tickets
+    claims = re.findall(r"atom\.global\.gpu\.relaxed\.add\.u32 %r\d+, \[ (%rd\d+) \+ 0 \]", ptx)
+    assert len(claims) == 2 and claims[0] == claims[1], claims
+    assert re.search(rf"atom\.global\.gpu\.relaxed\.exch\.b32 %r\d+, \[ {claims[0]} \+ 0 \]", ptx)
     lines = ptx.splitlines()
     first_store = min(i for i, line in enumerate(lines) if "st.global.v4" in line)
     assert first_store < min(i for i, line in enumerate(lines) if _SPIN in line)

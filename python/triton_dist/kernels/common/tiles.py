@@ -60,7 +60,14 @@ def copy_program_tiles(dst, src, n, tiles, BLOCK: tl.constexpr):
     """``dst[i] = src[i]`` for ``i < n`` over this program's share of ``tiles`` ``BLOCK``-element
     tiles (tiles ``pid, pid + grid, ...``; whole tiles unmasked, only the one straddling ``n``
     masked)."""
-    each_tile(_copy_offsets, (dst, src), tl.program_id(0), tiles, tl.num_programs(0), n, 1, BLOCK)
+    copy_share_tiles(dst, src, n, tiles, tl.program_id(0), BLOCK)
+
+
+@triton.jit
+def copy_share_tiles(dst, src, n, tiles, share, BLOCK: tl.constexpr):
+    """:func:`copy_program_tiles` of share ``share`` of the grid's (tiles ``share, share + grid,
+    ...``), whichever program runs it (:mod:`~triton_dist.kernels.common.claims`)."""
+    each_tile(_copy_offsets, (dst, src), share, tiles, tl.num_programs(0), n, 1, BLOCK)
 
 
 @triton.jit

@@ -88,22 +88,26 @@ engine's (bench/results/h200-x2/allgather.json, small messages: ``sm_push`` in a
 
 ``"sm_push_inline"`` (``method="sm_push_inline"``): ``sm_push``'s protocol inside the GEMM, one
 kernel on the caller's stream ``S`` and no side stream. Every program of the GEMM first takes the
-call's epoch from :func:`~triton_dist.kernels.common.call_counter.enter_call` (no bump), copies its
-share of this rank's rows from ``A_shard`` into slot ``me`` of the local ``gathered`` (the last to
-finish sets ``ready[me] = k`` here), then of every peer's (each peer after its ack, as
-``sm_push``), and only then walks its tiles, waiting for the peers' rows
-(:func:`~triton_dist.kernels.gemm.shard_push.push_shard_first`). One launch a call and no event,
-against ``sm_push``'s eight stream operations (bump, copy, two joins, push, GEMM): for eager calls
-whose host time exceeds their GPU time (issue 21: ~9 µs of host time per driver call with ranks
-sharing a GPU under MPS). What it costs: a program's first tile waits for its own share of the
-push; the overlap left is across ranks and programs (a peer's tiles beside this push). Why no
-deadlock: the push waits only for acks that the peers' programs send first thing (for the
-previous call, whose kernel ended before theirs on their streams); a tile waits for peers'
-pushes, which need no tile to finish, and for ``ready[me]``, which every program of this grid
-(co-resident) reaches before its first tile. The AllGather+grouped-GEMM context with this producer
-keeps it as a kernel of its own before its consumer (:func:`ag_gemm_push_inline_kernel`: there
-``ready[me]`` is set by program 0 before the other programs' copies end, harmless as the consumer
-starts after the whole kernel on the same stream).
+call's epoch from :func:`~triton_dist.kernels.common.call_counter.enter_call` (no bump); then the
+running programs claim the push's shares one at a time (:mod:`~triton_dist.kernels.common.claims`):
+a share is its part of this rank's rows copied from ``A_shard`` into slot ``me`` of the local
+``gathered`` (the last share to finish sets ``ready[me] = k`` here), then into every peer's (each
+peer after its ack, as ``sm_push``); a program walks its tiles, waiting for the peers' rows, once
+no share is left (:func:`~triton_dist.kernels.gemm.shard_push.push_shard_first`). One launch a
+call and no event, against ``sm_push``'s eight stream operations (bump, copy, two joins, push,
+GEMM): for eager calls whose host time exceeds their GPU time (issue 21: ~9 µs of host time per
+driver call with ranks sharing a GPU under MPS). What it costs: a program's first tile waits for
+the push; the overlap left is across ranks (a peer's tiles beside this push). Why no deadlock: the
+push waits only for acks, sent with share 0, which the first program to run claims (for the
+previous call, whose kernel ended before this one on the peer's stream); a tile waits for peers'
+pushes, which need no tile to finish, and for ``ready[me]``, which the running programs set
+between them. Claims rather than each program's own share: a grid sized to the SMs is not always
+co-resident (ranks sharing a GPU under MPS: at world 4 beside 3 other ranks, a program that never
+started held the last share of ``ready[me]`` and the call waited 60 s, 2026-12-07). The
+AllGather+grouped-GEMM context with this producer keeps it as a kernel of its own before its
+consumer (:func:`ag_gemm_push_inline_kernel`: there ``ready[me]`` is set by program 0 before the
+other programs' copies end, harmless as the consumer starts after the whole kernel on the same
+stream).
 
 SMs: the consumer spins while the producer's kernels still have to run on this GPU, so the
 GEMM's persistent grid leaves SMs free (its programs use > 114 KiB of shared memory each, so at
@@ -182,7 +186,7 @@ def ag_gemm_push_kernel(gathered, signals, calls, tickets, n, WORLD: tl.constexp
     :func:`ag_gemm_signal_kernel` phases 0 and 1. ``tickets``: ``WORLD`` int32 counters, zero
     between calls. ``n``: a multiple of 8."""
     slot = dl.rank().to(tl.int64) * ((n // 8) * 8)  # == me * n, with the divisibility fact for 16-byte vectors
-    push_rows(gathered + slot, gathered, signals, tickets, tl.load(calls), n, WORLD, BLOCK)
+    push_rows(gathered + slot, gathered, signals, tickets, tl.load(calls), n, tl.program_id(0), WORLD, BLOCK)
 
 
 @jit(do_not_specialize=["n"])
@@ -195,7 +199,7 @@ def ag_gemm_push_inline_kernel(shard, gathered, signals, calls, tickets, n, WORL
     k = enter_call(calls)
     slot = dl.rank().to(tl.int64) * ((n // 8) * 8)
     copy_program_tiles(gathered + slot, shard, n, tl.cdiv(n, BLOCK), BLOCK)
-    push_rows(shard, gathered, signals, tickets, k, n, WORLD, BLOCK)
+    push_rows(shard, gathered, signals, tickets, k, n, tl.program_id(0), WORLD, BLOCK)
 
 
 @jit(do_not_specialize=["peer"])
@@ -310,9 +314,10 @@ class AllGatherGemmContext(OverlappedGemmContext):
         w = self.world
         self.pad = SignalPad(3 * w, owner="AllGatherGemmContext",
                              regions=[("ready", 0, w), ("ack or pulled", w, w), ("published", 2 * w, w)])
-        self.tickets = torch.zeros(self.world * self.world, dtype=torch.int32, device=self.device)
+        self.tickets = torch.zeros(self.world * self.world + 1, dtype=torch.int32, device=self.device)
         """``"sm_push"`` and ``"sm_push_inline"``: per peer, ``"sm_2d"``: per (rows of rank, peer),
-        the push programs that finished their share (zero between calls)."""
+        the push shares that finished (zero between calls); the last, ``"sm_push_inline"``'s
+        claims of the push's shares."""
         self.local_world = _runtime.local_world_size()
         """Ranks per node (``"sm_2d"``'s ``LOCAL``)."""
         exposed = self.shard if pull else self.gathered
