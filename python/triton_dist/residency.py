@@ -41,6 +41,15 @@ and ``gemm_rs`` ``"fused_ce"`` hung likewise. With MPS static SM partitions (the
 with ``-S``, each rank on a partition of its own, ``CUDA_MPS_SM_PARTITION``; what
 ``scripts/gpu-test --ranks-per-gpu`` sets up where the driver has them) a rank's free SMs are its
 own, and the headroom holds by construction.
+
+Waits inside one grid need the rule most: a program that waits for a share of work held by a
+program of its own grid that never started waits for ever. ``ag_gemm``'s one-launch
+``"sm_push_inline"`` did so at world 4 beside 6 other MPS clients (2026-12-07, after 7 calls);
+its push's shares are now claimed by whichever programs run
+(:mod:`~triton_dist.kernels.common.claims`), which needs no program resident but the running
+ones. Grids whose tiles are assigned statically and wait for tiles of another rank's grid (the
+persistent GEMMs' epilogues) still rely on the rule; claiming their tiles in the same way is the
+remedy should one of them be seen to hang.
 """
 
 from __future__ import annotations
