@@ -44,7 +44,7 @@ own, and the headroom holds by construction.
 
 Waits inside one grid need the rule most: a program that waits for a share of work held by a
 program of its own grid that never started waits for ever. ``ag_gemm``'s one-launch
-``"sm_push_inline"`` did so at world 4 beside 6 other MPS clients (2026-12-07, after 7 calls);
+``"sm_push_inline"`` did so at world 4, 7 MPS clients on one H100 (2026-12-07, in a context's 8th call);
 its push's shares are now claimed by whichever programs run
 (:mod:`~triton_dist.kernels.common.claims`), which needs no program resident but the running
 ones. Grids whose tiles are assigned statically and wait for tiles of another rank's grid (the

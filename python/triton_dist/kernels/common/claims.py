@@ -3,10 +3,11 @@ take, so that a kernel whose programs wait for each other's shares needs no prog
 but the ones already running.
 
 A persistent grid sized to the SMs is co-resident only while nothing else holds them: ranks that
-share a GPU under MPS each get a percentage of the SMs, rounded up per client, and 7 clients at 14 %
-asked for more SMs than an H100 has (2026-12-07: the one-launch AllGather+GEMM waited 60 s on a
-ready flag whose last share belonged to a program that never started). With claims the running
-programs take every share, so every flag they wait for is set by programs that are running.
+share a GPU under MPS each get a cap on SMs, not a reservation (:mod:`triton_dist.residency`), so
+another client's spinning programs can keep some of a grid's programs from starting (2026-12-07,
+7 clients on one H100: the one-launch AllGather+GEMM waited 60 s on a ready flag whose last share
+belonged to a program that never started). With claims the running programs take every share, so
+every flag they wait for is set by programs that are running.
 
 Each program calls :func:`claim` until it gets a value of ``grid`` or more. A call makes exactly
 ``2 * grid`` claims (one success per share, one failure per program), so the program whose failed

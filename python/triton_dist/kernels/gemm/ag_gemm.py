@@ -102,8 +102,8 @@ push waits only for acks, sent with share 0, which the first program to run clai
 previous call, whose kernel ended before this one on the peer's stream); a tile waits for peers'
 pushes, which need no tile to finish, and for ``ready[me]``, which the running programs set
 between them. Claims rather than each program's own share: a grid sized to the SMs is not always
-co-resident (ranks sharing a GPU under MPS: at world 4 beside 3 other ranks, a program that never
-started held the last share of ``ready[me]`` and the call waited 60 s, 2026-12-07). The
+co-resident (ranks sharing a GPU under MPS: at world 4, 7 clients on one H100, a program that
+never started held the last share of ``ready[me]`` and the call waited 60 s, 2026-12-07). The
 AllGather+grouped-GEMM context with this producer keeps it as a kernel of its own before its
 consumer (:func:`ag_gemm_push_inline_kernel`: there ``ready[me]`` is set by program 0 before the
 other programs' copies end, harmless as the consumer starts after the whole kernel on the same
