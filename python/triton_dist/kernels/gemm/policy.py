@@ -17,7 +17,8 @@ COPY_ENGINE_HOST_US = {"ag_gemm": 325.0, "gemm_rs": 355.0}
 """Host µs to issue one eager call of the copy-engine producer ``"auto"`` runs under a CUDA graph
 (``ag_gemm``'s ``"ce_push"``, ``gemm_rs``'s ``"fused_ce"``): bench/host_overhead.py ``--methods``,
 world 2 on one H100 under MPS, the higher of two runs on two machines of the same kind
-(2026-12-07: 274.8 and 324.6 µs; 191.1 and 355.0 µs; a third run, at f3e8957, 223.3 and 218.0),
+(2026-12-07: 274.8 and 324.6 µs; 191.1 and 355.0 µs; a third run,
+bench/results/h100-x2/host_overhead_shared_gemm_methods.json, 223.3 and 218.0),
 against 52-65 for ``"sm_push_inline"`` when it was two launches (24.7 as one, the third run) and
 27-39 for ``"fused"`` (one). The higher one, because the two mistakes cost
 differently: taking the few-launch producer for a GEMM that would have hidden the host time costs
