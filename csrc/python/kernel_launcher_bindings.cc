@@ -1,11 +1,13 @@
 // triton_dist._C.KernelLauncher: the eager launch path's one call per kernel. Arguments arrive as
 // Python objects (ints, floats, bools, None, anything with data_ptr(), such as a torch tensor, or a
 // host TensorDescriptor) and are classified here as Triton would, so that the Python side passes
-// them through untouched.
+// them through untouched. KernelLauncher.bind() gives its bound form (BoundLaunch): every argument
+// but a call's tensors classified once, what a LaunchPlan launches again and again.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -55,13 +57,11 @@ bool fill_tensor_map(nb::handle shape, nb::handle strides, nb::handle base, bool
   return true;
 }
 
-// A `(tensor, block_shape)` pair in a descriptor's place (LaunchPlan's TMA slots): the descriptor
-// TensorDescriptor.from_tensor(tensor, block_shape) would make, read straight from the tensor
+// `tensor` in the place of a descriptor of the variant's block (LaunchPlan's TMA slots): the
+// descriptor TensorDescriptor.from_tensor(tensor, block) would make, read straight from the tensor
 // (making that Python object cost 3 µs a call), with the checks its constructor makes: a 16-byte
 // aligned base (argument_fit), positive sizes, a contiguous last dimension and 16-byte strides.
-bool classify_tensor_operand(nb::handle h, const nb::object& dtype, const nb::object& block, tdist::ParamValue& v) {
-  nb::handle tensor(PyTuple_GET_ITEM(h.ptr(), 0));
-  if (!same_ints(PyTuple_GET_ITEM(h.ptr(), 1), block)) return false;
+bool classify_tensor_operand(nb::handle tensor, const nb::object& dtype, tdist::ParamValue& v) {
   if (!PyObject_HasAttrString(tensor.ptr(), "data_ptr") || !tensor.attr("dtype").is(dtype)) return false;
   if (!fill_tensor_map(tensor.attr("shape"), tensor.attr("stride")(), tensor, false, v)) return false;
   const std::int64_t element_bytes = nb::cast<std::int64_t>(dtype.attr("itemsize"));
@@ -74,7 +74,9 @@ bool classify_tensor_operand(nb::handle h, const nb::object& dtype, const nb::ob
 // padding) of the variant's block shape and base dtype, or a (tensor, block_shape) pair
 // (classify_tensor_operand), into `v`; false for anything else.
 bool classify_descriptor(nb::handle h, const nb::object& dtype, const nb::object& block, tdist::ParamValue& v) {
-  if (PyTuple_Check(h.ptr()) && PyTuple_GET_SIZE(h.ptr()) == 2) return classify_tensor_operand(h, dtype, block, v);
+  if (PyTuple_Check(h.ptr()) && PyTuple_GET_SIZE(h.ptr()) == 2)  // (tensor, block_shape)
+    return same_ints(PyTuple_GET_ITEM(h.ptr(), 1), block) &&
+           classify_tensor_operand(PyTuple_GET_ITEM(h.ptr(), 0), dtype, v);
   if (!nb::hasattr(h, "block_shape") || !nb::hasattr(h, "base")) return false;
   if (!same_ints(h.attr("block_shape"), block)) return false;
   nb::object base = h.attr("base");
@@ -133,9 +135,104 @@ bool classify(nb::handle h, const nb::object& dtype, tdist::ParamValue& v) {
   return true;
 }
 
+// Argument `i` of `launcher`'s variant as a call gives it (classify, or classify_descriptor where
+// the variant takes a descriptor).
+bool classify_argument(const PyKernelLauncher& launcher, std::size_t i, nb::handle h, tdist::ParamValue& v) {
+  return launcher.blocks[i].is_none() ? classify(h, launcher.dtypes[i], v)
+                                      : classify_descriptor(h, launcher.dtypes[i], launcher.blocks[i], v);
+}
+
+// Where a call's tensor goes: runtime argument `at` takes the call's tensor `index`, as a pointer
+// or, where the variant takes a descriptor, as the tensor in its place (classify_tensor_operand).
+struct TensorSlot {
+  std::size_t at;
+  std::size_t index;
+};
+
+// A launcher with its grid and every runtime argument but a call's tensors classified once: a
+// call classifies `arity` tensors, not every argument (a LaunchPlan's context buffers, counts and
+// ranks, a tensor's classification being two Python attribute lookups and a call). The fixed
+// arguments stay referenced (`fixed`): the addresses classified from them must stay theirs.
+struct PyBoundLaunch {
+  nb::object launcher_ref;  // keeps `launcher` alive
+  PyKernelLauncher* launcher;
+  unsigned grid[3];
+  std::vector<tdist::ParamValue> values;  // the fixed arguments; the slots' entries are per call
+  std::vector<TensorSlot> slots;
+  std::size_t arity;
+  nb::object fixed;
+
+  // Classifies the call's tensors into their slots; false when one is not this variant's (the
+  // rules are checked by KernelLauncher::launch). `tensors` must hold `arity` of them.
+  bool classify_tensors(nb::handle tensors, std::array<tdist::ParamValue, kMaxArguments>& call) const {
+    std::copy(values.begin(), values.end(), call.begin());
+    for (const TensorSlot& slot : slots) {
+      nb::handle t(PyTuple_GET_ITEM(tensors.ptr(), static_cast<Py_ssize_t>(slot.index)));
+      const bool fits = launcher->blocks[slot.at].is_none()
+                            ? classify(t, launcher->dtypes[slot.at], call[slot.at])
+                            : classify_tensor_operand(t, launcher->dtypes[slot.at], call[slot.at]);
+      if (!fits) return false;
+    }
+    return true;
+  }
+};
+
+// `launcher` bound to `args` (every runtime argument, the slots' entries ignored) and `slots`
+// ((at, index, block) each; block: None, or the descriptor block a plan's TMA slot gives, which
+// must be the variant's); None when a fixed argument is not this variant's (the plan's calls then
+// take the launcher list's other variants or Triton's path).
+nb::object bind_launch(nb::handle self_handle, unsigned grid_x, unsigned grid_y, unsigned grid_z, nb::sequence args,
+                       nb::sequence slots, std::size_t arity) {
+  PyKernelLauncher& self = nb::cast<PyKernelLauncher&>(self_handle);
+  const std::size_t n = self.dtypes.size();
+  if (nb::len(args) != n) return nb::none();
+  std::vector<bool> is_slot(n, false);
+  std::vector<TensorSlot> tensor_slots;
+  for (nb::handle entry : slots) {
+    const auto at = nb::cast<std::size_t>(entry[0]);
+    const auto index = nb::cast<std::size_t>(entry[1]);
+    nb::object block = entry[2];
+    TDIST_CHECK(at < n && index < arity && !is_slot[at], self.core.rank(), "KernelLauncher.bind",
+                self.core.name() << ": slot (" << at << ", " << index << ") outside " << n << " arguments and "
+                                 << arity << " tensors, or given twice");
+    // A descriptor slot's block must be the variant's (its whole specialisation); a plain slot
+    // takes a pointer argument.
+    if (block.is_none() != self.blocks[at].is_none()) return nb::none();
+    if (!block.is_none() && !same_ints(block, self.blocks[at])) return nb::none();
+    is_slot[at] = true;
+    tensor_slots.push_back({at, index});
+  }
+  std::vector<tdist::ParamValue> values(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (is_slot[i]) continue;
+    if (!classify_argument(self, i, args[i], values[i])) return nb::none();
+    if (tdist::argument_fit(self.core.rule(i), values[i]) != tdist::ArgumentFit::kFits) return nb::none();
+  }
+  return nb::cast(PyBoundLaunch{nb::borrow(self_handle), &self, {grid_x, grid_y, grid_z}, std::move(values),
+                                std::move(tensor_slots), arity, nb::borrow(args)});
+}
+
 }  // namespace
 
 void bind_kernel_launcher(nb::module_& m) {
+  nb::class_<PyBoundLaunch>(m, "BoundLaunch",
+                            "A KernelLauncher bound to a grid and every runtime argument but a call's tensors "
+                            "(KernelLauncher.bind): a LaunchPlan's launch, one C++ call that classifies only the "
+                            "call's tensors.")
+      .def(
+          "launch",
+          [](PyBoundLaunch& self, std::uintptr_t stream, nb::args tensors) {
+            if (tensors.size() != self.arity) return false;
+            std::array<tdist::ParamValue, kMaxArguments> call;
+            if (!self.classify_tensors(tensors, call)) return false;
+            return self.launcher->core.launch(self.grid, reinterpret_cast<CUstream>(stream), call.data(),
+                                              self.values.size());
+          },
+          "stream"_a, "tensors"_a,
+          "Launch on `stream` with the call's tensors (`arity` of them) in their slots; False (nothing "
+          "launched) when they are not this variant's.")
+      .def_ro("arity", &PyBoundLaunch::arity);
+
   nb::class_<PyKernelLauncher>(
       m, "KernelLauncher",
       "A loaded Triton kernel variant launched with cuLaunchKernelEx from a parameter block laid out once "
@@ -195,10 +292,7 @@ void bind_kernel_launcher(nb::module_& m) {
             if (n != self.dtypes.size()) return false;
             std::array<tdist::ParamValue, kMaxArguments> values;
             for (std::size_t i = 0; i < n; ++i) {
-              const bool fits = self.blocks[i].is_none() ? classify(args[i], self.dtypes[i], values[i])
-                                                         : classify_descriptor(args[i], self.dtypes[i], self.blocks[i],
-                                                                               values[i]);
-              if (!fits) return false;
+              if (!classify_argument(self, i, args[i], values[i])) return false;
             }
             const unsigned grid[3] = {grid_x, grid_y, grid_z};
             return self.core.launch(grid, reinterpret_cast<CUstream>(stream), values.data(), n);
@@ -206,6 +300,10 @@ void bind_kernel_launcher(nb::module_& m) {
           "grid_x"_a, "grid_y"_a, "grid_z"_a, "stream"_a, "args"_a,
           "Launch with these runtime arguments on `stream`; False (nothing launched) when they are not this "
           "variant's (another kind, dtype, alignment or constant), so that the caller takes Triton's path.")
+      .def("bind", &bind_launch, "grid_x"_a, "grid_y"_a, "grid_z"_a, "args"_a, "slots"_a, "arity"_a,
+           "This variant bound to a grid and every runtime argument but the call's tensors (`args`: all of "
+           "them, the slots' entries ignored; `slots`: (argument, tensor index, descriptor block or None) each); "
+           "None when a fixed argument is not this variant's.")
       .def_prop_ro("name", [](const PyKernelLauncher& self) { return self.core.name(); })
       .def_prop_ro("arguments", [](const PyKernelLauncher& self) { return self.core.arguments(); })
       .def_prop_ro("kernel_parameters", [](const PyKernelLauncher& self) { return self.core.kernel_param_count(); });

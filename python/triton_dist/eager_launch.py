@@ -248,20 +248,77 @@ class PreparedLaunch:
         """Whether the Config it was prepared under is still the one in force."""
         return _config._current is self.config
 
+    def stream(self) -> int | None:
+        """The current stream, or None when a launch must take Triton's path: a launch hook is
+        installed, the Config is another, or the current device is another."""
+        if _launch_hooked() or _config._current is not self.config:
+            return None
+        device, stream = _device_and_stream()
+        return stream if device == self.device else None
+
     def launch(self, args) -> bool:
         """Launch with the runtime arguments ``args`` (by position; left-out trailing defaults
         are appended) on the current stream; False (nothing launched) when the current device is
         another, a launch hook is installed, the Config is another, or no learnt variant takes
         them: the caller then takes Triton's path."""
-        if _launch_hooked() or _config._current is not self.config:
-            return False
-        device, stream = _device_and_stream()
-        if device != self.device:
+        stream = self.stream()
+        if stream is None:
             return False
         gx, gy, gz = self.grid
         args = self.complete(args)
         for launcher in self.launchers:
             if launcher.launch(gx, gy, gz, stream, *args):
+                return True
+        return False
+
+    def bind(self, args, slots, arity: int) -> BoundLaunch:
+        """This launch with every runtime argument but a call's ``arity`` tensors fixed: ``args``
+        (by position; the slots' entries are placeholders), ``slots`` ``(argument, tensor index,
+        descriptor block or None)`` each."""
+        return BoundLaunch(self, tuple(self.complete(args)), tuple(slots), arity)
+
+
+class BoundLaunch:
+    """A :class:`PreparedLaunch` with its fixed arguments classified once in C++
+    (``_C.KernelLauncher.bind``): a call passes only its tensors, which C++ classifies and puts into
+    their slots. What a :class:`~triton_dist.kernels.common.launch_plan.LaunchPlan` launches again
+    and again: its context's buffers and integers are the same every call, and classifying a
+    tensor costs two Python attribute lookups and a call (``dtype``, ``data_ptr()``)."""
+
+    __slots__ = ("prepared", "args", "slots", "arity", "_bound", "_learnt")
+
+    def __init__(self, prepared: PreparedLaunch, args: tuple, slots: tuple, arity: int):
+        self.prepared = prepared
+        self.args, self.slots, self.arity = args, slots, arity
+        self._bound: list = []
+        self._learnt = 0
+        """How many of the prepared launch's learnt variants are bound (it learns more later)."""
+
+    def _stream(self) -> int | None:
+        """:meth:`PreparedLaunch.stream`, once every variant the prepared launch has learnt is
+        bound."""
+        prepared = self.prepared
+        stream = prepared.stream()
+        if stream is None:
+            return None
+        launchers = prepared.launchers
+        if self._learnt != len(launchers):
+            gx, gy, gz = prepared.grid
+            for launcher in launchers[self._learnt:]:
+                bound = launcher.bind(gx, gy, gz, self.args, self.slots, self.arity)
+                if bound is not None:
+                    self._bound.append(bound)
+            self._learnt = len(launchers)
+        return stream
+
+    def launch(self, tensors: tuple) -> bool:
+        """Launch with the call's ``tensors`` on the current stream; False (nothing launched) when
+        the prepared launch would decline or no bound variant takes them."""
+        stream = self._stream()
+        if stream is None:
+            return False
+        for bound in self._bound:
+            if bound.launch(stream, *tensors):
                 return True
         return False
 

@@ -260,6 +260,65 @@ def test_a_prepared_launch_keeps_tritons_path_under_a_launch_hook(launches, monk
     assert not prepared.launch(example())
 
 
+# Bound launches (what a LaunchPlan launches again and again): the fixed arguments classified once
+# in C++, a call's tensors in their slots.
+
+# scaled_copy(x, y, n, one, count, scale): x is the call's tensor 0, the rest fixed.
+X_SLOT = [(0, 0, None)]
+
+
+def test_a_bound_launch_classifies_only_the_calls_tensors(launches):
+    prepared = launches.prepare(NONE, META)
+    bound = prepared.bind(["x", None, 17, 1, 3, 0.5], X_SLOT, 1)
+    assert not bound.launch((FakeTensor(4096, BF16), ))  # nothing learnt yet
+    launches.learn(loaded(), example(), META)
+    assert bound.launch((FakeTensor(4096, BF16), ))
+    assert bound.launch((FakeTensor(1 << 40, BF16), ))
+    assert not bound.launch((FakeTensor(4104, BF16), ))  # misaligned: no bound variant takes it
+    assert not bound.launch((FakeTensor(4096, FP32), ))  # another dtype
+    assert not bound.launch((4096, ))  # a raw int is no tensor
+    assert not bound.launch((FakeTensor(4096, BF16), FakeTensor(4096, BF16)))  # another count of tensors
+    launches.learn(loaded(), (FakeTensor(4104, BF16), None, 17, 1, 3, 0.5), META)
+    assert bound.launch((FakeTensor(4104, BF16), ))  # the variant learnt later is bound on the next call
+
+
+@pytest.mark.parametrize("why,fixed", [
+    ("another folded constant", ["x", None, 17, 2, 3, 0.5]),
+    ("a value where None was folded", ["x", FakeTensor(4096, BF16), 17, 1, 3, 0.5]),
+    ("an i64 where the variant takes i32", ["x", None, 1 << 40, 1, 3, 0.5]),
+])
+def test_a_variant_whose_rules_the_fixed_arguments_break_is_not_bound(launches, why, fixed):
+    launches.learn(loaded(), example(), META)
+    prepared = launches.prepare(NONE, META)
+    assert prepared.launchers[0].bind(0, 1, 1, fixed, X_SLOT, 1) is None, why
+    assert not prepared.bind(fixed, X_SLOT, 1).launch((FakeTensor(4096, BF16), ))
+
+
+def test_a_bound_launch_declines_where_the_prepared_one_does(launches, monkeypatch):
+    from triton_dist import config
+
+    launches.learn(loaded(), example(), META)
+    bound = launches.prepare(NONE, META).bind(["x", None, 17, 1, 3, 0.5], X_SLOT, 1)
+    assert bound.launch((FakeTensor(4096, BF16), ))
+    monkeypatch.setattr(eager_launch, "_device_and_stream", lambda: (1, 0))
+    assert not bound.launch((FakeTensor(4096, BF16), ))  # another device
+    monkeypatch.setattr(eager_launch, "_device_and_stream", lambda: (0, 0))
+    monkeypatch.setattr(triton.knobs.runtime.launch_enter_hook, "calls", [lambda metadata: None])
+    assert not bound.launch((FakeTensor(4096, BF16), ))  # a profiler's hook sees every launch
+    monkeypatch.setattr(triton.knobs.runtime.launch_enter_hook, "calls", [])
+    monkeypatch.setattr(config, "_current", object())
+    assert not bound.launch((FakeTensor(4096, BF16), ))  # another Config
+
+
+def test_a_slot_outside_the_arguments_is_an_error_naming_the_kernel(launches):
+    launches.learn(loaded(), example(), META)
+    launcher = launches.prepare(NONE, META).launchers[0]
+    with pytest.raises(Exception, match="scaled_copy: slot \\(6, 0\\) outside 6 arguments"):
+        launcher.bind(0, 1, 1, ["x", None, 17, 1, 3, 0.5], [(6, 0, None)], 1)
+    with pytest.raises(Exception, match="or given twice"):
+        launcher.bind(0, 1, 1, ["x", None, 17, 1, 3, 0.5], [(0, 0, None), (0, 0, None)], 1)
+
+
 # Tensor descriptors (Config.eager_tensor_descriptors): the GEMM kernel compiled for sm_90 here.
 
 class HostDtype:

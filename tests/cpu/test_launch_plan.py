@@ -21,6 +21,26 @@ class Prepared:
             self.launched.append(list(args))
         return self.takes
 
+    def bind(self, args, slots, arity):
+        return Bound(self, list(args), slots, arity)
+
+
+class Bound:
+    """A BoundLaunch stand-in: the call's tensors into their slots of the fixed arguments, then its
+    prepared launch's answer (recorded in the same list)."""
+
+    def __init__(self, prepared, args, slots, arity):
+        self.prepared, self.args, self.slots, self.arity = prepared, args, slots, arity
+        self.launches = 0
+
+    def launch(self, tensors):
+        assert len(tensors) == self.arity
+        args = list(self.args)
+        for at, index, block in self.slots:
+            args[at] = tensors[index] if block is None else (tensors[index], block)
+        self.launches += 1
+        return self.prepared.launch(args)
+
 
 class Kernel:
     """A DistributedKernel stand-in: its run() is Triton's path; prepare() hands out one Prepared."""
@@ -51,6 +71,7 @@ def test_the_first_launch_takes_tritons_path_and_the_next_the_prepared_one():
     assert kernel.prepared.launched == [["x2", "out2", SIGNALS, 1000, COUNTER], ["x3", "x3", SIGNALS, 1000, COUNTER]]
     assert len(kernel.ran) == 1 and kernel.prepare_calls == 1
     assert plan.args == [X, OUT, SIGNALS, 1000, COUNTER]  # the template is never overwritten
+    assert plan._bound.launches == 2  # both through the bound launch (only the tensors passed)
 
 
 def test_a_declined_prepared_launch_falls_back_to_tritons_path():

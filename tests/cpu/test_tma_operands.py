@@ -56,3 +56,31 @@ def test_a_plain_operand_of_the_variants_block_and_dtype_is_taken():
 ])
 def test_an_operand_that_from_tensor_would_refuse_is_refused(operand, why):
     assert not _takes(operand), why
+
+
+# A LaunchPlan's descriptor slot, bound (KernelLauncher.bind): the call passes the tensor alone and
+# the launcher knows its block; the same checks apply.
+
+def _bound(block=BLOCK):
+    return _launcher().bind(0, 1, 1, [None, 7], [(0, 0, block)], 1)
+
+
+def test_a_bound_descriptor_slot_takes_the_tensor_itself():
+    assert _bound().launch(0, Tensor((1024, 4096)))
+    assert _bound().launch(0, Tensor((256, 4096), strides=(8192, 1)))
+
+
+@pytest.mark.parametrize("operand,why", [
+    (Tensor((1024, 4096), dtype=FP32), "another dtype"),
+    (Tensor((1024, 4096), address=0x7F0000000008), "a base TMA cannot take (16-byte alignment)"),
+    (Tensor((1024, 4100), strides=(4100, 1)), "rows not 16-byte aligned"),
+    (Tensor((0, 4096)), "an empty tensor"),
+    ((Tensor((1024, 4096)), BLOCK), "a (tensor, block) pair: the bound slot takes the tensor"),
+])
+def test_a_bound_descriptor_slot_refuses_what_from_tensor_would(operand, why):
+    assert not _bound().launch(0, operand), why
+
+
+def test_a_slot_of_another_block_or_none_for_a_descriptor_is_not_bound():
+    assert _bound([64, 64]) is None  # another block: another variant
+    assert _bound(None) is None  # a pointer slot where the variant takes a descriptor

@@ -144,8 +144,12 @@ class KernelLauncher {
 
   // The kernel's name, as errors give it.
   const std::string& name() const { return name_; }
+  // The rank errors name (-1: before the runtime's init).
+  int rank() const { return rank_; }
   // How many runtime arguments pack() and launch() take.
   std::size_t arguments() const { return rules_.size(); }
+  // Runtime argument i's rule (i < arguments()).
+  const ParamRule& rule(std::size_t i) const { return rules_.at(i); }
 
  private:
   // Writes argument i's CUtensorMap (cuTensorMapEncodeTiled), shape and strides, unless they hold

@@ -65,7 +65,7 @@ class LaunchPlan:
     only by name; ``kernel`` must then be a :func:`triton_dist.jit` kernel (its parameters say
     where each goes)."""
 
-    __slots__ = ("kernel", "grid", "args", "meta", "arity", "_slots", "_prepared", "_named", "_tma")
+    __slots__ = ("kernel", "grid", "args", "meta", "arity", "_slots", "_prepared", "_bound", "_named", "_tma")
 
     def __init__(self, kernel, grid: tuple, args: tuple, meta: dict, arity: int | None = None,
                  named: dict | None = None):
@@ -87,9 +87,16 @@ class LaunchPlan:
         self.arity = len(used) if arity is None else arity
         """How many tensors :meth:`launch` takes."""
         self._prepared = None
+        self._bound = None
+        """The prepared launch bound to the fixed arguments (:class:`~triton_dist.eager_launch.BoundLaunch`):
+        a launch from C++ that classifies only the call's tensors; None until prepared, False when
+        the kernel can never launch from C++."""
 
     def launch(self, *tensors) -> None:
         """Launch on the current stream with ``tensors`` (:attr:`arity` of them) in the slots."""
+        bound = self._bound
+        if bound and bound.launch(tensors):
+            return
         self.launch_arguments(self.arguments(*tensors))
 
     def arguments(self, *tensors) -> list:
@@ -129,7 +136,9 @@ class LaunchPlan:
         else:
             self.kernel.run(*args, grid=self.grid, **self.meta)
         if prepared is None or (prepared and not prepared.current()):
-            self._prepared = self.kernel.prepare(self.grid, self.meta) or False  # False: never launchable from C++
+            prepared = self._prepared = self.kernel.prepare(self.grid, self.meta) or False  # False: never from C++
+            self._bound = prepared and prepared.bind(self.args, [(at, slot.index, slot.block) for at, slot in self._slots],
+                                                     self.arity)
 
     def __repr__(self) -> str:
         return f"LaunchPlan({self.kernel!r}, grid={self.grid}, args={self.args!r})"
@@ -168,6 +177,10 @@ class LaunchSequence:
         has advanced this rank's call counter alone, which would leave its epochs off its peers'."""
         if len(tensors) != self.arity:
             raise ValueError(f"triton_dist LaunchSequence: {len(tensors)} tensors for {self.arity}")
+        if len(self.plans) == 1:  # nothing launches before its own checks: its bound launch may take it
+            plan = self.plans[0]
+            plan.launch(*tensors[:plan.arity])
+            return
         resolved = [(plan, plan.arguments(*tensors[:plan.arity])) for plan in self.plans]
         for plan, args in resolved[1:]:  # the first plan's own launch raises before launching anything
             plan.check_operands(args)
