@@ -7,8 +7,6 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <algorithm>
-#include <array>
 #include <cstdint>
 
 #include "tdist/error.h"
@@ -29,6 +27,10 @@ struct PyKernelLauncher {
   tdist::KernelLauncher core;
   std::vector<nb::object> dtypes;
   std::vector<nb::object> blocks;  // None, or a descriptor argument's block shape (a list)
+  // A call's classified arguments, reused: calls run under the GIL, and making a block of
+  // kMaxArguments values each call cost 0.2 of the 1.1 µs a six-argument launch() took (stand-in
+  // tensors, zero-sized grid, on the CPU machine).
+  std::vector<tdist::ParamValue> call = std::vector<tdist::ParamValue>(dtypes.size());
 };
 
 // Whether two sequences of ints (a list and a tuple alike) hold the same values.
@@ -40,9 +42,39 @@ bool same_ints(nb::handle a, nb::handle b) {
   return true;
 }
 
+// The address of `h`, a tensor of `dtype` (by identity): its data_ptr(); false for anything else.
+// The attribute names are interned once: a lookup by C string makes a Python string each time, on
+// the path every eager launch takes.
+bool tensor_address(nb::handle h, const nb::object& dtype, std::int64_t& address) {
+  static PyObject* const dtype_name = PyUnicode_InternFromString("dtype");
+  static PyObject* const data_ptr_name = PyUnicode_InternFromString("data_ptr");
+  PyObject* own = PyObject_GetAttr(h.ptr(), dtype_name);
+  if (own == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  const bool same = own == dtype.ptr();
+  Py_DECREF(own);
+  if (!same) return false;
+  PyObject* ptr = PyObject_CallMethodNoArgs(h.ptr(), data_ptr_name);
+  if (ptr == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  const unsigned long long bits = PyLong_AsUnsignedLongLong(ptr);
+  Py_DECREF(ptr);
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  address = static_cast<std::int64_t>(bits);
+  return true;
+}
+
 // A descriptor of `shape` and `strides` (ints, outermost first; strides in elements) over the
-// memory of `base` (anything with data_ptr()) into `v`; false for a rank TMA does not take.
-bool fill_tensor_map(nb::handle shape, nb::handle strides, nb::handle base, bool nan_padding, tdist::ParamValue& v) {
+// memory at `address` into `v`; false for a rank TMA does not take.
+bool fill_tensor_map(nb::handle shape, nb::handle strides, std::int64_t address, bool nan_padding,
+                     tdist::ParamValue& v) {
   const std::size_t rank = nb::len(shape);
   if (rank == 0 || rank > tdist::kMaxTensorMapRank || nb::len(strides) != rank) return false;
   v.type = tdist::ParamValue::Type::kValue;
@@ -53,7 +85,7 @@ bool fill_tensor_map(nb::handle shape, nb::handle strides, nb::handle base, bool
     v.strides[d] = nb::cast<std::int64_t>(strides[d]);
   }
   v.nan_padding = nan_padding;
-  v.integer = static_cast<std::int64_t>(nb::cast<std::uint64_t>(base.attr("data_ptr")()));
+  v.integer = address;
   return true;
 }
 
@@ -62,8 +94,9 @@ bool fill_tensor_map(nb::handle shape, nb::handle strides, nb::handle base, bool
 // (making that Python object cost 3 µs a call), with the checks its constructor makes: a 16-byte
 // aligned base (argument_fit), positive sizes, a contiguous last dimension and 16-byte strides.
 bool classify_tensor_operand(nb::handle tensor, const nb::object& dtype, tdist::ParamValue& v) {
-  if (!PyObject_HasAttrString(tensor.ptr(), "data_ptr") || !tensor.attr("dtype").is(dtype)) return false;
-  if (!fill_tensor_map(tensor.attr("shape"), tensor.attr("stride")(), tensor, false, v)) return false;
+  std::int64_t address = 0;
+  if (!tensor_address(tensor, dtype, address)) return false;
+  if (!fill_tensor_map(tensor.attr("shape"), tensor.attr("stride")(), address, false, v)) return false;
   const std::int64_t element_bytes = nb::cast<std::int64_t>(dtype.attr("itemsize"));
   for (unsigned d = 0; d < v.rank; ++d)
     if (v.shape[d] <= 0 || (d + 1 < v.rank && (v.strides[d] * element_bytes) % 16 != 0)) return false;
@@ -79,10 +112,10 @@ bool classify_descriptor(nb::handle h, const nb::object& dtype, const nb::object
            classify_tensor_operand(PyTuple_GET_ITEM(h.ptr(), 0), dtype, v);
   if (!nb::hasattr(h, "block_shape") || !nb::hasattr(h, "base")) return false;
   if (!same_ints(h.attr("block_shape"), block)) return false;
-  nb::object base = h.attr("base");
-  if (!base.attr("dtype").is(dtype)) return false;
-  return fill_tensor_map(h.attr("shape"), h.attr("strides"), base, nb::cast<std::string>(h.attr("padding")) == "nan",
-                         v);
+  std::int64_t address = 0;
+  if (!tensor_address(h.attr("base"), dtype, address)) return false;
+  return fill_tensor_map(h.attr("shape"), h.attr("strides"), address,
+                         nb::cast<std::string>(h.attr("padding")) == "nan", v);
 }
 
 // `h` classified as Triton's specialisation would (see ParamValue); false for what no launcher
@@ -123,15 +156,8 @@ bool classify(nb::handle h, const nb::object& dtype, tdist::ParamValue& v) {
     v.real = PyFloat_AS_DOUBLE(o);
     return true;
   }
-  if (!dtype.is_valid() || dtype.is_none() || !PyObject_HasAttrString(o, "data_ptr")) return false;
-  if (!h.attr("dtype").is(dtype)) return false;
-  const unsigned long long address = PyLong_AsUnsignedLongLong(h.attr("data_ptr")().ptr());
-  if (PyErr_Occurred()) {
-    PyErr_Clear();
-    return false;
-  }
+  if (!dtype.is_valid() || dtype.is_none() || !tensor_address(h, dtype, v.integer)) return false;
   v.kind = ParamKind::kPointer;
-  v.integer = static_cast<std::int64_t>(address);
   return true;
 }
 
@@ -157,20 +183,21 @@ struct PyBoundLaunch {
   nb::object launcher_ref;  // keeps `launcher` alive
   PyKernelLauncher* launcher;
   unsigned grid[3];
-  std::vector<tdist::ParamValue> values;  // the fixed arguments; the slots' entries are per call
+  // Every argument: the fixed ones classified once, the slots' entries overwritten by each call
+  // (in place, as PyKernelLauncher::call).
+  std::vector<tdist::ParamValue> values;
   std::vector<TensorSlot> slots;
   std::size_t arity;
   nb::object fixed;
 
   // Classifies the call's tensors into their slots; false when one is not this variant's (the
   // rules are checked by KernelLauncher::launch). `tensors` must hold `arity` of them.
-  bool classify_tensors(nb::handle tensors, std::array<tdist::ParamValue, kMaxArguments>& call) const {
-    std::copy(values.begin(), values.end(), call.begin());
+  bool classify_tensors(nb::handle tensors) {
     for (const TensorSlot& slot : slots) {
       nb::handle t(PyTuple_GET_ITEM(tensors.ptr(), static_cast<Py_ssize_t>(slot.index)));
       const bool fits = launcher->blocks[slot.at].is_none()
-                            ? classify(t, launcher->dtypes[slot.at], call[slot.at])
-                            : classify_tensor_operand(t, launcher->dtypes[slot.at], call[slot.at]);
+                            ? classify(t, launcher->dtypes[slot.at], values[slot.at])
+                            : classify_tensor_operand(t, launcher->dtypes[slot.at], values[slot.at]);
       if (!fits) return false;
     }
     return true;
@@ -222,10 +249,8 @@ void bind_kernel_launcher(nb::module_& m) {
       .def(
           "launch",
           [](PyBoundLaunch& self, std::uintptr_t stream, nb::args tensors) {
-            if (tensors.size() != self.arity) return false;
-            std::array<tdist::ParamValue, kMaxArguments> call;
-            if (!self.classify_tensors(tensors, call)) return false;
-            return self.launcher->core.launch(self.grid, reinterpret_cast<CUstream>(stream), call.data(),
+            if (tensors.size() != self.arity || !self.classify_tensors(tensors)) return false;
+            return self.launcher->core.launch(self.grid, reinterpret_cast<CUstream>(stream), self.values.data(),
                                               self.values.size());
           },
           "stream"_a, "tensors"_a,
@@ -290,12 +315,11 @@ void bind_kernel_launcher(nb::module_& m) {
              nb::args args) {
             const std::size_t n = args.size();
             if (n != self.dtypes.size()) return false;
-            std::array<tdist::ParamValue, kMaxArguments> values;
             for (std::size_t i = 0; i < n; ++i) {
-              if (!classify_argument(self, i, args[i], values[i])) return false;
+              if (!classify_argument(self, i, args[i], self.call[i])) return false;
             }
             const unsigned grid[3] = {grid_x, grid_y, grid_z};
-            return self.core.launch(grid, reinterpret_cast<CUstream>(stream), values.data(), n);
+            return self.core.launch(grid, reinterpret_cast<CUstream>(stream), self.call.data(), n);
           },
           "grid_x"_a, "grid_y"_a, "grid_z"_a, "stream"_a, "args"_a,
           "Launch with these runtime arguments on `stream`; False (nothing launched) when they are not this "

@@ -294,29 +294,26 @@ class BoundLaunch:
         self._learnt = 0
         """How many of the prepared launch's learnt variants are bound (it learns more later)."""
 
-    def _stream(self) -> int | None:
-        """:meth:`PreparedLaunch.stream`, once every variant the prepared launch has learnt is
-        bound."""
-        prepared = self.prepared
-        stream = prepared.stream()
-        if stream is None:
-            return None
-        launchers = prepared.launchers
-        if self._learnt != len(launchers):
-            gx, gy, gz = prepared.grid
-            for launcher in launchers[self._learnt:]:
-                bound = launcher.bind(gx, gy, gz, self.args, self.slots, self.arity)
-                if bound is not None:
-                    self._bound.append(bound)
-            self._learnt = len(launchers)
-        return stream
+    def _bind_learnt(self) -> None:
+        """Bind the variants the prepared launch learnt since the last call."""
+        launchers = self.prepared.launchers
+        gx, gy, gz = self.prepared.grid
+        for launcher in launchers[self._learnt:]:
+            bound = launcher.bind(gx, gy, gz, self.args, self.slots, self.arity)
+            if bound is not None:
+                self._bound.append(bound)
+        self._learnt = len(launchers)
 
     def launch(self, tensors: tuple) -> bool:
         """Launch with the call's ``tensors`` on the current stream; False (nothing launched) when
-        the prepared launch would decline or no bound variant takes them."""
-        stream = self._stream()
+        the prepared launch would decline (:meth:`PreparedLaunch.stream`) or no bound variant
+        takes them."""
+        prepared = self.prepared
+        stream = prepared.stream()
         if stream is None:
             return False
+        if self._learnt != len(prepared.launchers):
+            self._bind_learnt()
         for bound in self._bound:
             if bound.launch(stream, *tensors):
                 return True
