@@ -123,8 +123,9 @@ void KernelLauncher::encode(std::size_t i, const ParamValue& v) {
       e.element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, static_cast<CUtensorMapSwizzle>(e.swizzle),
       CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
       e.nan_fill ? CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA : CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  check_cuda(result, rank_, kOp + (": " + name_ + ", tensor descriptor argument " + std::to_string(i)),
-             "cuTensorMapEncodeTiled");
+  if (result != CUDA_SUCCESS)  // the text only on failure, as in launch()
+    check_cuda(result, rank_, kOp + (": " + name_ + ", tensor descriptor argument " + std::to_string(i)),
+               "cuTensorMapEncodeTiled");
   // The kernel's own view of the descriptor: its shape (i32) and strides (i64), in elements.
   const unsigned n = rule.tensor_map.rank;
   for (unsigned d = 0; d < n; ++d) {
@@ -215,8 +216,10 @@ bool KernelLauncher::launch(const unsigned grid[3], CUstream stream, const Param
   config.hStream = stream;
   config.attrs = num_attrs ? attrs : nullptr;
   config.numAttrs = num_attrs;
-  check_cuda(CudaDriver::get().launch_kernel_ex(&config, function_, params_.data(), nullptr), rank_,
-             kOp + (": " + name_), "cuLaunchKernelEx");
+  // The error's text is made only on failure: a string built per launch is a heap allocation on
+  // every eager call.
+  const CUresult result = CudaDriver::get().launch_kernel_ex(&config, function_, params_.data(), nullptr);
+  if (result != CUDA_SUCCESS) check_cuda(result, rank_, kOp + (": " + name_), "cuLaunchKernelEx");
   return true;
 }
 
