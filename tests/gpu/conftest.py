@@ -69,11 +69,14 @@ def fresh_op_contexts():
 
 @pytest.fixture
 def replays(monkeypatch):
-    """A one-element list counting the ops calls replayed from a recorded plan
-    (triton_dist.eager_calls' replay and replay_gemm wrapped: ops looks them up on every call)."""
+    """``[replayed, off_bound]``: the ops calls replayed from a recorded plan (triton_dist.eager_calls'
+    replay and replay_gemm wrapped: ops looks them up on every call), and the plan launches that
+    took a slower path than their bound C++ launch (``LaunchPlan.launch_arguments``: a plan's first
+    launch, or one the bound launch declined)."""
     from triton_dist import eager_calls
+    from triton_dist.kernels.common.launch_plan import LaunchPlan
 
-    count = [0]
+    count = [0, 0]
     for name in ("replay", "replay_gemm"):
         def counted(*args, _original=getattr(eager_calls, name)):
             got = _original(*args)
@@ -81,6 +84,13 @@ def replays(monkeypatch):
             return got
 
         monkeypatch.setattr(eager_calls, name, counted)
+    original = LaunchPlan.launch_arguments
+
+    def off_bound(plan, args):
+        count[1] += 1
+        return original(plan, args)
+
+    monkeypatch.setattr(LaunchPlan, "launch_arguments", off_bound)
     return count
 
 
@@ -89,7 +99,8 @@ def check_repeated_calls(what: str, call, draw, out_shape, dtype, replays, calls
     draw(i)`` fresh each call (``draw`` runs on every rank in the same order: a reference may be a
     host collective), ``out`` a new tensor (even calls) or a given NaN-poisoned one (odd calls):
     every element of every call within tolerance, and all but the first call of each form replayed
-    from the recorded plan (triton_dist.eager_calls; none with one rank, which runs no protocol).
+    from the recorded plan (triton_dist.eager_calls; none with one rank, which runs no protocol),
+    through the plan's bound C++ launch but for its first launch or two (one per plan of the call).
     ``replays``: the fixture."""
     bad = []
     for i in range(calls):
@@ -101,6 +112,8 @@ def check_repeated_calls(what: str, call, draw, out_shape, dtype, replays, calls
     all_ranks_agree(not bad, f"{what} repeated: wrong at calls {bad[:10]}")
     expected = calls - 2 if dist.get_world_size() > 1 else 0
     all_ranks_agree(replays[0] == expected, f"{what}: {replays[0]} calls replayed, expected {expected}")
+    all_ranks_agree(replays[1] <= 2 or expected == 0,
+                    f"{what}: {replays[1]} of {calls} calls' launches off their bound C++ launch")
     tdist.barrier()
 
 

@@ -2,8 +2,9 @@
 plan (triton_dist.eager_calls): hundreds of calls of one shape, fresh random data every call, the
 forms a caller mixes (a new out, a given poisoned out, in place, a misaligned input that takes the
 full path) in turn, every element checked against a reference every rank computes alone (it
-redraws every rank's input from its seed). Then the replayed call captured in a CUDA graph, and the
-op's errors for inputs the plan does not fit."""
+redraws every rank's input from its seed). Then the replayed call captured in a CUDA graph, replays
+launching through the plan's bound C++ launch, and the op's errors for inputs the plan does not
+fit."""
 
 import pytest
 import torch
@@ -169,4 +170,22 @@ def test_inputs_the_plan_does_not_fit_get_the_ops_errors(op):
     got = fn(x)  # and the op still works
     torch.cuda.synchronize()
     all_ranks_agree(tolerance_ratio(got, want) <= 1, f"{op} after bad inputs")
+    tdist.barrier()
+
+
+@pytest.mark.parametrize("op", list(_ONE_LAUNCH))
+def test_replayed_calls_launch_through_the_bound_launch(op, replays):
+    """After a call's first launch, its replays launch from C++ through the plan's bound launch
+    (eager_launch.BoundLaunch), never through the plan's slower paths, which would mean the bound
+    launch declined (a fixed argument or a tensor it does not take)."""
+    x, want = _case(op, 5, torch.bfloat16)
+    out = torch.empty(want.shape, device="cuda", dtype=x.dtype)
+    eager_calls.clear()
+    getattr(ops, op)(x, out=out)  # recorded
+    torch.cuda.synchronize()
+    replays[1] = 0
+    bad = _wrong_calls(op, 50, 7000, torch.bfloat16, lambda i, fresh, want: getattr(ops, op)(fresh, out=out))
+    replayable = dist.get_world_size() > 1
+    all_ranks_agree(not bad and (replays[1] == 0 or not replayable),
+                    f"{op}: wrong at {bad}; {replays[1]} of 50 replayed calls off the bound launch")
     tdist.barrier()
