@@ -141,7 +141,10 @@ def breakdown(device, dtype) -> list[str]:
         ("x.add(1)", lambda: x.add(1)),
         ("y.copy_(x)", lambda: y.copy_(x)),
         ("call counter bump (one C++ launch)", lambda: call_counter.bump(counter)),
-        *([("LaunchPlan.launch(x, y) of 'll'", lambda: plan.launch(x, y))] if plan is not None else []),
+        *([("LaunchPlan.launch(x, y) of 'll' (its bound C++ launch)", lambda: plan.launch(x, y)),
+           # The path before bound launches: every argument classified in C++ on every call.
+           ("the same through its PreparedLaunch (all arguments passed)",
+            lambda: plan._prepared and plan._prepared.launch(plan.arguments(x, y)))] if plan is not None else []),
         ("context.run(x, y, 'll')", lambda: context.run(x, y, "ll")),
         ("ops.all_reduce(..., method='ll', context=): the full path",
          lambda: ops.all_reduce(x, out=y, method="ll", context=context)),
