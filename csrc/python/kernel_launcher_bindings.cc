@@ -20,6 +20,38 @@ namespace {
 // More runtime arguments than any kernel of the library takes; a launcher refuses more.
 constexpr std::size_t kMaxArguments = 64;
 
+// A call's block of classified arguments, reused between calls (making a block of kMaxArguments
+// values each call cost 0.2 of the 1.1 µs a six-argument launch() took: stand-in tensors, zero-sized
+// grid, on the CPU machine). Classifying a tensor runs Python (data_ptr(), and a subclass's own
+// code), which may hand the GIL to another thread that launches the same variant: that call gets a
+// copy of the block instead. The launch itself runs no Python, so it never interleaves.
+struct ReusedBlock {
+  std::vector<tdist::ParamValue> values;
+  bool in_use = false;
+};
+
+// The block for one call: the reused one, or a copy while another call holds it.
+class BlockLease {
+ public:
+  explicit BlockLease(ReusedBlock& block) : block_(block), held_(!block.in_use) {
+    if (held_)
+      block_.in_use = true;
+    else
+      copy_ = block_.values;
+  }
+  ~BlockLease() {
+    if (held_) block_.in_use = false;
+  }
+  BlockLease(const BlockLease&) = delete;
+  BlockLease& operator=(const BlockLease&) = delete;
+  std::vector<tdist::ParamValue>& values() { return held_ ? block_.values : copy_; }
+
+ private:
+  ReusedBlock& block_;
+  bool held_;
+  std::vector<tdist::ParamValue> copy_;
+};
+
 // The core launcher plus, per argument, the dtype a tensor must have (None for non-pointers;
 // a tensor descriptor's base) and a tensor descriptor's block shape: Triton's variant is per
 // element type and block, which the core never sees.
@@ -27,10 +59,7 @@ struct PyKernelLauncher {
   tdist::KernelLauncher core;
   std::vector<nb::object> dtypes;
   std::vector<nb::object> blocks;  // None, or a descriptor argument's block shape (a list)
-  // A call's classified arguments, reused: calls run under the GIL, and making a block of
-  // kMaxArguments values each call cost 0.2 of the 1.1 µs a six-argument launch() took (stand-in
-  // tensors, zero-sized grid, on the CPU machine).
-  std::vector<tdist::ParamValue> call = std::vector<tdist::ParamValue>(dtypes.size());
+  ReusedBlock call{std::vector<tdist::ParamValue>(dtypes.size())};  // a call's arguments
 };
 
 // Whether two sequences of ints (a list and a tuple alike) hold the same values.
@@ -42,7 +71,8 @@ bool same_ints(nb::handle a, nb::handle b) {
   return true;
 }
 
-// The address of `h`, a tensor of `dtype` (by identity): its data_ptr(); false for anything else.
+// The address of `h`, a tensor of `dtype` (by identity): its data_ptr(); false for anything else,
+// an error raised by either included (cleared: the caller then takes Triton's path, which raises it).
 // The attribute names are interned once: a lookup by C string makes a Python string each time, on
 // the path every eager launch takes.
 bool tensor_address(nb::handle h, const nb::object& dtype, std::int64_t& address) {
@@ -184,20 +214,20 @@ struct PyBoundLaunch {
   PyKernelLauncher* launcher;
   unsigned grid[3];
   // Every argument: the fixed ones classified once, the slots' entries overwritten by each call
-  // (in place, as PyKernelLauncher::call).
-  std::vector<tdist::ParamValue> values;
+  // (a ReusedBlock, as PyKernelLauncher::call).
+  ReusedBlock values;
   std::vector<TensorSlot> slots;
   std::size_t arity;
   nb::object fixed;
 
-  // Classifies the call's tensors into their slots; false when one is not this variant's (the
-  // rules are checked by KernelLauncher::launch). `tensors` must hold `arity` of them.
-  bool classify_tensors(nb::handle tensors) {
+  // Classifies the call's tensors into their slots of `block`; false when one is not this
+  // variant's (the rules are checked by KernelLauncher::launch). `tensors` must hold `arity` of them.
+  bool classify_tensors(nb::handle tensors, std::vector<tdist::ParamValue>& block) const {
     for (const TensorSlot& slot : slots) {
       nb::handle t(PyTuple_GET_ITEM(tensors.ptr(), static_cast<Py_ssize_t>(slot.index)));
       const bool fits = launcher->blocks[slot.at].is_none()
-                            ? classify(t, launcher->dtypes[slot.at], values[slot.at])
-                            : classify_tensor_operand(t, launcher->dtypes[slot.at], values[slot.at]);
+                            ? classify(t, launcher->dtypes[slot.at], block[slot.at])
+                            : classify_tensor_operand(t, launcher->dtypes[slot.at], block[slot.at]);
       if (!fits) return false;
     }
     return true;
@@ -235,7 +265,7 @@ nb::object bind_launch(nb::handle self_handle, unsigned grid_x, unsigned grid_y,
     if (!classify_argument(self, i, args[i], values[i])) return nb::none();
     if (tdist::argument_fit(self.core.rule(i), values[i]) != tdist::ArgumentFit::kFits) return nb::none();
   }
-  return nb::cast(PyBoundLaunch{nb::borrow(self_handle), &self, {grid_x, grid_y, grid_z}, std::move(values),
+  return nb::cast(PyBoundLaunch{nb::borrow(self_handle), &self, {grid_x, grid_y, grid_z}, {std::move(values)},
                                 std::move(tensor_slots), arity, nb::borrow(args)});
 }
 
@@ -249,9 +279,11 @@ void bind_kernel_launcher(nb::module_& m) {
       .def(
           "launch",
           [](PyBoundLaunch& self, std::uintptr_t stream, nb::args tensors) {
-            if (tensors.size() != self.arity || !self.classify_tensors(tensors)) return false;
-            return self.launcher->core.launch(self.grid, reinterpret_cast<CUstream>(stream), self.values.data(),
-                                              self.values.size());
+            if (tensors.size() != self.arity) return false;
+            BlockLease block(self.values);
+            if (!self.classify_tensors(tensors, block.values())) return false;
+            return self.launcher->core.launch(self.grid, reinterpret_cast<CUstream>(stream), block.values().data(),
+                                              block.values().size());
           },
           "stream"_a, "tensors"_a,
           "Launch on `stream` with the call's tensors (`arity` of them) in their slots; False (nothing "
@@ -315,11 +347,13 @@ void bind_kernel_launcher(nb::module_& m) {
              nb::args args) {
             const std::size_t n = args.size();
             if (n != self.dtypes.size()) return false;
+            BlockLease block(self.call);
+            std::vector<tdist::ParamValue>& values = block.values();
             for (std::size_t i = 0; i < n; ++i) {
-              if (!classify_argument(self, i, args[i], self.call[i])) return false;
+              if (!classify_argument(self, i, args[i], values[i])) return false;
             }
             const unsigned grid[3] = {grid_x, grid_y, grid_z};
-            return self.core.launch(grid, reinterpret_cast<CUstream>(stream), self.call.data(), n);
+            return self.core.launch(grid, reinterpret_cast<CUstream>(stream), values.data(), n);
           },
           "grid_x"_a, "grid_y"_a, "grid_z"_a, "stream"_a, "args"_a,
           "Launch with these runtime arguments on `stream`; False (nothing launched) when they are not this "

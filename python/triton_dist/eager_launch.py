@@ -299,10 +299,10 @@ class BoundLaunch:
         launchers = self.prepared.launchers
         gx, gy, gz = self.prepared.grid
         for launcher in launchers[self._learnt:]:
+            self._learnt += 1  # first: a bind that raises is not bound, nor tried again
             bound = launcher.bind(gx, gy, gz, self.args, self.slots, self.arity)
             if bound is not None:
                 self._bound.append(bound)
-        self._learnt = len(launchers)
 
     def launch(self, tensors: tuple) -> bool:
         """Launch with the call's ``tensors`` on the current stream; False (nothing launched) when

@@ -310,6 +310,14 @@ def test_a_bound_launch_declines_where_the_prepared_one_does(launches, monkeypat
     assert not bound.launch((FakeTensor(4096, BF16), ))  # another Config
 
 
+def test_a_variant_whose_bind_raises_is_tried_once(launches):
+    launches.learn(loaded(), example(), META)
+    bound = launches.prepare(NONE, META).bind(["x", None, 17, 1, 3, 0.5], [(6, 0, None)], 1)
+    with pytest.raises(Exception, match="outside 6 arguments"):
+        bound.launch((FakeTensor(4096, BF16), ))
+    assert not bound.launch((FakeTensor(4096, BF16), ))  # nothing bound, nothing raised: Triton's path
+
+
 def test_a_slot_outside_the_arguments_is_an_error_naming_the_kernel(launches):
     launches.learn(loaded(), example(), META)
     launcher = launches.prepare(NONE, META).launchers[0]

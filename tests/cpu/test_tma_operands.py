@@ -3,6 +3,8 @@ slot passes, kernels/common/launch_plan.py): taken where ``TensorDescriptor.from
 block)`` would make a descriptor of the variant's block and dtype, refused (so that Triton's path
 raises its error) where it would not. A zero-sized grid launches nothing, so no driver is needed."""
 
+import threading
+import time
 import types
 
 import pytest
@@ -84,3 +86,48 @@ def test_a_bound_descriptor_slot_refuses_what_from_tensor_would(operand, why):
 def test_a_slot_of_another_block_or_none_for_a_descriptor_is_not_bound():
     assert _bound([64, 64]) is None  # another block: another variant
     assert _bound(None) is None  # a pointer slot where the variant takes a descriptor
+
+
+# A call's argument block is reused between calls; classifying runs Python (data_ptr()), which may
+# hand the GIL to another thread launching the same variant: each call must keep its own arguments.
+
+class SlowTensor(Tensor):
+    """A tensor whose data_ptr() sleeps (releasing the GIL) the first time."""
+
+    def __init__(self, *args, sleep=0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sleep = sleep
+
+    def data_ptr(self):
+        if self.sleep:
+            time.sleep(self.sleep)
+        return super().data_ptr()
+
+
+def _pointer_launcher():
+    """A variant taking two 16-byte aligned bf16 pointers and an int."""
+    return _core().KernelLauncher("pointers", 0, 1, ["*bf16", "*bf16", "i32"], [True, True, False], [0, 0, 0],
+                                  [False] * 3, [BF16, BF16, None], 128, 0, 1, False, False)
+
+
+def _in_threads(first, second):
+    """``first()`` and, while its data_ptr() sleeps, ``second()``, in two threads: their results."""
+    results = {}
+    threads = [threading.Thread(target=lambda: results.update(first=first())),
+               threading.Thread(target=lambda: time.sleep(0.05) or results.update(second=second()))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results["first"], results["second"]
+
+
+def test_a_call_interleaved_with_another_threads_keeps_its_own_arguments():
+    launcher = _pointer_launcher()
+    aligned = lambda: launcher.launch(0, 1, 1, 0, Tensor((8, 8)), SlowTensor((8, 8), sleep=0.2), 5)
+    misaligned = lambda: launcher.launch(0, 1, 1, 0, Tensor((8, 8), address=0x7F0000000008), Tensor((8, 8)), 5)
+    assert _in_threads(aligned, misaligned) == (True, False)
+    bound = launcher.bind(0, 1, 1, [None, None, 5], [(0, 0, None), (1, 1, None)], 2)
+    slow = lambda: bound.launch(0, Tensor((8, 8)), SlowTensor((8, 8), sleep=0.2))
+    fast_misaligned = lambda: bound.launch(0, Tensor((8, 8), address=0x7F0000000008), Tensor((8, 8)))
+    assert _in_threads(slow, fast_misaligned) == (True, False)
