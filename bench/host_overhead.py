@@ -22,7 +22,9 @@ With ranks sharing GPUs (``TRITON_DIST_RANKS_PER_GPU`` > 1, MPS) host time still
 (it does not depend on the link), but NCCL refuses such ranks: the torch contender is then the
 op's local part alone (``baselines.torch_local_us``) and the results are checked against a
 reference gathered through gloo. Writes bench/results/<gpu>-x<world>/host_overhead.json (with
-shared GPUs: ``host_overhead_shared.json``).
+shared GPUs: ``host_overhead_shared.json``). ``--breakdown`` also times the parts of an 8 KiB
+``all_reduce`` (a bare launch, a plan's bound launch and the same through its prepared launch, the
+op's paths, torch's allocations) into the all_reduce record's ``breakdown_us``.
 """
 
 from __future__ import annotations
@@ -111,10 +113,11 @@ def _schedules(device) -> tuple:
     return tuple(made), (src, dst, flags)
 
 
-def breakdown(device, dtype) -> list[str]:
+def breakdown(device, dtype) -> tuple[dict, list[str]]:
     """Host µs per call of the parts of an 8 KiB ``ops.all_reduce``, and of a copy-engine
     schedule's enqueue one by one and as a graph (``--breakdown``): what a bare launch and a
-    driver call cost on this host (under MPS too), against what the op's Python adds."""
+    driver call cost on this host (under MPS too), against what the op's Python adds. Returns
+    ``({part: µs}, lines to log)``; the times go into the all_reduce record (``breakdown_us``)."""
     import torch
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -159,11 +162,12 @@ def breakdown(device, dtype) -> list[str]:
         (f"StreamSchedule enqueue, {one_by_one.driver_calls} driver calls", one_by_one.enqueue),
         ("the same StreamSchedule as one CUDA graph", as_graph.enqueue),
     ]
-    lines = [f"{name}: {issue_us(fn):.1f} us per call" for name, fn in parts]
+    times = {name: issue_us(fn) for name, fn in parts}
     torch.cuda.synchronize()
+    lines = [f"{name}: {us:.1f} us per call" for name, us in times.items()]
     lines.append(f"graph schedule: {as_graph.graphs} graph(s) made, "
                  f"fallback: {as_graph.graph_failure or 'none (each enqueue was one graph launch)'}")
-    return lines
+    return times, lines
 
 
 def _cases(world: int, device, dtype, shared: bool):
@@ -274,8 +278,10 @@ def main() -> int:
     wanted = set(args.ops.split(","))
     baseline = "torch_local_us" if shared else "torch_us"
     records = []
+    parts_us = {}
     if args.breakdown:
-        for line in breakdown(device, dtype):
+        parts_us, lines = breakdown(device, dtype)
+        for line in lines:
             log(f"breakdown: {line}")
     for name, shape, ours, torch_timed, reference in _cases(world, device, dtype, shared):
         if name not in wanted:
@@ -296,6 +302,8 @@ def main() -> int:
         if shared:
             method += f"; {world} ranks sharing one GPU (MPS): torch baseline is the op's local part, no NCCL"
         extra = method_times(name, ours, reference(), repeats, args.profile) if args.methods else {}
+        if name == "all_reduce" and parts_us:
+            extra["breakdown_us"] = parts_us
         records.append(bench.record(f"host_{name}", shape=shape, dtype="bfloat16", world_size=world, gpu=gpu,
                                     ours_us=ours_us, baselines={baseline: torch_us}, calls=CALLS, repeats=repeats,
                                     method=method, relative_error=err, verified=verified, **extra))
