@@ -195,11 +195,14 @@ def test_inline_push_kernel_enters_its_call_and_copies_its_own_rows_first(world)
 
 
 def test_plain_gemm_rule_follows_the_measured_configs():
-    # gemm()'s default (bench/results/h100-x1/gemm.json, 132 SMs): split-K with 32-row blocks or
-    # more up to 128 rows, then the config with the least work in its waves of tiles.
+    # gemm()'s default (bench/results/h200-x1/gemm.json, 132 SMs): split-K with the smallest block
+    # holding the rows up to 128 rows (the 64-wide tiles while they fit in one wave), then the
+    # config with the least work in its waves of tiles.
     rule = gemm_module.pick_gemm_config
-    assert [rule(m, 4096, 7168, 132) for m in (1, 16, 32, 33, 64, 65, 128)] == \
-        ["split_k_m32"] * 3 + ["split_k_m64"] * 2 + ["split_k_m128_n64"] * 2
+    assert [rule(m, 4096, 7168, 132) for m in (1, 16, 17, 32, 33, 64, 65, 128)] == \
+        ["split_k_m16"] * 2 + ["split_k_m32"] * 2 + ["split_k_m64"] * 2 + ["split_k_m128_n64"] * 2
+    assert rule(128, 8192, 8192, 132) == "split_k_m128_n64"  # 128 narrow tiles: one wave
+    assert rule(128, 14336, 8192, 132) == "split_k_m128"  # 224 narrow tiles would take two
     assert rule(1024, 4096, 7168, 132) == "large"  # 128 tiles, one wave (small: two)
     assert rule(1024, 14336, 8192, 132) == "small"  # large: 3.4 waves run as 4; small: 6.8 as 7
     assert rule(1024, 8192, 14336, 132) == "large"

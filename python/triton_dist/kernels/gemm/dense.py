@@ -137,11 +137,10 @@ both: at M = 8192 "small" ran at 0.92-0.97 of "large" (bench/results/h100-x1/gem
 def pick_gemm_config(m: int, n: int, k: int, num_sms: int) -> str:
     """:func:`gemm`'s config for an ``m x n x k`` GEMM on ``num_sms`` SMs (a fixed rule, the same
     on every rank for the same shape), from the per-config times of bench/gemm.py
-    (bench/results/h100-x1/gemm.json): up to :data:`~triton_dist.kernels.gemm.split_k.SPLIT_K_MAX_M`
-    rows the split-K GEMM with at least 32-row blocks (at 1-16 rows cuBLAS's time over its was
-    0.96-0.99, over the 64-row skinny tiles' 0.72-0.97; 32-row blocks beat 16-row ones on average),
-    from 65 rows its 64-wide tiles, ``"split_k_m128_n64"`` (at 128 rows 0.855-0.993 against
-    ``"split_k_m128"``'s 0.728-0.962 on the four rows measured); above,
+    (bench/results/h100-x1/gemm.json, bench/results/h200-x1/gemm.json): up to
+    :data:`~triton_dist.kernels.gemm.split_k.SPLIT_K_MAX_M` rows the split-K GEMM,
+    :func:`~triton_dist.kernels.gemm.split_k.default_config`'s block (at 1-16 rows cuBLAS's time
+    over its was 0.96-0.99 on one H100, over the 64-row skinny tiles' 0.72-0.97); above,
     the config of :data:`CONFIGS` with the least work in its waves, ``ceil(tiles / SMs)`` times a
     tile's area over :data:`CONFIG_EFFICIENCY` (1024 x 14336: "large" has 3.4 waves of 128x256
     tiles, run as 4: cuBLAS/ours 0.84; "small" 6.8 as 7: 0.93). The overlapped GEMMs keep
@@ -149,7 +148,7 @@ def pick_gemm_config(m: int, n: int, k: int, num_sms: int) -> str:
     GEMM only. It never picks the wave-tail configs (:mod:`~triton_dist.kernels.gemm.wave_tail`):
     not yet measured on a GPU, they are there for bench/gemm.py to time beside their bases."""
     if m <= _split_k.SPLIT_K_MAX_M:
-        return _split_k.default_config(m)
+        return _split_k.default_config(m, n, num_sms)
     return least_wave_work(lambda c: cdiv(m, c["BM"]) * cdiv(n, c["BN"]), num_sms)
 
 

@@ -124,12 +124,19 @@ def block_for(m: int) -> int:
     raise ValueError(f"triton_dist split-K GEMM: M = {m} rows; the split-K configs take at most {SPLIT_K_MAX_M}")
 
 
-def default_config(m: int) -> str:
-    """The split-K config :func:`~triton_dist.kernels.gemm.dense.gemm` takes by default for ``m <=
-    SPLIT_K_MAX_M`` rows (:func:`~triton_dist.kernels.gemm.dense.pick_gemm_config` says why): at
-    least 32-row blocks, and from 65 rows ``"split_k_m128_n64"``."""
-    bm = max(32, block_for(m))
-    return "split_k_m128_n64" if bm == 128 else f"split_k_m{bm}"
+def default_config(m: int, n: int, num_sms: int) -> str:
+    """The split-K config :func:`~triton_dist.kernels.gemm.dense.gemm` takes by default for an ``m x
+    n`` output (``m <= SPLIT_K_MAX_M``) on ``num_sms`` SMs, from bench/results/h200-x1/gemm.json's
+    per-config times: the smallest ``BM`` holding the rows (at 1-16 rows 16-row blocks beat 32-row
+    ones on every H200 row, cuBLAS/ours 0.985-1.087 against 0.925-1.07; on one H100 they were within
+    2 %); from 65 rows ``"split_k_m128_n64"`` while its 64-wide n-tiles fit in one wave of the SMs
+    (cuBLAS/ours 0.91-0.958 against 0.781-0.882), else ``"split_k_m128"`` (N = 14336: 224 narrow
+    tiles take two waves, 0.865, where 112 wide ones take one, 1.0)."""
+    bm = block_for(m)
+    if bm < 128:
+        return f"split_k_m{bm}"
+    narrow = NARROW_CONFIGS["split_k_m128_n64"]
+    return "split_k_m128_n64" if cdiv(n, narrow["BN"]) <= num_sms else "split_k_m128"
 
 
 def config_params(config: str) -> dict | None:
@@ -152,7 +159,7 @@ def pick_split_k(m: int, n: int, k: int, num_sms: int, config: str | None = None
     (:data:`STREAMING_SHARE` of the SMs); the last program adds its read of ``split_k`` partials.
     So a few rows cut K only until enough programs stream B, 128 rows until the SMs are full,
     without a second wave that costs more than it saves."""
-    params = config_params(config or default_config(m))
+    params = config_params(config or default_config(m, n, num_sms))
     if params is None:
         raise ValueError(f"triton_dist split-K GEMM: unknown config {config!r}; one of {sorted(CONFIG_NAMES)}")
     steps = cdiv(k, params["BK"])
