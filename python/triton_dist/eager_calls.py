@@ -36,8 +36,10 @@ _PLANS: dict = {}
 """(op, shape, dtype, method, out is None) -> :class:`CallPlan`; a GEMM op's key holds both
 operands' shapes."""
 
-_Tensor = None  # torch.Tensor and torch._C, bound by the first record (triton_dist imports torch lazily)
+_Tensor = None  # torch.Tensor, torch._C and the allocators, bound by the first record (triton_dist imports torch lazily)
 _torch_c = None
+_empty = None
+_empty_like = None
 
 _recorded_under = None
 """The Config object (``config._current``) the plans were recorded under: under another one (a new
@@ -46,14 +48,16 @@ what a call does (the cross-rank check, the support library's timeouts)."""
 
 
 class CallPlan:
-    """What a recorded call launches, on which device, and the shape of its output."""
+    """What a recorded call launches, on which device, and its output's shape, dtype and device
+    (``like_shaped``: the output has the input's shape)."""
 
-    __slots__ = ("launch", "device", "out_shape")
+    __slots__ = ("launch", "device", "out_shape", "out_dtype", "out_device", "like_shaped")
 
-    def __init__(self, launch, device: int, out_shape):
+    def __init__(self, launch, device: int, out):
         self.launch = launch
         self.device = device
-        self.out_shape = out_shape
+        self.out_shape, self.out_dtype, self.out_device = out.shape, out.dtype, out.device
+        self.like_shaped = False
 
 
 def _plan_for(key: tuple):
@@ -73,7 +77,12 @@ def _output(plan: CallPlan, out, like):
     """``out`` if the plan fits it (shape, ``like``'s dtype, device, layout), a new output when
     ``out`` is None, else None."""
     if out is None:
-        return like.new_empty(plan.out_shape)
+        # The cheapest of torch's allocations from Python on the GPU host (host_overhead
+        # --breakdown, bench/results/h200-x2/host_overhead_shared_methods.json: empty_like 6.0 µs,
+        # torch.empty 7.0, new_empty 8.8), where an 8 KiB all_reduce's launch costs 10.7.
+        if plan.like_shaped:
+            return _empty_like(like)
+        return _empty(plan.out_shape, dtype=plan.out_dtype, device=plan.out_device)
     if _fits(out, plan.device) and out.shape == plan.out_shape and out.dtype == like.dtype:
         return out
     return None
@@ -124,7 +133,7 @@ def record_gemm(op: str, a, b, out, out_given: bool, method: str, launched) -> N
 
 
 def _record(key: tuple, x, out, launched, tensors: int) -> None:
-    global _Tensor, _torch_c, _recorded_under
+    global _Tensor, _torch_c, _empty, _empty_like, _recorded_under
     config = _config.get()
     if launched is None or config.check_collective_calls or not config.eager_replay:
         return
@@ -134,13 +143,15 @@ def _record(key: tuple, x, out, launched, tensors: int) -> None:
     if _Tensor is None:
         import torch
 
-        _Tensor, _torch_c = torch.Tensor, torch._C
+        _Tensor, _torch_c, _empty, _empty_like = torch.Tensor, torch._C, torch.empty, torch.empty_like
     if _config._current is not _recorded_under:
         _PLANS.clear()
         _recorded_under = _config._current
     if key not in _PLANS and len(_PLANS) >= MAX_PLANS:
         _PLANS.clear()
-    _PLANS[key] = CallPlan(launched, x.get_device(), out.shape)
+    plan = CallPlan(launched, x.get_device(), out)
+    plan.like_shaped = out.shape == x.shape and out.dtype == x.dtype
+    _PLANS[key] = plan
 
 
 def clear() -> None:

@@ -25,8 +25,16 @@ class Tensor:
     def data_ptr(self):
         return self.address
 
-    def new_empty(self, shape):
-        return Tensor(shape, self.dtype, self.device, address=1 << 20)
+
+
+def empty(shape, *, dtype, device):
+    """torch.empty's stand-in."""
+    return Tensor(shape, dtype, device, address=1 << 20)
+
+
+def empty_like(like):
+    """torch.empty_like's stand-in (a same-shaped output)."""
+    return Tensor(like.shape, like.dtype, like.device, address=1 << 21)
 
 
 class Plan:
@@ -44,6 +52,8 @@ class Plan:
 @pytest.fixture
 def calls(monkeypatch):
     monkeypatch.setattr(eager_calls, "_Tensor", Tensor)
+    monkeypatch.setattr(eager_calls, "_empty", empty)
+    monkeypatch.setattr(eager_calls, "_empty_like", empty_like)
     current = types.SimpleNamespace(device=0)
     monkeypatch.setattr(eager_calls, "_torch_c", types.SimpleNamespace(_cuda_getDevice=lambda: current.device))
     monkeypatch.setattr(config, "get", lambda: types.SimpleNamespace(check_collective_calls=False, eager_replay=True))
@@ -63,10 +73,19 @@ def test_a_call_like_the_recorded_one_launches_its_plan(calls):
     plan = record()
     x = Tensor((64, 32), address=8192)
     out = eager_calls.replay("all_gather", x, None, "auto")
-    assert out.shape == (256, 32) and out.dtype == "bf16" and plan.launched == [(x, out)]
+    assert out.shape == (256, 32) and out.dtype == "bf16" and out.address == 1 << 20 and plan.launched == [(x, out)]
     given = Tensor((256, 32), address=1 << 30)
     plan_out = record(out_given=True)
     assert eager_calls.replay("all_gather", x, given, "auto") is given and plan_out.launched == [(x, given)]
+
+
+def test_a_same_shaped_output_is_allocated_like_the_input(calls):
+    plan = Plan()
+    eager_calls.record("all_reduce", Tensor((4096,)), Tensor((4096,)), False, "ll", plan)
+    x = Tensor((4096,), dtype="bf16", address=8192)
+    out = eager_calls.replay("all_reduce", x, None, "ll")
+    assert (out.shape, out.dtype, out.device, out.address) == ((4096,), "bf16", 0, 1 << 21)
+    assert plan.launched == [(x, out)]
 
 
 @pytest.mark.parametrize("why,x", [
