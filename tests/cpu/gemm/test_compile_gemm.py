@@ -206,8 +206,9 @@ def test_plain_gemm_rule_follows_the_measured_configs():
     assert rule(1024, 4096, 7168, 132) == "large"  # 128 tiles, one wave (small: two)
     assert rule(1024, 14336, 8192, 132) == "small"  # large: 3.4 waves run as 4; small: 6.8 as 7
     assert rule(1024, 8192, 14336, 132) == "large"
-    for n in (4096, 8192, 14336):
+    for n in (4096, 8192):
         assert rule(8192, n, 8192, 132) == "large"
+    assert rule(8192, 14336, 8192, 132) == "large_tail_split"  # its last wave of 20 tiles cut in 4
     for m in (1, 100, 129, 5000):
         assert rule(m, 4096, 4096, 78) in gemm_module.config_names()
 

@@ -98,5 +98,12 @@ def test_wave_tail_configs():
     for m in (129, 1000, 1024, 2048, 8192):
         for n, k in ((4096, 4096), (14336, 8192), (8192, 14336)):
             for sms in (78, 132):
-                assert gemm_module.pick_gemm_config(m, n, k, sms) not in wave_tail.CONFIG_NAMES
+                picked = gemm_module.pick_gemm_config(m, n, k, sms)
+                base = wave_tail.CONFIG_NAMES.get(picked, picked)
+                c = gemm_module.CONFIGS[base]
+                cut = wave_tail.pick_tail_split(triton.cdiv(m, c["BM"]) * triton.cdiv(n, c["BN"]),
+                                                triton.cdiv(k, c["BK"]), sms) > 1
+                assert (picked in wave_tail.CONFIG_NAMES) == cut, (m, n, k, sms, picked)
+    assert gemm_module.pick_gemm_config(8192, 14336, 8192, 132) == "large_tail_split"  # 20 tiles in 4 slices
+    assert gemm_module.pick_gemm_config(1024, 14336, 8192, 132) == "small"  # a last wave of 104: nothing cut
     assert triton.cdiv(14336, gemm_module.CONFIGS["large"]["BN"]) * 8 == 448  # the docstring's count

@@ -143,13 +143,17 @@ def pick_gemm_config(m: int, n: int, k: int, num_sms: int) -> str:
     over its was 0.96-0.99 on one H100, over the 64-row skinny tiles' 0.72-0.97); above,
     the config of :data:`CONFIGS` with the least work in its waves, ``ceil(tiles / SMs)`` times a
     tile's area over :data:`CONFIG_EFFICIENCY` (1024 x 14336: "large" has 3.4 waves of 128x256
-    tiles, run as 4: cuBLAS/ours 0.84; "small" 6.8 as 7: 0.93). The overlapped GEMMs keep
-    :func:`pick_config`: their tiles are walked per rank, and this rule is measured on the plain
-    GEMM only. It never picks the wave-tail configs (:mod:`~triton_dist.kernels.gemm.wave_tail`):
-    not yet measured on a GPU, they are there for bench/gemm.py to time beside their bases."""
+    tiles, run as 4: cuBLAS/ours 0.84; "small" 6.8 as 7: 0.93), as its wave-tail config
+    (:mod:`~triton_dist.kernels.gemm.wave_tail`) where that cuts the last wave's tiles (on one H200
+    at 8192 x 14336 x 8192, a last wave of 20 tiles in 4 slices: 1.009 against 0.975; where no
+    tile is cut it is the base config's launch). The overlapped GEMMs keep :func:`pick_config`:
+    their tiles are walked per rank, and this rule is measured on the plain GEMM only."""
     if m <= _split_k.SPLIT_K_MAX_M:
         return _split_k.default_config(m, n, num_sms)
-    return least_wave_work(lambda c: cdiv(m, c["BM"]) * cdiv(n, c["BN"]), num_sms)
+    base = least_wave_work(lambda c: cdiv(m, c["BM"]) * cdiv(n, c["BN"]), num_sms)
+    c = CONFIGS[base]
+    split = _wave_tail.pick_tail_split(cdiv(m, c["BM"]) * cdiv(n, c["BN"]), cdiv(k, c["BK"]), num_sms)
+    return _wave_tail.TAIL_SPLIT_OF[base] if split > 1 else base
 
 
 def least_wave_work(tiles_of, num_sms: int) -> str:

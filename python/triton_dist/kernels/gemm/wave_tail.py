@@ -31,9 +31,9 @@ a K) a call is ``gemm_kernel`` with the base config, the same launch and bits.
 
 Configs: :data:`CONFIG_NAMES`, ``"large_tail_split"`` and ``"small_tail_split"`` (the tiles of
 :data:`~triton_dist.kernels.gemm.dense.CONFIGS`' ``"large"`` and ``"small"``), taken by name by
-:func:`~triton_dist.kernels.gemm.dense.gemm` so that a GPU run can measure them beside their base
-configs. Not yet measured on a GPU: :func:`~triton_dist.kernels.gemm.dense.pick_gemm_config` does
-not choose them.
+:func:`~triton_dist.kernels.gemm.dense.gemm`, and by
+:func:`~triton_dist.kernels.gemm.dense.pick_gemm_config` where its base config's last wave is cut
+(bench/results/h200-x1/gemm.json: never slower than the base where a tile was cut).
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ from ..common.host_math import cdiv
 CONFIG_NAMES = {"large_tail_split": "large", "small_tail_split": "small"}
 """The wave-tail configs of :func:`~triton_dist.kernels.gemm.dense.gemm`: name -> the config of
 :data:`~triton_dist.kernels.gemm.dense.CONFIGS` whose tiles, pipeline and warps it runs."""
+
+TAIL_SPLIT_OF = {base: name for name, base in CONFIG_NAMES.items()}
+"""A config of :data:`~triton_dist.kernels.gemm.dense.CONFIGS` -> its wave-tail config."""
 
 MAX_TAIL_SLICES = 4
 """The most slices a tail tile is cut into: each adds a ``BM x BN`` fp32 partial to write and read
