@@ -8,11 +8,20 @@ next test's collectives alone and hang: checks go through ``all_ranks_agree``.
 
 import os
 
-import pytest
-import torch
-import torch.distributed as dist
+# Every rank on a host compiles its Inductor kernels at the same moment, each with a worker pool as
+# large as the host's cores by default. At world 8 on one 16-core GPU host test_torch_compile took
+# 352 s (its all_gather case 143 s, of which 20 s compiling the library's kernels) against 17 s at
+# world 2; 8 ranks' pools on 16 cores are the suspect (not yet measured). So half a share of the
+# cores per local rank: in-process compiling (no pool) from 8 ranks per 16 cores. Set before
+# torch._inductor reads it.
+_local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // _local_ranks // 2)))
 
-import triton_dist as tdist
+import pytest  # noqa: E402 - after the compile-thread setting
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import triton_dist as tdist  # noqa: E402
 
 
 def pytest_runtest_logreport(report):
