@@ -192,7 +192,8 @@ def rows(quick: bool = False, ms=None, shapes=None) -> list[tuple[int, int, int,
 def sweep_configs(m: int) -> list[str]:
     """The configs ``gemm`` accepts that are meant for ``m`` rows: CONFIGS always, SKINNY_CONFIGS up to
     ``SKINNY_MAX_M`` rows, each split-K config whose ``BM`` holds ``m`` rows, and above
-    ``SPLIT_K_MAX_M`` rows the wave-tail configs (not yet measured: timed beside their bases)."""
+    ``SPLIT_K_MAX_M`` rows the wave-tail configs (timed beside their bases, which the default rule
+    takes where nothing is cut)."""
     return (list(CONFIGS) + (list(SKINNY_CONFIGS) if m <= SKINNY_MAX_M else []) +
             [name for name, bm in SPLIT_K_CONFIGS.items() if m <= bm] +
             (list(WAVE_TAIL_CONFIGS) if m > SPLIT_K_MAX_M else []))

@@ -138,9 +138,12 @@ def breakdown(device, dtype) -> tuple[dict, list[str]]:
     (one_by_one, as_graph), _buffers = _schedules(device)
     parts = [
         ("torch.empty 8 KiB", lambda: torch.empty(4096, device=device, dtype=dtype)),
-        # A replayed call's one allocation (eager_calls: like.new_empty): which form costs least.
+        # A replayed call's one allocation (eager_calls: torch.empty_like, or torch.empty for another
+        # shape; new_empty before): which form costs least.
         ("x.new_empty(shape)", lambda: x.new_empty(x.shape)),
         ("torch.empty_like(x)", lambda: torch.empty_like(x)),
+        ("torch.empty_like(x, memory_format=contiguous)",
+         lambda: torch.empty_like(x, memory_format=torch.contiguous_format)),
         ("x.add(1)", lambda: x.add(1)),
         ("y.copy_(x)", lambda: y.copy_(x)),
         ("call counter bump (one C++ launch)", lambda: call_counter.bump(counter)),

@@ -40,6 +40,7 @@ _Tensor = None  # torch.Tensor, torch._C and the allocators, bound by the first 
 _torch_c = None
 _empty = None
 _empty_like = None
+_contiguous = None  # torch.contiguous_format
 
 _recorded_under = None
 """The Config object (``config._current``) the plans were recorded under: under another one (a new
@@ -79,9 +80,10 @@ def _output(plan: CallPlan, out, like):
     if out is None:
         # The cheapest of torch's allocations from Python on the GPU host (host_overhead
         # --breakdown, bench/results/h200-x2/host_overhead_shared_methods.json: empty_like 6.0 µs,
-        # torch.empty 7.0, new_empty 8.8), where an 8 KiB all_reduce's launch costs 10.7.
-        if plan.like_shaped:
-            return _empty_like(like)
+        # torch.empty 7.0, new_empty 8.8; empty_like timed without memory_format), where an 8 KiB
+        # all_reduce's launch costs 10.7.
+        if plan.like_shaped:  # the full path's strides, not those of like's size-1 dimensions
+            return _empty_like(like, memory_format=_contiguous)
         return _empty(plan.out_shape, dtype=plan.out_dtype, device=plan.out_device)
     if _fits(out, plan.device) and out.shape == plan.out_shape and out.dtype == like.dtype:
         return out
@@ -133,7 +135,7 @@ def record_gemm(op: str, a, b, out, out_given: bool, method: str, launched) -> N
 
 
 def _record(key: tuple, x, out, launched, tensors: int) -> None:
-    global _Tensor, _torch_c, _empty, _empty_like, _recorded_under
+    global _Tensor, _torch_c, _empty, _empty_like, _contiguous, _recorded_under
     config = _config.get()
     if launched is None or config.check_collective_calls or not config.eager_replay:
         return
@@ -144,6 +146,7 @@ def _record(key: tuple, x, out, launched, tensors: int) -> None:
         import torch
 
         _Tensor, _torch_c, _empty, _empty_like = torch.Tensor, torch._C, torch.empty, torch.empty_like
+        _contiguous = torch.contiguous_format
     if _config._current is not _recorded_under:
         _PLANS.clear()
         _recorded_under = _config._current

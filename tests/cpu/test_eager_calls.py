@@ -26,14 +26,14 @@ class Tensor:
         return self.address
 
 
-
 def empty(shape, *, dtype, device):
     """torch.empty's stand-in."""
     return Tensor(shape, dtype, device, address=1 << 20)
 
 
-def empty_like(like):
+def empty_like(like, *, memory_format):
     """torch.empty_like's stand-in (a same-shaped output)."""
+    assert memory_format is eager_calls._contiguous
     return Tensor(like.shape, like.dtype, like.device, address=1 << 21)
 
 
@@ -54,6 +54,7 @@ def calls(monkeypatch):
     monkeypatch.setattr(eager_calls, "_Tensor", Tensor)
     monkeypatch.setattr(eager_calls, "_empty", empty)
     monkeypatch.setattr(eager_calls, "_empty_like", empty_like)
+    monkeypatch.setattr(eager_calls, "_contiguous", object())  # torch.contiguous_format's stand-in
     current = types.SimpleNamespace(device=0)
     monkeypatch.setattr(eager_calls, "_torch_c", types.SimpleNamespace(_cuda_getDevice=lambda: current.device))
     monkeypatch.setattr(config, "get", lambda: types.SimpleNamespace(check_collective_calls=False, eager_replay=True))

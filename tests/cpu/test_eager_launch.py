@@ -47,6 +47,7 @@ def _learner(kernel, monkeypatch):
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     monkeypatch.setitem(kernel.device_caches, 0, ({}, {}, backend.target, backend, binder))
     monkeypatch.setattr(eager_launch, "_device_and_stream", lambda: (0, 0))
+    monkeypatch.setattr(eager_launch, "_torch_c", None)  # PreparedLaunch.stream asks the stand-in above
     return eager_launch.EagerLaunches(kernel)
 
 
@@ -399,6 +400,7 @@ def test_descriptor_kernels_launch_from_cpp_only_when_asked(monkeypatch):
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     monkeypatch.setitem(kernel.device_caches, 0, ({}, {}, backend.target, backend, binder))
     monkeypatch.setattr(eager_launch, "_device_and_stream", lambda: (0, 0))
+    monkeypatch.setattr(eager_launch, "_torch_c", None)
     base = FakeTensor(1 << 20, HOST_BF16)
     args = (FakeDescriptor(base, [120, 4104], [4104, 1], [c["BM"], c["BK"]]),
             FakeDescriptor(base, [4104, 4104], [4104, 1], [c["BN"], c["BK"]]),

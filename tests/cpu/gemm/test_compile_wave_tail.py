@@ -86,7 +86,7 @@ def test_tail_split_rule():
 
 def test_wave_tail_configs():
     """Named by gemm, with their base configs' tiles; not gemm_kernel's (the overlapped GEMMs'
-    kernel_meta and grid_for refuse them); never the default rule's pick (not yet measured)."""
+    kernel_meta and grid_for refuse them); the default rule's pick where they cut the last wave."""
     assert list(wave_tail.CONFIG_NAMES) == ["large_tail_split", "small_tail_split"]
     for name, base in wave_tail.CONFIG_NAMES.items():
         assert name in gemm_module.config_names()

@@ -141,16 +141,24 @@ def test_split_k_gemm_cuda_graph_replay():
                          replays=3, seed=50)
 
 
-def test_default_gemm_captured_before_any_uncaptured_call(monkeypatch):
-    """A user's first small-M gemm inside a capture: no ticket counters yet (as in a fresh
-    process), so the default rule's call runs in one slice instead of zeroing counters in the
+# The default rule's split-K pick (1 row), and its wave-tail pick on 132 or 78 SMs ("small" 4 x 81
+# tiles, a last wave cut in 2 slices).
+_DEFAULT_SLICED = [(1, 520, 8248), (512, 10248, 1032)]
+
+
+@pytest.mark.parametrize("m,n,k", _DEFAULT_SLICED)
+def test_default_gemm_captured_before_any_uncaptured_call(monkeypatch, m, n, k):
+    """A user's first gemm inside a capture where the default rule slices K: no ticket counters
+    yet (as in a fresh process), so the call runs in one slice instead of zeroing counters in the
     graph; right on replay."""
     monkeypatch.setattr(split_k_module, "_slabs", {})
     monkeypatch.setattr(split_k_module, "_ranges", {})
-    m, n, k = 1, 520, 8248
     a, b = rank_randn((m, k), torch.bfloat16, 71), rank_randn((n, k), torch.bfloat16, 72)
     out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     gemm(a, b, out=out)  # compiles every variant outside the capture; leaves no counters behind:
+    picked = gemm_module.pick_gemm_config(m, n, k, gemm_module.num_sms())
+    if picked in wave_tail.CONFIG_NAMES:  # one slice inside the capture is its base config's kernel
+        gemm(a, b, out=out, config=wave_tail.CONFIG_NAMES[picked])
     split_k_module._slabs.clear()
     split_k_module._ranges.clear()
     torch.cuda.synchronize()
@@ -162,6 +170,26 @@ def test_default_gemm_captured_before_any_uncaptured_call(monkeypatch):
     torch.cuda.synchronize()
     err = tolerance_ratio(out, a.float() @ b.float().T)
     all_ranks_agree(err < _TOL and not split_k_module._slabs, f"first gemm in a capture: error/tolerance {err}")
+
+
+def test_default_gemm_takes_the_wave_tail_where_it_cuts():
+    """Above 128 rows the default rule runs the wave-tail variant where that cuts the last wave:
+    right with a new output and into a NaN-poisoned one that is not 16-byte aligned (computed
+    aside and copied), twice (the tickets left zero)."""
+    m, n, k = _DEFAULT_SLICED[1]
+    picked = gemm_module.pick_gemm_config(m, n, k, gemm_module.num_sms())
+    if picked not in wave_tail.CONFIG_NAMES:
+        pytest.skip(f"{gemm_module.num_sms()} SMs: the rule picks {picked!r} here")
+    a, b = rank_randn((m, k), torch.bfloat16, 75), rank_randn((n, k), torch.bfloat16, 76)
+    want = a.float() @ b.float().T
+    errors = [tolerance_ratio(gemm(a, b), want)]
+    for _ in range(2):
+        storage = torch.full((m * n + 1,), float("nan"), device="cuda", dtype=torch.bfloat16)
+        out = storage[1:].view(m, n)  # 2 bytes past an aligned base
+        gemm(a, b, out=out)
+        errors.append(tolerance_ratio(out, want))
+    torch.cuda.synchronize()
+    all_ranks_agree(max(errors) < _TOL, f"default gemm ({picked}) {m}x{n}x{k}: error/tolerance {errors}")
 
 
 def test_split_k_gemm_refuses_more_rows_than_its_block():

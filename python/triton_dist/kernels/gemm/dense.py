@@ -27,11 +27,12 @@ pipelined K loop with wgmma, and a TMA store epilogue. The K loop is not flatten
 (Triton's ``flatten=True``): the wait of the consumer sits between tiles, outside the pipelined
 loop, and must stay there.
 
-Configs: :func:`gemm`'s default is :func:`pick_gemm_config`'s fixed rule (measured on one H100):
-up to 128 rows the split-K kernel of :mod:`~triton_dist.kernels.gemm.split_k` (B's rows on wgmma's
-M side, K cut into slices; ``"split_k_m32"`` and the other names of
+Configs: :func:`gemm`'s default is :func:`pick_gemm_config`'s fixed rule (measured on one H100
+and one H200): up to 128 rows the split-K kernel of :mod:`~triton_dist.kernels.gemm.split_k` (B's
+rows on wgmma's M side, K cut into slices; the names of
 :data:`~triton_dist.kernels.gemm.split_k.CONFIG_NAMES`), above that the one of :data:`CONFIGS`
-(128x256x64 or 128x128x64 tiles) whose waves of tiles hold the least work.
+(128x256x64 or 128x128x64 tiles) whose waves of tiles hold the least work, as its wave-tail
+variant (:mod:`~triton_dist.kernels.gemm.wave_tail`) where that cuts the last wave's tiles.
 ``gemm(config="auto")`` asks the distributed autotuner instead. The overlapped GEMMs choose by
 :func:`pick_config` (``"large"`` when there are at least as many 128x256 tiles as SMs and N >=
 2048, else ``"small"``); GEMM+AllReduce's decode-sized calls by :func:`pick_skinny_config`
@@ -556,7 +557,12 @@ def gemm(a, b, *, out=None, config: str | None = None):
     default): :func:`pick_gemm_config`'s fixed rule, which needs no triton_dist runtime; ``"auto"``: the
     distributed autotuner's choice for this shape (:mod:`~triton_dist.kernels.gemm.autotune`),
     collective on the first call per shape and dtype (every rank, same shape, at the same time),
-    and not inside a CUDA graph capture (it times candidates)."""
+    and not inside a CUDA graph capture (it times candidates). The split-K and wave-tail configs
+    (the default's up to 128 rows, and above where the last wave is cut) count on the stream's
+    ticket counters (:func:`~triton_dist.kernels.gemm.split_k.ticket_counters`: the first call on a
+    device makes them and synchronises once; a graph captured on a stream must not replay at the
+    same time as another captured there or a call on it; a capture before any uncaptured call
+    runs in one slice)."""
     import torch
 
     _check_operands(a, b, out)

@@ -128,8 +128,8 @@ def default_config(m: int, n: int, num_sms: int) -> str:
     """The split-K config :func:`~triton_dist.kernels.gemm.dense.gemm` takes by default for an ``m x
     n`` output (``m <= SPLIT_K_MAX_M``) on ``num_sms`` SMs, from bench/results/h200-x1/gemm.json's
     per-config times: the smallest ``BM`` holding the rows (at 1-16 rows 16-row blocks beat 32-row
-    ones on every H200 row, cuBLAS/ours 0.985-1.087 against 0.925-1.07; on one H100 they were within
-    2 %); from 65 rows ``"split_k_m128_n64"`` while its 64-wide n-tiles fit in one wave of the SMs
+    ones on 7 of the 8 H200 rows, cuBLAS/ours 0.985-1.087 against 0.925-1.07; on one H100 they were
+    within 2 %); from 65 rows ``"split_k_m128_n64"`` while its 64-wide n-tiles fit in one wave of the SMs
     (cuBLAS/ours 0.91-0.958 against 0.781-0.882), else ``"split_k_m128"`` (N = 14336: 224 narrow
     tiles take two waves, 0.865, where 112 wide ones take one, 1.0)."""
     bm = block_for(m)
