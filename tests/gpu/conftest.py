@@ -14,8 +14,9 @@ import os
 # world 2; 8 ranks' pools on 16 cores are the suspect (not yet measured). So half a share of the
 # cores per local rank: in-process compiling (no pool) from 8 ranks per 16 cores. Set before
 # torch._inductor reads it.
-_local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, (os.cpu_count() or 1) // _local_ranks // 2)))
+_local_ranks = os.environ.get("LOCAL_WORLD_SIZE", "1")
+_local_ranks = max(1, int(_local_ranks)) if _local_ranks.isdigit() else 1
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _local_ranks // 2)))
 
 import pytest  # noqa: E402 - after the compile-thread setting
 import torch  # noqa: E402
