@@ -1,7 +1,7 @@
 """Our persistent GEMM (:func:`triton_dist.kernels.gemm.dense.gemm`) alone against cuBLAS
 (``torch.matmul``), ``C = A @ B.T`` in bf16, on one GPU: issue 22's table.
 
-    python bench/gemm.py [--quick] [--m 1,16] [--shapes 4096x7168,70b.down] [--no-sweep]
+    python bench/gemm.py [--quick] [--m 1,16] [--shapes 4096x7168,70b.down] [--no-sweep] [--cublas-kernels]
                          [--no-do-bench] [--same-operands] [--budget-s 540] [--merge | --resume] [--list]
 
 Rows: M in :data:`M_VALUES` x every (N, K) of the QKV, O, gate+up (fused) and down projections of
@@ -39,7 +39,8 @@ Per row: ``config`` (what ``gemm`` picks: ``pick_gemm_config``), ``config_us``
 ``pick_split_k``'s; with ``--sweep-slices`` also ``slices_us``, each split-K config at the other
 counts of :data:`SLICE_COUNTS`: the data to re-derive that rule), ``tail_slices`` (the K slices of
 each timed wave-tail config's last-wave tiles, ``pick_tail_split``'s; 1: it ran as its base);
-``verified``: ours within :data:`REL_TOL` of an fp32 reference on up to
+with ``--cublas-kernels``, ``cublas_kernels`` (the kernel names of one profiled cuBLAS call:
+its tile shape and split of K for the row); ``verified``: ours within :data:`REL_TOL` of an fp32 reference on up to
 :data:`REF_ROWS` rows (random inputs); a config that misses it is left out of ``config_us`` and
 listed in ``config_errors``. Bar (issue 22): cuBLAS/ours >= 0.95 on every row, median >= 1.
 
@@ -328,6 +329,21 @@ def _call_us(fn) -> float:
     return max(start.elapsed_time(stop) * 1000.0 / 3, 1.0)
 
 
+def kernels_launched(fn) -> list[str]:
+    """The names of the GPU kernels one call of ``fn`` launches (torch.profiler, after a warm-up
+    call): for cuBLAS, which tile shape, cluster and split of K its heuristic chose for the row
+    (``nvjet_*`` names carry them), the configurations to try where ours is short."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 def measure_row(m: int, n: int, k: int, labels, args, gpu: str, sms: int, l2_bytes: int) -> dict:
     import torch
 
@@ -401,6 +417,11 @@ def measure_row(m: int, n: int, k: int, labels, args, gpu: str, sms: int, l2_byt
             extra["tail_slices"] = tails
     if config_errors:
         extra["config_errors"] = config_errors
+    if args.cublas_kernels:
+        try:
+            extra["cublas_kernels"] = kernels_launched(lambda: torch.matmul(a, b.t(), out=outs["cublas"]))
+        except Exception as e:  # noqa: BLE001  a diagnostic: the row's times stand without it
+            extra["cublas_kernels"] = [f"profiler failed: {type(e).__name__}: {e}".splitlines()[0]]
     if not args.no_do_bench:
         extra["do_bench"] = {"ours_us": _do_bench_us(lambda: gemm(a, b, out=outs["ours"]), call),
                              "cublas_us": _do_bench_us(lambda: torch.matmul(a, b.t(), out=outs["cublas"]), call)}
@@ -427,6 +448,8 @@ def _parser():
     parser.add_argument("--sweep-slices", action="store_true",
                         help=f"also time each split-K config at {SLICE_COUNTS} K slices (slices_us)")
     parser.add_argument("--same-operands", action="store_true", help="no operand copies: L2-resident B for small N*K")
+    parser.add_argument("--cublas-kernels", action="store_true",
+                        help="record the kernels cuBLAS launches per row (cublas_kernels: its tiles and split)")
     parser.add_argument("--budget-s", type=float, help="start no row after this many seconds (then write)")
     parser.add_argument("--merge", action="store_true", help="keep the results file's records of rows not run")
     parser.add_argument("--resume", action="store_true", help="--merge, and skip rows the results file has")
