@@ -152,7 +152,7 @@ def breakdown(device, dtype) -> tuple[dict, list[str]]:
            ("the same through its PreparedLaunch (all arguments passed)",
             lambda: plan._prepared and plan._prepared.launch(plan.arguments(x, y)))] if plan is not None else []),
         ("context.run(x, y, 'll')", lambda: context.run(x, y, "ll")),
-        ("ops.all_reduce(..., method='ll', context=): the full path",
+        ("ops.all_reduce(..., method='ll', context=): replayed from the context",
          lambda: ops.all_reduce(x, out=y, method="ll", context=context)),
         ("ops.all_reduce(x, out=y, method='ll'): replayed", lambda: ops.all_reduce(x, out=y, method="ll")),
         ("ops.all_reduce(x, out=y)", lambda: ops.all_reduce(x, out=y)),

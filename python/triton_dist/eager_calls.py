@@ -16,12 +16,15 @@ path, which raises the op's own errors.
 
 A call is recorded after the full path ran it, and only when the context says its launches do not
 depend on the tensors (its ``run`` returned the plan: a fixed launch or two, every rank more than
-one, not ``"auto"``'s choice by ``out``'s memory). Calls with ``context=`` are not recorded: the plan holds
-the context's buffers, which must be freed when the caller drops the context. With
+one, not ``"auto"``'s choice by ``out``'s memory). A call with ``context=`` is recorded on that context
+(its ``eager_plans``, a :class:`ContextPlans`), not here: the plan holds the context's buffers,
+which must be freed when the caller drops the context, and a call with another context or none
+never takes it. With
 :attr:`Config.check_collective_calls <triton_dist.config.Config.check_collective_calls>` nothing is
 recorded, nor with ``Config.eager_replay`` off, and plans recorded under another Config object
 are dropped, so every call is checked.
-:func:`clear` (``ops.clear_contexts``, ``finalize``) forgets every plan.
+:func:`clear` (``ops.clear_contexts``, ``finalize``) forgets every plan, those kept on contexts too
+(finalize frees the memory they name).
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ _empty = None
 _empty_like = None
 _contiguous = None  # torch.contiguous_format
 
+_generation = 0
+"""Bumped by :func:`clear`: plans kept on contexts are replayed only in the generation they were
+recorded in."""
+
 _recorded_under = None
 """The Config object (``config._current``) the plans were recorded under: under another one (a new
 ``init``, or ``check_collective_calls`` switched on) they are forgotten, as its settings may change
@@ -61,12 +68,38 @@ class CallPlan:
         self.like_shaped = False
 
 
-def _plan_for(key: tuple):
-    """The plan recorded under ``key``, or None (plans of another Config are dropped first)."""
-    if _config._current is not _recorded_under:  # another Config (init, or a test's switch): full paths
-        _PLANS.clear()
+class ContextPlans:
+    """The recorded calls made with one caller's context (the context's ``eager_plans``), kept on
+    the context so that they go with it; valid under the Config and :func:`clear` generation they
+    were recorded in."""
+
+    __slots__ = ("plans", "config", "generation")
+
+    def __init__(self):
+        self.plans: dict = {}
+        self.config = _config._current
+        self.generation = _generation
+
+
+def _held(context) -> ContextPlans | None:
+    """``context``'s plans, if it has any recorded under the current Config since the last
+    :func:`clear`."""
+    held = getattr(context, "eager_plans", None)
+    if held is None or held.config is not _config._current or held.generation != _generation:
         return None
-    return _PLANS.get(key)
+    return held
+
+
+def _plan_for(key: tuple, context):
+    """The plan recorded under ``key`` for calls with ``context`` (None: the ops' own cached
+    contexts), or None (plans of another Config or an earlier :func:`clear` are dropped first)."""
+    if context is None:
+        if _config._current is not _recorded_under:  # another Config (init, or a test's switch): full paths
+            _PLANS.clear()
+            return None
+        return _PLANS.get(key)
+    held = _held(context)
+    return None if held is None else held.plans.get(key)
 
 
 def _fits(t, device: int) -> bool:
@@ -90,12 +123,13 @@ def _output(plan: CallPlan, out, like):
     return None
 
 
-def replay(op: str, x, out, method: str):
-    """``op``'s result (``out``, or a new tensor) from a recorded plan, launched on the current
-    stream; None, with nothing launched, when no plan fits: the caller takes the full path."""
-    if not _PLANS or type(x) is not _Tensor or type(method) is not str:
+def replay(op: str, x, out, method: str, context=None):
+    """``op``'s result (``out``, or a new tensor) from a plan recorded with ``context`` (None: the
+    op's cached one), launched on the current stream; None, with nothing launched, when no plan
+    fits: the caller takes the full path."""
+    if _Tensor is None or type(x) is not _Tensor or type(method) is not str:
         return None
-    plan = _plan_for((op, x.shape, x.dtype, method, out is None))
+    plan = _plan_for((op, x.shape, x.dtype, method, out is None), context)
     if plan is None or _torch_c._cuda_getDevice() != plan.device or not _fits(x, plan.device):
         return None
     out = _output(plan, out, x)
@@ -104,14 +138,14 @@ def replay(op: str, x, out, method: str):
     return out
 
 
-def replay_gemm(op: str, a, b, out, method: str):
+def replay_gemm(op: str, a, b, out, method: str, context=None):
     """:func:`replay` for a GEMM op of ``a [M, K]`` and ``b [N, K]``; None while a timeline records
     (:mod:`triton_dist.timeline`: the GEMMs' full paths launch instrumented variants, the plans
     do not)."""
-    if (not _PLANS or type(a) is not _Tensor or type(b) is not _Tensor or type(method) is not str
+    if (_Tensor is None or type(a) is not _Tensor or type(b) is not _Tensor or type(method) is not str
             or _timeline._current is not None):
         return None
-    plan = _plan_for((op, a.shape, b.shape, a.dtype, method, out is None))
+    plan = _plan_for((op, a.shape, b.shape, a.dtype, method, out is None), context)
     if (plan is None or b.dtype != a.dtype or _torch_c._cuda_getDevice() != plan.device or
             not _fits(a, plan.device) or not _fits(b, plan.device)):
         return None
@@ -121,20 +155,20 @@ def replay_gemm(op: str, a, b, out, method: str):
     return out
 
 
-def record(op: str, x, out, out_given: bool, method: str, launched) -> None:
-    """Remember that ``op(x, out=out if out_given else None, method=method)`` (no ``context=``),
+def record(op: str, x, out, out_given: bool, method: str, launched, context=None) -> None:
+    """Remember that ``op(x, out=out if out_given else None, method=method, context=context)``,
     just run by the full path, launched ``launched`` (what the context's ``run`` returned: a
     LaunchPlan, or None when the call may not be replayed)."""
-    _record((op, x.shape, x.dtype, method, not out_given), x, out, launched, 2)
+    _record((op, x.shape, x.dtype, method, not out_given), x, out, launched, 2, context)
 
 
-def record_gemm(op: str, a, b, out, out_given: bool, method: str, launched) -> None:
+def record_gemm(op: str, a, b, out, out_given: bool, method: str, launched, context=None) -> None:
     """:func:`record` for a GEMM op of ``a`` and ``b`` (``launched``: a LaunchSequence taking
     ``(a, b, out)``, or None)."""
-    _record((op, a.shape, b.shape, a.dtype, method, not out_given), a, out, launched, 3)
+    _record((op, a.shape, b.shape, a.dtype, method, not out_given), a, out, launched, 3, context)
 
 
-def _record(key: tuple, x, out, launched, tensors: int) -> None:
+def _record(key: tuple, x, out, launched, tensors: int, context) -> None:
     global _Tensor, _torch_c, _empty, _empty_like, _contiguous, _recorded_under
     config = _config.get()
     if launched is None or config.check_collective_calls or not config.eager_replay:
@@ -147,21 +181,34 @@ def _record(key: tuple, x, out, launched, tensors: int) -> None:
 
         _Tensor, _torch_c, _empty, _empty_like = torch.Tensor, torch._C, torch.empty, torch.empty_like
         _contiguous = torch.contiguous_format
-    if _config._current is not _recorded_under:
-        _PLANS.clear()
-        _recorded_under = _config._current
-    if key not in _PLANS and len(_PLANS) >= MAX_PLANS:
-        _PLANS.clear()
+    if context is None:
+        if _config._current is not _recorded_under:
+            _PLANS.clear()
+            _recorded_under = _config._current
+        plans = _PLANS
+    else:
+        held = _held(context)
+        if held is None:
+            held = context.eager_plans = ContextPlans()
+        plans = held.plans
+    if key not in plans and len(plans) >= MAX_PLANS:
+        plans.clear()
     plan = CallPlan(launched, x.get_device(), out)
     plan.like_shaped = out.shape == x.shape and out.dtype == x.dtype
-    _PLANS[key] = plan
+    plans[key] = plan
 
 
 def clear() -> None:
-    """Forget every plan (their contexts' buffers are freed once nothing else holds them)."""
+    """Forget every plan, those kept on callers' contexts too (their contexts' buffers are freed
+    once nothing else holds them)."""
+    global _generation
     _PLANS.clear()
+    _generation += 1
 
 
-def plans() -> int:
-    """How many calls are recorded."""
-    return len(_PLANS)
+def plans(context=None) -> int:
+    """How many calls are recorded (with ``context``: on it, and still valid)."""
+    if context is None:
+        return len(_PLANS)
+    held = _held(context)
+    return 0 if held is None else len(held.plans)

@@ -163,10 +163,9 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     if _torch_library.compiling():
         _torch_library.eager_only("all_reduce", out=out, context=context)
         return _torch_library.call("all_reduce", x, method)
-    if context is None:
-        replayed = _eager_calls.replay("all_reduce", x, out, method)
-        if replayed is not None:
-            return replayed
+    replayed = _eager_calls.replay("all_reduce", x, out, method, context)
+    if replayed is not None:
+        return replayed
     _require_initialized("all_reduce")
     _call_agreement.check("all_reduce", x=x, method=method)
     _check_input("all_reduce", x)
@@ -181,8 +180,7 @@ def all_reduce(x, *, out=None, method: str = "auto", context=None):
     if method == "auto":
         method = context.method_for(x.numel() * x.element_size())
     launched = context.run(x.view(-1), out.view(-1), method)
-    if given_context is None:
-        _eager_calls.record("all_reduce", x, out, out_given, asked, launched)
+    _eager_calls.record("all_reduce", x, out, out_given, asked, launched, given_context)
     return out
 
 
@@ -198,10 +196,9 @@ def all_gather(x, *, out=None, method: str = "auto", context=None):
     if _torch_library.compiling():
         _torch_library.eager_only("all_gather", out=out, context=context)
         return _torch_library.call("all_gather", x, method)
-    if context is None:
-        replayed = _eager_calls.replay("all_gather", x, out, method)
-        if replayed is not None:
-            return replayed
+    replayed = _eager_calls.replay("all_gather", x, out, method, context)
+    if replayed is not None:
+        return replayed
     _require_initialized("all_gather")
     _call_agreement.check("all_gather", x=x, method=method)
     _check_input("all_gather", x)
@@ -218,8 +215,7 @@ def all_gather(x, *, out=None, method: str = "auto", context=None):
     if x.numel() == 0:
         return out
     launched = context.run(x.view(-1), out.view(-1), method)
-    if given_context is None:
-        _eager_calls.record("all_gather", x, out, out_given, method, launched)
+    _eager_calls.record("all_gather", x, out, out_given, method, launched, given_context)
     return out
 
 
@@ -233,10 +229,9 @@ def reduce_scatter(x, *, out=None, method: str = "auto", context=None):
     if _torch_library.compiling():
         _torch_library.eager_only("reduce_scatter", out=out, context=context)
         return _torch_library.call("reduce_scatter", x, method)
-    if context is None:
-        replayed = _eager_calls.replay("reduce_scatter", x, out, method)
-        if replayed is not None:
-            return replayed
+    replayed = _eager_calls.replay("reduce_scatter", x, out, method, context)
+    if replayed is not None:
+        return replayed
     _require_initialized("reduce_scatter")
     _call_agreement.check("reduce_scatter", x=x, method=method)
     _check_input("reduce_scatter", x)
@@ -254,8 +249,7 @@ def reduce_scatter(x, *, out=None, method: str = "auto", context=None):
     if x.numel() == 0:
         return out
     launched = context.run(x.view(-1), out.view(-1), method)
-    if given_context is None:
-        _eager_calls.record("reduce_scatter", x, out, out_given, method, launched)
+    _eager_calls.record("reduce_scatter", x, out, out_given, method, launched, given_context)
     return out
 
 
@@ -365,10 +359,9 @@ def ag_gemm(a_shard, b, *, out=None, method: str = "auto", context=None):
     if _torch_library.compiling():
         _torch_library.eager_only("ag_gemm", out=out, context=context)
         return _torch_library.call("ag_gemm", a_shard, b, method)
-    if context is None:
-        replayed = _eager_calls.replay_gemm("ag_gemm", a_shard, b, out, method)
-        if replayed is not None:
-            return replayed
+    replayed = _eager_calls.replay_gemm("ag_gemm", a_shard, b, out, method, context)
+    if replayed is not None:
+        return replayed
     _require_initialized("ag_gemm")
     _call_agreement.check("ag_gemm", a_shard=a_shard, b=b, method=method)
     from .kernels.gemm.ag_gemm import METHODS
@@ -386,8 +379,7 @@ def ag_gemm(a_shard, b, *, out=None, method: str = "auto", context=None):
     if m == 0 or n == 0:
         return out
     launched = context.run(a_shard, b, out)
-    if given_context is None:
-        _eager_calls.record_gemm("ag_gemm", a_shard, b, out, out_given, method, launched)
+    _eager_calls.record_gemm("ag_gemm", a_shard, b, out, out_given, method, launched, given_context)
     return out
 
 
@@ -459,10 +451,9 @@ def gemm_rs(a, b, *, out=None, method: str = "auto", context=None, variant: str 
     if _torch_library.compiling():
         _torch_library.eager_only("gemm_rs", out=out, context=context)
         return _torch_library.call("gemm_rs", a, b, method)
-    if context is None:
-        replayed = _eager_calls.replay_gemm("gemm_rs", a, b, out, method)
-        if replayed is not None:
-            return replayed
+    replayed = _eager_calls.replay_gemm("gemm_rs", a, b, out, method, context)
+    if replayed is not None:
+        return replayed
     _require_initialized("gemm_rs")
     _call_agreement.check("gemm_rs", a=a, b=b, method=method)
     from .kernels.gemm.gemm_rs import METHODS
@@ -481,8 +472,7 @@ def gemm_rs(a, b, *, out=None, method: str = "auto", context=None, variant: str 
     out_given = out is not None
     out, launched = _run_n_keyed_gemm("gemm_rs", GemmReduceScatterContext, a, b, (big_m // world, n), out, context,
                                       method, min_m=256)
-    if context is None:
-        _eager_calls.record_gemm("gemm_rs", a, b, out, out_given, method, launched)
+    _eager_calls.record_gemm("gemm_rs", a, b, out, out_given, method, launched, context)
     return out
 
 
@@ -512,10 +502,9 @@ def gemm_ar(a, b, *, out=None, method: str = "auto", context=None, variant: str 
     if _torch_library.compiling():
         _torch_library.eager_only("gemm_ar", out=out, context=context)
         return _torch_library.call("gemm_ar", a, b, method)
-    if context is None:
-        replayed = _eager_calls.replay_gemm("gemm_ar", a, b, out, method)
-        if replayed is not None:
-            return replayed
+    replayed = _eager_calls.replay_gemm("gemm_ar", a, b, out, method, context)
+    if replayed is not None:
+        return replayed
     _require_initialized("gemm_ar")
     _call_agreement.check("gemm_ar", a=a, b=b, method=method)
     from .kernels.gemm import gemm_ar as _gemm_ar
@@ -529,8 +518,7 @@ def gemm_ar(a, b, *, out=None, method: str = "auto", context=None, variant: str 
     out_given = out is not None
     out, launched = _run_n_keyed_gemm("gemm_ar", GemmAllReduceContext, a, b, (m, n), out, context, method,
                                       min_m=128)
-    if context is None:
-        _eager_calls.record_gemm("gemm_ar", a, b, out, out_given, method, launched)
+    _eager_calls.record_gemm("gemm_ar", a, b, out, out_given, method, launched, context)
     return out
 
 

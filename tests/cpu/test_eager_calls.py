@@ -236,3 +236,58 @@ def test_a_gemm_out_is_checked_like_the_collectives(calls):
 def test_a_plan_of_another_arity_is_refused_when_recorded(calls):
     with pytest.raises(ValueError, match="takes 3 tensors, its replay 2"):
         eager_calls.record("all_reduce", Tensor((64, 32)), Tensor((64, 32)), False, "auto", Sequence())
+
+
+class Context:
+    """A user-held context's stand-in: what eager_calls keeps on one."""
+
+    eager_plans = None
+
+
+def test_calls_with_a_context_replay_from_it_and_only_with_it(calls):
+    """A call with ``context=`` is recorded on that context, not with the ops' cached ones: a call
+    with it replays, one without it or with another context does not (and the other way round)."""
+    mine, other = Context(), Context()
+    plan = Plan()
+    eager_calls.record("all_gather", Tensor((64, 32)), Tensor((256, 32)), False, "auto", plan, mine)
+    assert eager_calls.plans() == 0 and eager_calls.plans(mine) == 1 and eager_calls.plans(other) == 0
+    x = Tensor((64, 32), address=8192)
+    out = eager_calls.replay("all_gather", x, None, "auto", mine)
+    assert out is not None and plan.launched == [(x, out)]
+    assert eager_calls.replay("all_gather", x, None, "auto") is None
+    assert eager_calls.replay("all_gather", x, None, "auto", other) is None
+    record()  # the cached contexts' plan of the same key
+    assert eager_calls.replay("all_gather", x, None, "auto", other) is None
+    assert len(plan.launched) == 1
+
+
+def test_clear_and_another_config_drop_the_plans_kept_on_contexts(calls, monkeypatch):
+    """finalize (through clear) frees the memory a context's plans name; a new Config may change
+    what a call does: either way the context's next call takes the full path, then records anew."""
+    mine = Context()
+    plan = Plan()
+
+    def record_with():
+        eager_calls.record("all_reduce", Tensor((4096,)), Tensor((4096,)), True, "ll", plan, mine)
+
+    record_with()
+    eager_calls.clear()
+    x, y = Tensor((4096,)), Tensor((4096,), address=1 << 22)
+    assert eager_calls.replay("all_reduce", x, y, "ll", mine) is None and eager_calls.plans(mine) == 0
+    record_with()
+    assert eager_calls.replay("all_reduce", x, y, "ll", mine) is y
+    monkeypatch.setattr(config, "_current", object())
+    assert eager_calls.replay("all_reduce", x, y, "ll", mine) is None
+    record_with()
+    assert eager_calls.replay("all_reduce", x, y, "ll", mine) is y and len(plan.launched) == 2
+
+
+def test_a_gemm_call_with_a_context_replays_from_it(calls):
+    mine = Context()
+    plan = Sequence()
+    eager_calls.record_gemm("gemm_rs", Tensor((256, 512)), Tensor((1024, 512)), Tensor((128, 1024)), False, "fused",
+                            plan, mine)
+    a, b = Tensor((256, 512)), Tensor((1024, 512))
+    assert eager_calls.replay_gemm("gemm_rs", a, b, None, "fused") is None
+    out = eager_calls.replay_gemm("gemm_rs", a, b, None, "fused", mine)
+    assert out.shape == (128, 1024) and plan.launched == [(a, b, out)]

@@ -140,19 +140,39 @@ def test_one_rank_on_the_full_path_while_the_others_replay(op):
 
 
 @pytest.mark.parametrize("op", list(_ONE_LAUNCH))
-def test_calls_with_a_context_are_not_recorded(op):
+def test_calls_with_a_context_replay_from_it(op, replays):
+    """Calls with ``context=`` are recorded on that context, not with the ops' cached ones, and
+    replayed: right on fresh data every call, a new out and a given one in turn; a call without
+    the context is not replayed from its plans; its plans go with it (and with clear)."""
+    import gc
+    import weakref
+
     from triton_dist.kernels import AllGatherContext, AllReduceContext, ReduceScatterContext
 
     context_class = {"all_reduce": AllReduceContext, "all_gather": AllGatherContext,
                      "reduce_scatter": ReduceScatterContext}[op]
-    x, want = _case(op, 4, torch.bfloat16)
     context = context_class(1 << 20, torch.bfloat16)
     eager_calls.clear()
-    for _ in range(3):
-        got = getattr(ops, op)(x, context=context)
-    torch.cuda.synchronize()
-    all_ranks_agree(eager_calls.plans() == 0 and tolerance_ratio(got, want) <= 1,
-                    f"{op} with context=: {eager_calls.plans()} plans recorded")
+
+    def call(i, x, want):
+        out = None if i % 2 == 0 else torch.full(want.shape, float("nan"), device="cuda", dtype=x.dtype)
+        return getattr(ops, op)(x, out=out, context=context)
+
+    bad = _wrong_calls(op, 60, 4000, torch.bfloat16, call)
+    replayable = dist.get_world_size() > 1
+    expected = 58 if replayable else 0  # all but the first call of each form
+    recorded = (eager_calls.plans(), eager_calls.plans(context))
+    all_ranks_agree(not bad and replays[0] == expected and recorded == (0, 2 if replayable else 0),
+                    f"{op} with context=: wrong at {bad}; {replays[0]} replayed (expected {expected}); plans "
+                    f"(cached, the context's) {recorded}")
+    x, _ = _case(op, 4, torch.bfloat16)
+    all_ranks_agree(eager_calls.replay(op, x, None, "auto") is None, f"{op}: a call without the context replayed")
+    eager_calls.clear()
+    all_ranks_agree(eager_calls.plans(context) == 0, f"{op}: the context's plans outlived clear()")
+    gone = weakref.ref(context)
+    del context, call
+    gc.collect()
+    all_ranks_agree(gone() is None, f"{op}: the context outlived its last reference (its plans hold it)")
     tdist.barrier()
 
 

@@ -56,6 +56,10 @@ class CollectiveContext:
     NUM_WARPS = 8
     DEFAULT_MAX_PROGRAMS = 128
 
+    eager_plans = None
+    """The ops' recorded calls made with this context (:class:`triton_dist.eager_calls.ContextPlans`),
+    replayed by later calls like them; set by the first."""
+
     def __init__(self, op: str, dtype, max_numel: int, buffers: dict[str, int], signals_per_program: int,
                  max_programs: int | None = None):
         _runtime._require_initialized(op)

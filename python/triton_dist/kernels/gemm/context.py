@@ -26,6 +26,10 @@ class OverlappedGemmContext:
     METHODS: tuple[str, ...] = ()
     """``method=`` values :meth:`check_method` accepts (subclasses with several methods)."""
 
+    eager_plans = None
+    """The ops' recorded calls made with this context (:class:`triton_dist.eager_calls.ContextPlans`),
+    replayed by later calls like them; set by the first."""
+
     def __init__(self, op: str, dtype, *, aligned: str, protocol_on_one_rank: bool = False, **sizes):
         _runtime._require_initialized(op)
         import torch
