@@ -141,9 +141,11 @@ def replay(op: str, x, out, method: str, context=None):
 def replay_gemm(op: str, a, b, out, method: str, context=None):
     """:func:`replay` for a GEMM op of ``a [M, K]`` and ``b [N, K]``; None while a timeline records
     (:mod:`triton_dist.timeline`: the GEMMs' full paths launch instrumented variants, the plans
-    do not)."""
+    do not), and for ``"auto"`` while the stream captures a CUDA graph: ag_gemm's and gemm_rs's
+    ``"auto"`` choose a one-kernel method for an eager call, whose plan is what gets recorded, and
+    the copy-engine producer under capture (:mod:`~triton_dist.kernels.gemm.policy`)."""
     if (_Tensor is None or type(a) is not _Tensor or type(b) is not _Tensor or type(method) is not str
-            or _timeline._current is not None):
+            or _timeline._current is not None or (method == "auto" and _torch_c._cuda_isCurrentStreamCapturing())):
         return None
     plan = _plan_for((op, a.shape, b.shape, a.dtype, method, out is None), context)
     if (plan is None or b.dtype != a.dtype or _torch_c._cuda_getDevice() != plan.device or

@@ -55,8 +55,9 @@ def calls(monkeypatch):
     monkeypatch.setattr(eager_calls, "_empty", empty)
     monkeypatch.setattr(eager_calls, "_empty_like", empty_like)
     monkeypatch.setattr(eager_calls, "_contiguous", object())  # torch.contiguous_format's stand-in
-    current = types.SimpleNamespace(device=0)
-    monkeypatch.setattr(eager_calls, "_torch_c", types.SimpleNamespace(_cuda_getDevice=lambda: current.device))
+    current = types.SimpleNamespace(device=0, capturing=False)
+    monkeypatch.setattr(eager_calls, "_torch_c", types.SimpleNamespace(
+        _cuda_getDevice=lambda: current.device, _cuda_isCurrentStreamCapturing=lambda: current.capturing))
     monkeypatch.setattr(config, "get", lambda: types.SimpleNamespace(check_collective_calls=False, eager_replay=True))
     eager_calls.clear()
     yield current
@@ -291,3 +292,19 @@ def test_a_gemm_call_with_a_context_replays_from_it(calls):
     assert eager_calls.replay_gemm("gemm_rs", a, b, None, "fused") is None
     out = eager_calls.replay_gemm("gemm_rs", a, b, None, "fused", mine)
     assert out.shape == (128, 1024) and plan.launched == [(a, b, out)]
+
+
+def test_no_auto_gemm_call_is_replayed_while_capturing(calls):
+    """An eager ``"auto"`` GEMM call recorded the one-kernel method that ``"auto"`` picks for eager
+    calls; under graph capture it picks the copy-engine producer: the full path decides then. A
+    named method replays under capture too."""
+    auto, fused = Sequence(), Sequence()
+    for method, plan in (("auto", auto), ("fused", fused)):
+        eager_calls.record_gemm("gemm_rs", Tensor((256, 512)), Tensor((1024, 512)), Tensor((128, 1024)), True, method,
+                                plan)
+    a, b, out = Tensor((256, 512)), Tensor((1024, 512)), Tensor((128, 1024), address=1 << 23)
+    calls.capturing = True
+    assert eager_calls.replay_gemm("gemm_rs", a, b, out, "auto") is None and auto.launched == []
+    assert eager_calls.replay_gemm("gemm_rs", a, b, out, "fused") is out and fused.launched == [(a, b, out)]
+    calls.capturing = False
+    assert eager_calls.replay_gemm("gemm_rs", a, b, out, "auto") is out and auto.launched == [(a, b, out)]

@@ -59,6 +59,16 @@ def test_one_launch_calls_replay_their_launches(method, replays):
     eager_calls.clear()
     check_repeated_calls(f"gemm_rs {method}", lambda a, b, out: ops.gemm_rs(a, b, out=out, method=method), draw,
                          (m, n), dtype, replays)
+    # The same calls with a context of the caller's: replayed from plans kept on it, none cached.
+    from triton_dist.kernels import GemmReduceScatterContext
+
+    context = GemmReduceScatterContext(world * m, n, dtype)
+    replays[0] = replays[1] = 0
+    check_repeated_calls(f"gemm_rs {method} with context=",
+                         lambda a, b, out: ops.gemm_rs(a, b, out=out, method=method, context=context), draw, (m, n),
+                         dtype, replays, calls=40)
+    all_ranks_agree(eager_calls.plans(context) == (2 if world > 1 else 0),
+                    f"gemm_rs {method}: {eager_calls.plans(context)} plans on the context")
 
 
 @pytest.mark.parametrize("method", _METHODS + ["auto"])
