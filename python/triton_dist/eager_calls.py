@@ -39,7 +39,8 @@ _PLANS: dict = {}
 """(op, shape, dtype, method, out is None) -> :class:`CallPlan`; a GEMM op's key holds both
 operands' shapes."""
 
-_Tensor = None  # torch.Tensor, torch._C and the allocators, bound by the first record (triton_dist imports torch lazily)
+# torch.Tensor, torch._C and the allocators, bound by the first record (triton_dist imports torch lazily)
+_Tensor = None
 _torch_c = None
 _empty = None
 _empty_like = None
