@@ -329,21 +329,6 @@ def _call_us(fn) -> float:
     return max(start.elapsed_time(stop) * 1000.0 / 3, 1.0)
 
 
-def kernels_launched(fn) -> list[str]:
-    """The names of the GPU kernels one call of ``fn`` launches (torch.profiler, after a warm-up
-    call): for cuBLAS, which tile shape, cluster and split of K its heuristic chose for the row
-    (``nvjet_*`` names carry them), the configurations to try where ours is short."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 def measure_row(m: int, n: int, k: int, labels, args, gpu: str, sms: int, l2_bytes: int) -> dict:
     import torch
 
@@ -418,10 +403,7 @@ def measure_row(m: int, n: int, k: int, labels, args, gpu: str, sms: int, l2_byt
     if config_errors:
         extra["config_errors"] = config_errors
     if args.cublas_kernels:
-        try:
-            extra["cublas_kernels"] = kernels_launched(lambda: torch.matmul(a, b.t(), out=outs["cublas"]))
-        except Exception as e:  # noqa: BLE001  a diagnostic: the row's times stand without it
-            extra["cublas_kernels"] = [f"profiler failed: {type(e).__name__}: {e}".splitlines()[0]]
+        extra["cublas_kernels"] = bench.kernels_launched(lambda: torch.matmul(a, b.t(), out=outs["cublas"]))
     if not args.no_do_bench:
         extra["do_bench"] = {"ours_us": _do_bench_us(lambda: gemm(a, b, out=outs["ours"]), call),
                              "cublas_us": _do_bench_us(lambda: torch.matmul(a, b.t(), out=outs["cublas"]), call)}

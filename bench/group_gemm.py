@@ -9,7 +9,9 @@ experts). CUDA-graph timing, median of 30 replays, bf16, tokens packed by expert
 ``bound_us`` is the faster baseline: the bar is ours <= bound. ``config_us``: every config of
 :func:`sweep_configs` (the swapped decode configs where an expert averages at most 128 rows), each
 first checked against the cuBLAS loop; a config that errs or misses ``REL_TOL`` is left out of it
-and listed in ``config_errors``. Writes bench/results/<gpu>-x1/group_gemm.json.
+and listed in ``config_errors``. ``baseline_kernels``: the kernels one call of each baseline
+launches (the cuBLAS loop's distinct ones, torch._grouped_mm's), whose names carry the tiles they
+chose. Writes bench/results/<gpu>-x1/group_gemm.json.
 """
 
 from __future__ import annotations
@@ -156,6 +158,10 @@ def main() -> int:
                   f"rel error {error:.2e}; configs: " + ", ".join(f"{c} {t:.1f} us" for c, t in config_us.items()) +
                   f" (picked {picked})" + (f"; NOT TIMED (errors): {config_errors}" if config_errors else ""))
             extra = {"config_errors": config_errors} if config_errors else {}
+            # What the baselines chose for this row (their kernels' names): where ours is short,
+            # the configuration to try.
+            extra["baseline_kernels"] = {"cublas_loop": bench.kernels_launched(cublas_loop),
+                                         **({"grouped_mm": bench.kernels_launched(grouped)} if grouped else {})}
             records.append(bench.record(
                 "group_gemm", shape=[experts, rows, n, k], dtype="bfloat16", world_size=1, gpu=bench.gpu_slug(),
                 ours_us=ours, baselines={"torch_cublas_loop_us": loop, "torch_grouped_mm_us": grouped_us},
