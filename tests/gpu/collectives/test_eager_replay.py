@@ -154,7 +154,7 @@ def test_calls_with_a_context_replay_from_it(op, replays):
     context = context_class(1 << 20, torch.bfloat16)
     eager_calls.clear()
 
-    def call(i, x, want):
+    def call(i, x, want, context=context):  # a default, not a closure: the context is deleted below
         out = None if i % 2 == 0 else torch.full(want.shape, float("nan"), device="cuda", dtype=x.dtype)
         return getattr(ops, op)(x, out=out, context=context)
 
