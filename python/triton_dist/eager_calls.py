@@ -62,11 +62,11 @@ class CallPlan:
 
     __slots__ = ("launch", "device", "out_shape", "out_dtype", "out_device", "like_shaped")
 
-    def __init__(self, launch, device: int, out):
+    def __init__(self, launch, x, out):
         self.launch = launch
-        self.device = device
+        self.device = x.get_device()
         self.out_shape, self.out_dtype, self.out_device = out.shape, out.dtype, out.device
-        self.like_shaped = False
+        self.like_shaped = out.shape == x.shape and out.dtype == x.dtype
 
 
 class ContextPlans:
@@ -128,7 +128,7 @@ def replay(op: str, x, out, method: str, context=None):
     """``op``'s result (``out``, or a new tensor) from a plan recorded with ``context`` (None: the
     op's cached one), launched on the current stream; None, with nothing launched, when no plan
     fits: the caller takes the full path."""
-    if _Tensor is None or type(x) is not _Tensor or type(method) is not str:
+    if type(x) is not _Tensor or type(method) is not str:  # _Tensor: None until the first record
         return None
     plan = _plan_for((op, x.shape, x.dtype, method, out is None), context)
     if plan is None or _torch_c._cuda_getDevice() != plan.device or not _fits(x, plan.device):
@@ -145,7 +145,7 @@ def replay_gemm(op: str, a, b, out, method: str, context=None):
     do not), and for ``"auto"`` while the stream captures a CUDA graph: ag_gemm's and gemm_rs's
     ``"auto"`` choose a one-kernel method for an eager call, whose plan is what gets recorded, and
     the copy-engine producer under capture (:mod:`~triton_dist.kernels.gemm.policy`)."""
-    if (_Tensor is None or type(a) is not _Tensor or type(b) is not _Tensor or type(method) is not str
+    if (type(a) is not _Tensor or type(b) is not _Tensor or type(method) is not str
             or _timeline._current is not None or (method == "auto" and _torch_c._cuda_isCurrentStreamCapturing())):
         return None
     plan = _plan_for((op, a.shape, b.shape, a.dtype, method, out is None), context)
@@ -196,9 +196,7 @@ def _record(key: tuple, x, out, launched, tensors: int, context) -> None:
         plans = held.plans
     if key not in plans and len(plans) >= MAX_PLANS:
         plans.clear()
-    plan = CallPlan(launched, x.get_device(), out)
-    plan.like_shaped = out.shape == x.shape and out.dtype == x.dtype
-    plans[key] = plan
+    plans[key] = CallPlan(launched, x, out)
 
 
 def clear() -> None:
