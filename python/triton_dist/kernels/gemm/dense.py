@@ -49,10 +49,12 @@ import triton.language as tl
 from ... import language as dl
 from ... import residency as _residency
 from ...language import timeline as _timeline
+from . import specialized as _specialized
 from . import split_k as _split_k
 from . import wave_tail as _wave_tail
 from .tile import own_node_first, tile_coords, tile_product
 from .shard_push import push_shard_first
+from .operands import aligned_for_tma, check_operands
 from .epilogues import all_reduce_tile, copy_chunk, partial_destination, publish_pending, sum_own_tile
 from ..common.call_counter import call_epoch
 from ..common.host_math import cdiv
@@ -88,7 +90,8 @@ def config_names() -> list[str]:
     """Every config :func:`gemm` takes by name: :data:`CONFIGS`, :data:`SKINNY_CONFIGS`, the
     split-K configs (:data:`~triton_dist.kernels.gemm.split_k.CONFIG_NAMES`) and the wave-tail
     ones (:data:`~triton_dist.kernels.gemm.wave_tail.CONFIG_NAMES`)."""
-    return sorted(CONFIGS) + sorted(SKINNY_CONFIGS) + list(_split_k.CONFIG_NAMES) + list(_wave_tail.CONFIG_NAMES)
+    return (sorted(CONFIGS) + sorted(SKINNY_CONFIGS) + list(_split_k.CONFIG_NAMES) + list(_wave_tail.CONFIG_NAMES)
+            + list(_specialized.CONFIGS))
 
 
 _CONFIG_NAME_SET = frozenset(config_names())  # gemm() checks every call's config: no list built per call
@@ -99,7 +102,8 @@ def config_params(config: str) -> dict:
     ``BN``, ``BK``, ``NUM_STAGES``, ``num_warps`` of
     :func:`~triton_dist.kernels.gemm.split_k.gemm_split_k_kernel`; a wave-tail config's: its base
     config's, :data:`~triton_dist.kernels.gemm.wave_tail.CONFIG_NAMES`)."""
-    params = CONFIGS.get(config) or SKINNY_CONFIGS.get(config) or _split_k.config_params(config)
+    params = (CONFIGS.get(config) or SKINNY_CONFIGS.get(config) or _specialized.CONFIGS.get(config)
+              or _split_k.config_params(config))
     if config in _wave_tail.CONFIG_NAMES:
         params = CONFIGS[_wave_tail.CONFIG_NAMES[config]]
     if params is None:
@@ -112,9 +116,10 @@ def _persistent(config: str) -> dict:
     if config in _split_k.CONFIG_NAMES:
         raise ValueError(f"triton_dist gemm: {config!r} is a config of the split-K kernel "
                          f"(triton_dist.kernels.gemm.split_k), not of gemm_kernel")
-    if config in _wave_tail.CONFIG_NAMES:
-        raise ValueError(f"triton_dist gemm: {config!r} is a config of the wave-tail kernel "
-                         f"(triton_dist.kernels.gemm.wave_tail), not of gemm_kernel")
+    for kernels, module in ((_wave_tail.CONFIG_NAMES, "wave_tail"), (_specialized.CONFIGS, "specialized")):
+        if config in kernels:
+            raise ValueError(f"triton_dist gemm: {config!r} is a config of the {module.replace('_', '-')} kernel "
+                             f"(triton_dist.kernels.gemm.{module}), not of gemm_kernel")
     return config_params(config)
 
 
@@ -510,46 +515,6 @@ def grid_for(m: int, n: int, config: str, max_programs: int) -> tuple[int]:
     return (max(1, min(tiles, max_programs)), )
 
 
-def _check_operands(a, b, out) -> None:
-    import torch
-
-    for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"triton_dist gemm: {name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 2:
-            raise ValueError(f"triton_dist gemm: {name} must be 2-D, got shape {tuple(t.shape)}")
-        if t.dtype not in (torch.bfloat16, torch.float16):
-            raise TypeError(f"triton_dist gemm: {name} is {t.dtype}; only torch.bfloat16 and torch.float16 are "
-                            f"supported")
-        if not t.is_cuda:
-            raise ValueError(f"triton_dist gemm: {name} is on {t.device}, not on a CUDA device")
-    if a.dtype != b.dtype:
-        raise TypeError(f"triton_dist gemm: a is {a.dtype} but b is {b.dtype}")
-    if a.device != b.device:
-        raise ValueError(f"triton_dist gemm: a is on {a.device} but b is on {b.device}")
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(f"triton_dist gemm: a is [M, K] = {list(a.shape)} and b is [N, K] = {list(b.shape)}: "
-                         f"K differs (C = a @ b.T)")
-    k, n = a.shape[1], b.shape[0]
-    if k % 8 or n % 8:
-        raise ValueError(f"triton_dist gemm: K ({k}) and N ({n}) must be multiples of 8 (TMA needs 16-byte aligned "
-                         f"rows)")
-    if out is not None:
-        shape = (a.shape[0], n)
-        if not isinstance(out, torch.Tensor) or out.dtype != a.dtype or tuple(out.shape) != shape or \
-                out.device != a.device or not out.is_contiguous():
-            got = (f"{tuple(out.shape)} {out.dtype} on {out.device}" if isinstance(out, torch.Tensor) else
-                   type(out).__name__)
-            raise ValueError(f"triton_dist gemm: out must be a contiguous {shape} {a.dtype} tensor on {a.device}; "
-                             f"got {got}")
-
-
-def aligned_for_tma(t):
-    """``t`` contiguous with a 16-byte aligned base (TMA's requirement), copied if it is not."""
-    t = t.contiguous()
-    return t if t.data_ptr() % 16 == 0 else t.clone()
-
-
 def gemm(a, b, *, out=None, config: str | None = None):
     """``a @ b.T`` (``a [M, K]``, ``b [N, K]``, bf16 or fp16) on the current stream; returns ``out``
     (a new ``[M, N]`` tensor when None). ``config``: one of :func:`config_names` (a split-K
@@ -565,7 +530,7 @@ def gemm(a, b, *, out=None, config: str | None = None):
     runs in one slice)."""
     import torch
 
-    _check_operands(a, b, out)
+    check_operands(a, b, out)
     m, k = a.shape
     n = b.shape[0]
     if out is None:
@@ -588,6 +553,8 @@ def gemm(a, b, *, out=None, config: str | None = None):
         _split_k.gemm_split_k(aligned_for_tma(a), aligned_for_tma(b), target, config, sms)
     elif config in _wave_tail.CONFIG_NAMES:
         _wave_tail.gemm_wave_tail(aligned_for_tma(a), aligned_for_tma(b), target, config, sms)
+    elif config in _specialized.CONFIGS:
+        _specialized.gemm_ws(aligned_for_tma(a), aligned_for_tma(b), target, config, sms)
     else:
         a_desc, b_desc, c_desc = descriptors(aligned_for_tma(a), aligned_for_tma(b), target, config)
         gemm_kernel[grid_for(m, n, config, sms)](a_desc, b_desc, c_desc, m, n, k, None, None, 0, 1,
