@@ -126,7 +126,6 @@ protocol as ``ce_push`` with the acknowledgement moved after the GEMM.
 
 from __future__ import annotations
 
-import triton
 import triton.language as tl
 
 from ... import config as _config
