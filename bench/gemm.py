@@ -73,7 +73,6 @@ except ImportError:
 from triton_dist import bench  # noqa: E402
 from triton_dist.kernels.gemm.dense import (CONFIGS, SKINNY_CONFIGS, SKINNY_MAX_M, gemm, num_sms,  # noqa: E402
                                             pick_gemm_config)
-from triton_dist.kernels.gemm.specialized import CONFIGS as WARP_SPECIALIZED_CONFIGS  # noqa: E402
 from triton_dist.kernels.gemm.split_k import CONFIG_NAMES as SPLIT_K_CONFIGS  # noqa: E402
 from triton_dist.kernels.gemm.split_k import config_params as split_k_params, gemm_split_k, pick_split_k  # noqa: E402
 from triton_dist.kernels.gemm.split_k import SPLIT_K_MAX_M  # noqa: E402
@@ -196,10 +195,10 @@ def sweep_configs(m: int) -> list[str]:
     """The configs ``gemm`` accepts that are meant for ``m`` rows: CONFIGS always, SKINNY_CONFIGS up to
     ``SKINNY_MAX_M`` rows, each split-K config whose ``BM`` holds ``m`` rows, and above
     ``SPLIT_K_MAX_M`` rows the wave-tail configs (timed beside their bases, which the default rule
-    takes where nothing is cut) and the warp-specialized ones."""
+    takes where nothing is cut)."""
     return (list(CONFIGS) + (list(SKINNY_CONFIGS) if m <= SKINNY_MAX_M else []) +
             [name for name, bm in SPLIT_K_CONFIGS.items() if m <= bm] +
-            (list(WAVE_TAIL_CONFIGS) + list(WARP_SPECIALIZED_CONFIGS) if m > SPLIT_K_MAX_M else []))
+            (list(WAVE_TAIL_CONFIGS) if m > SPLIT_K_MAX_M else []))
 
 
 def model_us(m: int, n: int, k: int) -> float:

@@ -28,8 +28,7 @@ except ImportError:
 from triton_dist import bench  # noqa: E402
 from triton_dist import residency  # noqa: E402
 from triton_dist.kernels.gemm.split_k import SPLIT_K_MAX_M  # noqa: E402
-from triton_dist.kernels.moe.group_gemm import (CONFIGS, WARP_SPECIALIZED_CONFIGS, group_gemm,  # noqa: E402
-                                                pick_group_gemm_config)
+from triton_dist.kernels.moe.group_gemm import CONFIGS, group_gemm, pick_group_gemm_config  # noqa: E402
 from triton_dist.kernels.moe.group_gemm_swapped import CONFIG_NAMES as SWAPPED_CONFIGS  # noqa: E402
 
 SHAPES = [
@@ -53,12 +52,10 @@ cuBLAS loop and still be timed."""
 
 
 def sweep_configs(rows: int, experts: int) -> list[str]:
-    """The configs timed for ``config_us``: every one of :data:`CONFIGS` and the warp-specialized
-    ones, and the swapped decode
+    """The configs timed for ``config_us``: every one of :data:`CONFIGS`, and the swapped decode
     configs where an expert averages at most ``SPLIT_K_MAX_M`` rows (at prefill every ``BM`` rows
     of an expert would read its weights once more)."""
-    return list(CONFIGS) + list(WARP_SPECIALIZED_CONFIGS) + (list(SWAPPED_CONFIGS) if rows <= SPLIT_K_MAX_M * experts
-                                                             else [])
+    return list(CONFIGS) + (list(SWAPPED_CONFIGS) if rows <= SPLIT_K_MAX_M * experts else [])
 
 
 def _counts(rows: int, experts: int, routing: str, gen):

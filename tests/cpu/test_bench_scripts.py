@@ -65,14 +65,13 @@ def test_dtypes_option():
 
 
 def test_group_gemm_sweeps_the_swapped_configs_at_decode_only():
-    """bench/group_gemm.py times every persistent config (the warp-specialized ones too), and the
-    swapped ones where an expert averages at most 128 rows: the decode layers, not the prefill ones."""
+    """bench/group_gemm.py times every persistent config, and the swapped ones where an expert
+    averages at most 128 rows: the decode layers, not the prefill ones."""
     script = _load(_BENCH / "group_gemm.py")
-    from triton_dist.kernels.moe.group_gemm import CONFIGS, WARP_SPECIALIZED_CONFIGS
+    from triton_dist.kernels.moe.group_gemm import CONFIGS
     from triton_dist.kernels.moe.group_gemm_swapped import CONFIG_NAMES
 
-    persistent = list(CONFIGS) + list(WARP_SPECIALIZED_CONFIGS)
     swept = {name: script.sweep_configs(rows, experts) for name, experts, rows, _, _ in script.SHAPES}
     for name, configs in swept.items():
-        assert configs[:len(persistent)] == persistent
-        assert configs[len(persistent):] == (list(CONFIG_NAMES) if "decode" in name else []), name
+        assert configs[:len(CONFIGS)] == list(CONFIGS)
+        assert configs[len(CONFIGS):] == (list(CONFIG_NAMES) if "decode" in name else []), name

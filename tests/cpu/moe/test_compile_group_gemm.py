@@ -134,7 +134,7 @@ def test_swapped_config_names_come_from_the_split_k_table():
     for name, bm in swapped.CONFIG_NAMES.items():
         params = swapped.config_params(name)
         assert params == dict(BM=bm, BN=split_k_module.SPLIT_K_BN, **split_k_module.SPLIT_K_CONFIGS[bm])
-    assert gg.config_names() == list(gg.CONFIGS) + ["large_ws", "small_ws"] + list(swapped.CONFIG_NAMES)
+    assert gg.config_names() == list(gg.CONFIGS) + list(swapped.CONFIG_NAMES)
     with pytest.raises(ValueError, match="not a swapped config.*swapped_m16"):
         swapped.config_params("small")
     # Every row block of every expert has a program when the SMs allow: at most cdiv(rows, BM)
@@ -186,24 +186,3 @@ def test_launch_routes_swapped_names_to_their_kernel(monkeypatch, config):
         assert a2.shape == (80, 64) and w.shape == (4, 128, 64) and (c, ends) == ("out", "ends")
         assert kwargs["padded"] and kwargs["capacity"] == 20 and kwargs["config"] == config
         assert kwargs["num_sms"] == 132
-
-
-@pytest.mark.parametrize("config", gg.WARP_SPECIALIZED_CONFIGS)
-def test_warp_specialized_configs_split_the_plain_kernel_into_three_warpgroups(config):
-    """The plain grouped GEMM under Triton's warp specialization (kernel_meta's WARP_SPECIALIZE):
-    12 warps, the producer's registers given up, no spills; refused for the overlapped modes."""
-    c = gemm_module.config_params(config)
-    signature = {"a_desc": f"tensordesc<bf16[{c['BM']}, {c['BK']}]>",
-                 "w_desc": f"tensordesc<bf16[{c['BN']}, {c['BK']}]>", "c": "*bf16", "ends": "*i32",
-                 "num_experts": "i32", "total_rows": "i32", "capacity": "i32", "N": "i32", "K": "i32"}
-    meta = gg.kernel_meta(config)
-    options = {key: meta.pop(key) for key in ("num_warps", "num_stages")}
-    compiled = compile_for_hopper(gg.group_gemm_kernel, signature, meta, **options)
-    ptx = compiled.asm["ptx"]
-    assert compiled.metadata.num_warps == 12 and "setmaxnreg.dec" in ptx
-    assert spill_bytes(ptx) == (0, 0) and not wgmma_serialized(ptx)
-    assert compiled.metadata.shared <= _SMEM_LIMIT
-    for mode in ("GATHERED", "SCATTER_ADD"):
-        with pytest.raises(ValueError, match="plain grouped GEMM"):
-            gg.kernel_meta(config, **{mode: True})
-

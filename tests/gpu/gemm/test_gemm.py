@@ -16,7 +16,7 @@ from triton_dist import host_collectives, ops
 from triton_dist.kernels import AllGatherGemmContext
 from triton_dist.kernels.gemm import dense as gemm_module
 from triton_dist.kernels.gemm import split_k as split_k_module
-from triton_dist.kernels.gemm import specialized, wave_tail
+from triton_dist.kernels.gemm import wave_tail
 from triton_dist.kernels.gemm.dense import gemm
 
 _TOL = 1.0  # tolerance_ratio: every element within its own bound (conftest)
@@ -249,20 +249,6 @@ def test_wave_tail_gemm_cuda_graph_replay():
     a, b = rank_randn((m, k), torch.bfloat16, 93), rank_randn((n, k), torch.bfloat16, 94)
     _check_graph_replays("wave-tail", a, b, lambda out: wave_tail.gemm_wave_tail(a, b, out, config, 132),
                          captured_calls=1, replays=2, seed=95)
-
-
-@pytest.mark.parametrize("config", list(specialized.CONFIGS))
-@pytest.mark.parametrize("m,n,k,dtype", [(1000, 2552, 2056, torch.bfloat16), (8, 1032, 200, torch.bfloat16),
-                                         (2048, 4096, 1024, torch.float16)])
-def test_warp_specialized_gemm_matches_torch(m, n, k, dtype, config):
-    """The warp-specialized configs by name (masked rows and columns, a K tail, one short tile, an
-    fp16 grid of whole tiles), into NaN-poisoned outputs; then 100 back-to-back calls give the same
-    bits."""
-    _check_gemm(m, n, k, dtype, config, seed=87)
-    if dtype == torch.bfloat16 and m > 8:
-        a, b = rank_randn((m, k), dtype, 88), rank_randn((n, k), dtype, 89)
-        _check_same_bits_every_call(f"warp-specialized {config}", a, b,
-                                    lambda out: gemm(a, b, out=out, config=config), 100)
 
 
 @pytest.mark.parametrize("producer", ["ce_push", "sm_push", "sm_2d", "sm_push_inline"])

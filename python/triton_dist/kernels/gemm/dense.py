@@ -49,7 +49,6 @@ import triton.language as tl
 from ... import language as dl
 from ... import residency as _residency
 from ...language import timeline as _timeline
-from . import specialized as _specialized
 from . import split_k as _split_k
 from . import wave_tail as _wave_tail
 from .tile import own_node_first, tile_coords, tile_product
@@ -90,8 +89,7 @@ def config_names() -> list[str]:
     """Every config :func:`gemm` takes by name: :data:`CONFIGS`, :data:`SKINNY_CONFIGS`, the
     split-K configs (:data:`~triton_dist.kernels.gemm.split_k.CONFIG_NAMES`) and the wave-tail
     ones (:data:`~triton_dist.kernels.gemm.wave_tail.CONFIG_NAMES`)."""
-    return (sorted(CONFIGS) + sorted(SKINNY_CONFIGS) + list(_split_k.CONFIG_NAMES) + list(_wave_tail.CONFIG_NAMES)
-            + list(_specialized.CONFIGS))
+    return sorted(CONFIGS) + sorted(SKINNY_CONFIGS) + list(_split_k.CONFIG_NAMES) + list(_wave_tail.CONFIG_NAMES)
 
 
 _CONFIG_NAME_SET = frozenset(config_names())  # gemm() checks every call's config: no list built per call
@@ -102,8 +100,7 @@ def config_params(config: str) -> dict:
     ``BN``, ``BK``, ``NUM_STAGES``, ``num_warps`` of
     :func:`~triton_dist.kernels.gemm.split_k.gemm_split_k_kernel`; a wave-tail config's: its base
     config's, :data:`~triton_dist.kernels.gemm.wave_tail.CONFIG_NAMES`)."""
-    params = (CONFIGS.get(config) or SKINNY_CONFIGS.get(config) or _specialized.CONFIGS.get(config)
-              or _split_k.config_params(config))
+    params = CONFIGS.get(config) or SKINNY_CONFIGS.get(config) or _split_k.config_params(config)
     if config in _wave_tail.CONFIG_NAMES:
         params = CONFIGS[_wave_tail.CONFIG_NAMES[config]]
     if params is None:
@@ -116,10 +113,9 @@ def _persistent(config: str) -> dict:
     if config in _split_k.CONFIG_NAMES:
         raise ValueError(f"triton_dist gemm: {config!r} is a config of the split-K kernel "
                          f"(triton_dist.kernels.gemm.split_k), not of gemm_kernel")
-    for kernels, module in ((_wave_tail.CONFIG_NAMES, "wave_tail"), (_specialized.CONFIGS, "specialized")):
-        if config in kernels:
-            raise ValueError(f"triton_dist gemm: {config!r} is a config of the {module.replace('_', '-')} kernel "
-                             f"(triton_dist.kernels.gemm.{module}), not of gemm_kernel")
+    if config in _wave_tail.CONFIG_NAMES:
+        raise ValueError(f"triton_dist gemm: {config!r} is a config of the wave-tail kernel "
+                         f"(triton_dist.kernels.gemm.wave_tail), not of gemm_kernel")
     return config_params(config)
 
 
@@ -553,8 +549,6 @@ def gemm(a, b, *, out=None, config: str | None = None):
         _split_k.gemm_split_k(aligned_for_tma(a), aligned_for_tma(b), target, config, sms)
     elif config in _wave_tail.CONFIG_NAMES:
         _wave_tail.gemm_wave_tail(aligned_for_tma(a), aligned_for_tma(b), target, config, sms)
-    elif config in _specialized.CONFIGS:
-        _specialized.gemm_ws(aligned_for_tma(a), aligned_for_tma(b), target, config, sms)
     else:
         a_desc, b_desc, c_desc = descriptors(aligned_for_tma(a), aligned_for_tma(b), target, config)
         gemm_kernel[grid_for(m, n, config, sms)](a_desc, b_desc, c_desc, m, n, k, None, None, 0, 1,

@@ -34,7 +34,7 @@ def tile_coords(tile, num_m, num_n, group_size):
 @triton.jit
 def tile_product(a_desc, b_desc, off_m, off_n, k_tiles, token, BM: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, NUM_STAGES: tl.constexpr, A_AFTER_TOKEN: tl.constexpr, a_rows=None, a_mask=None,
-                 K=None, k_begin=0, WARP_SPECIALIZE: tl.constexpr = False):
+                 K=None, k_begin=0):
     """``A[off_m:off_m + BM, :] @ B[off_n:off_n + BN, :]^T`` in fp32 over K steps ``[k_begin,
     k_tiles)`` of ``BK`` (``k_begin`` left 0, a constant, by every caller but the wave-tail GEMM's
     slices of K, :mod:`~triton_dist.kernels.gemm.wave_tail`: their code is unchanged), TMA loads
@@ -50,18 +50,12 @@ def tile_product(a_desc, b_desc, off_m, off_n, k_tiles, token, BM: tl.constexpr,
     the rows of a grouped GEMM whose tokens are not stored in expert order. To order these loads
     after a wait, bind its token to the row indices the caller builds ``a_rows`` from
     (``A_AFTER_TOKEN`` is for the descriptor): bound to the pointers, the token's unknown value
-    would hide their 16-byte alignment and the loads would neither vectorise nor pipeline.
-
-    ``WARP_SPECIALIZE``: Triton's automatic warp specialization of the loop (Hopper: a producer
-    warpgroup issues the TMA loads, consumer warpgroups the wgmma), for the warp-specialized GEMM
-    (:mod:`~triton_dist.kernels.gemm.specialized`) only: its caller must launch 4 warps and store
-    without TMA (Triton 3.6's pass fails on a descriptor store after the loop and leaves an 8-warp
-    loop as it is)."""
+    would hide their 16-byte alignment and the loads would neither vectorise nor pipeline."""
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     if a_rows is not None:
         cols = tl.arange(0, BK)[None, :]
         a_ptrs = a_rows + cols
-    for k in tl.range(k_begin, k_tiles, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
+    for k in tl.range(k_begin, k_tiles, num_stages=NUM_STAGES):
         if a_rows is not None:
             a = tl.load(a_ptrs + k * BK, mask=a_mask & (cols < K - k * BK), other=0.0)
         elif A_AFTER_TOKEN:

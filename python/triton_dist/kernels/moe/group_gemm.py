@@ -39,7 +39,6 @@ from ... import language as dl
 from ... import timeline as _timeline
 from ...language import timeline as _stamps
 from ..gemm import dense as _gemm
-from ..gemm import specialized as _specialized
 from ..gemm.tile import tile_coords, tile_product
 from ..common.tickets import last_to_finish
 from .ep_context import _describe
@@ -60,18 +59,11 @@ def _swapped():
     return group_gemm_swapped
 
 
-WARP_SPECIALIZED_CONFIGS = tuple(_specialized.CONFIGS)
-"""The plain op's warp-specialized configs (:mod:`~triton_dist.kernels.gemm.specialized`'s tiles,
-the K loop under Triton's warp specialization: the epilogue here is a ``tl.store`` already),
-taken by name and swept by bench/group_gemm.py; not the overlapped grouped GEMMs' (their waits and
-gathered loads sit inside the loop nest the pass would have to split)."""
-
-
 def config_names() -> list[str]:
     """Every config :func:`group_gemm` takes by name: :data:`CONFIGS` (the persistent kernel's,
-    which the overlapped grouped GEMMs run too), :data:`WARP_SPECIALIZED_CONFIGS` and the swapped
-    ones of :data:`~triton_dist.kernels.moe.group_gemm_swapped.CONFIG_NAMES` (the plain op only)."""
-    return list(CONFIGS) + list(WARP_SPECIALIZED_CONFIGS) + list(_swapped().CONFIG_NAMES)
+    which the overlapped grouped GEMMs run too) and the swapped ones of
+    :data:`~triton_dist.kernels.moe.group_gemm_swapped.CONFIG_NAMES` (the plain op only)."""
+    return list(CONFIGS) + list(_swapped().CONFIG_NAMES)
 
 
 def pick_config(rows: int, experts: int, n: int, num_sms: int) -> str:
@@ -133,7 +125,7 @@ def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity
                       PADDED: tl.constexpr, GATHERED: tl.constexpr = False, gathered=None, token_index=None,
                       signals=None, calls=None, m_per_rank=1, SCATTER_ADD: tl.constexpr = False, topk_slot=None,
                       weights=None, TOPK: tl.constexpr = 1, half_elems=0, tickets=None, WORLD: tl.constexpr = 1,
-                      timeline=None, TIMELINE: tl.constexpr = False, WARP_SPECIALIZE: tl.constexpr = False):
+                      timeline=None, TIMELINE: tl.constexpr = False):
     """``c[rows of e] = A[rows of e] @ W[e]^T`` for every expert ``e < num_experts``. ``a_desc``:
     ``[total_rows, K]``, block ``[BM, BK]``; ``w_desc``: ``[num_experts * N, K]``, block ``[BN,
     BK]``; ``c``: ``[total_rows, N]`` (``N`` a multiple of 8). ``ends``: int32 ``[num_experts]``,
@@ -195,7 +187,7 @@ def group_gemm_kernel(a_desc, w_desc, c, ends, num_experts, total_rows, capacity
                                    False, a_rows=a_rows, a_mask=valid[:, None], K=k_stride)
             else:
                 acc = tile_product(a_desc, w_desc, start + pid_m * BM, e * N + pid_n * BN, k_tiles, None, BM, BN,
-                                   BK, NUM_STAGES, False, WARP_SPECIALIZE=WARP_SPECIALIZE)
+                                   BK, NUM_STAGES, False)
             if TIMELINE:
                 cursor = _stamps.stamp(timeline, cursor, _stamps.COMPUTED)
             cols = pid_n * BN + tl.arange(0, BN)
@@ -242,13 +234,8 @@ def kernel_meta(config: str, **modes) -> dict:
     """Launch keywords of :func:`group_gemm_kernel` for ``config`` (its tiles, pipeline depth and
     warps) and the mode constexprs ``modes`` (``PADDED`` defaults to False)."""
     cfg = _gemm.config_params(config)
-    meta = dict(BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], GROUP_M=cfg["GROUP_M"], NUM_STAGES=cfg["NUM_STAGES"],
+    return dict(BM=cfg["BM"], BN=cfg["BN"], BK=cfg["BK"], GROUP_M=cfg["GROUP_M"], NUM_STAGES=cfg["NUM_STAGES"],
                 num_warps=cfg["num_warps"], num_stages=cfg["NUM_STAGES"], PADDED=False) | modes
-    if config in WARP_SPECIALIZED_CONFIGS:
-        if modes.get("GATHERED") or modes.get("SCATTER_ADD"):
-            raise ValueError(f"triton_dist group_gemm: {config!r} is the plain grouped GEMM's, not the overlapped ones'")
-        meta["WARP_SPECIALIZE"] = True
-    return meta
 
 
 def grid_for(rows: int, experts: int, n: int, config: str, max_programs: int) -> tuple[int]:
