@@ -37,9 +37,8 @@ Per row: ``config`` (what ``gemm`` picks: ``pick_gemm_config``), ``config_us``
 (every applicable config, sustained, in the same turns: the data to re-derive the pick rule),
 ``best_config``, ``split_k_slices`` (the K slices each timed split-K config ran with:
 ``pick_split_k``'s; with ``--sweep-slices`` also ``slices_us``, each split-K config at the other
-counts of :data:`SLICE_COUNTS`: the data to re-derive that rule), ``tail_plans`` (each timed wave-tail
-config's cut, ``wave_tail.plan_for``'s: whole tiles, runs, partial slots; None: it ran as its
-base; older files have ``tail_slices``, the tail-split configs' slices);
+counts of :data:`SLICE_COUNTS`: the data to re-derive that rule), ``tail_slices`` (the K slices of
+each timed wave-tail config's last-wave tiles, ``pick_tail_split``'s; 1: it ran as its base);
 with ``--cublas-kernels``, ``cublas_kernels`` (the kernel names of one profiled cuBLAS call:
 its tile shape and split of K for the row); ``verified``: ours within :data:`REL_TOL` of an fp32 reference on up to
 :data:`REF_ROWS` rows (random inputs); a config that misses it is left out of ``config_us`` and
@@ -76,7 +75,7 @@ from triton_dist.kernels.gemm.dense import (CONFIGS, SKINNY_CONFIGS, SKINNY_MAX_
 from triton_dist.kernels.gemm.split_k import CONFIG_NAMES as SPLIT_K_CONFIGS  # noqa: E402
 from triton_dist.kernels.gemm.split_k import config_params as split_k_params, gemm_split_k, pick_split_k  # noqa: E402
 from triton_dist.kernels.gemm.split_k import SPLIT_K_MAX_M  # noqa: E402
-from triton_dist.kernels.gemm.wave_tail import CONFIG_NAMES as WAVE_TAIL_CONFIGS, plan_for as tail_plan_for  # noqa: E402
+from triton_dist.kernels.gemm.wave_tail import CONFIG_NAMES as WAVE_TAIL_CONFIGS, tail_split_for  # noqa: E402
 
 SLICE_COUNTS = (1, 2, 3, 4, 6, 8)
 """``--sweep-slices``: the K slice counts each split-K config is also timed with."""
@@ -398,9 +397,9 @@ def measure_row(m: int, n: int, k: int, labels, args, gpu: str, sms: int, l2_byt
         slices = {c: pick_split_k(m, n, k, sms, c) for c in config_us if c in SPLIT_K_CONFIGS}
         if slices:
             extra["split_k_slices"] = slices
-        tails = {c: tail_plan_for(m, n, k, c, sms) for c in config_us if c in WAVE_TAIL_CONFIGS}
+        tails = {c: tail_split_for(m, n, k, c, sms) for c in config_us if c in WAVE_TAIL_CONFIGS}
         if tails:
-            extra["tail_plans"] = {c: None if plan is None else plan._asdict() for c, plan in tails.items()}
+            extra["tail_slices"] = tails
     if config_errors:
         extra["config_errors"] = config_errors
     if args.cublas_kernels:

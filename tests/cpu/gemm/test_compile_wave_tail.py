@@ -22,14 +22,13 @@ def _compile(config, dtype="bf16"):
     signature = {"a_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BK']}]>",
                  "b_desc": f"tensordesc<{dtype}[{c['BN']}, {c['BK']}]>",
                  "c_desc": f"tensordesc<{dtype}[{c['BM']}, {c['BN']}]>", "partials": "*fp32", "tickets": "*i32",
-                 "M": "i32", "N": "i32", "K": "i32", "full_tiles": "i32", "units": "i32"}
+                 "M": "i32", "N": "i32", "K": "i32", "full_tiles": "i32", "split": "i32"}
     meta = dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], NUM_STAGES=c["NUM_STAGES"])
     return compile_for_hopper(wave_tail.gemm_wave_tail_kernel, signature, meta, num_warps=c["num_warps"],
                               num_stages=c["NUM_STAGES"])
 
 
-@pytest.mark.parametrize("config,dtype", [("large_tail_split", "bf16"), ("small_tail_split", "bf16"),
-                                          ("small_tail_split", "fp16")])
+@pytest.mark.parametrize("config,dtype", [(c, "bf16") for c in wave_tail.CONFIG_NAMES] + [("small_tail_split", "fp16")])
 def test_wave_tail_gemm_uses_wgmma_without_spills(config, dtype):
     """The base config's wgmma and pipelined TMA loop, once (whole tiles and slices run the same
     loop), not serialised by ptxas, no spills (the sum of partials beside the freed accumulator),
@@ -63,9 +62,8 @@ def test_tail_split_rule():
     """Issue 22's row (1024 x 14336 on 132 SMs): "large" has 448 tiles, 3 whole waves and 52 in
     the last: 2 slices each (104 programs); "small" 896, a last wave of 104: too wide to cut."""
     pick = wave_tail.pick_tail_split
-    assert pick(448, 128, 132) == 2
-    assert wave_tail.plan_for(1024, 14336, 8192, "large_tail_split", 132) == (396, 104, 155)
-    assert pick(896, 128, 132) == 1 and wave_tail.plan_for(1024, 14336, 8192, "small_tail_split", 132) is None
+    assert pick(448, 128, 132) == 2 and wave_tail.tail_split_for(1024, 14336, 8192, "large_tail_split", 132) == 2
+    assert pick(896, 128, 132) == 1 and wave_tail.tail_split_for(1024, 14336, 8192, "small_tail_split", 132) == 1
     assert pick(264, 128, 132) == 1  # two whole waves: nothing to cut
     assert pick(133, 128, 132) == wave_tail.MAX_TAIL_SLICES  # one tile left over
     assert pick(140, 15, 132) == 1  # 15 K steps: too short for two slices of 8
@@ -83,14 +81,13 @@ def test_tail_split_rule():
                 elif tail and steps >= 2 * wave_tail.MIN_TAIL_SLICE_STEPS:
                     assert 2 * tail > sms  # no room for a second slice
     with pytest.raises(ValueError, match="not a wave-tail config"):
-        wave_tail.plan_for(1024, 1024, 1024, "large", 132)
+        wave_tail.tail_split_for(1024, 1024, 1024, "large", 132)
 
 
 def test_wave_tail_configs():
     """Named by gemm, with their base configs' tiles; not gemm_kernel's (the overlapped GEMMs'
     kernel_meta and grid_for refuse them); the default rule's pick where they cut the last wave."""
-    assert list(wave_tail.CONFIG_NAMES) == [f"{base}_{mode}" for mode in ("tail_split", "tail_stream", "wave_stream")
-                                            for base in ("large", "small")]
+    assert list(wave_tail.CONFIG_NAMES) == ["large_tail_split", "small_tail_split"]
     for name, base in wave_tail.CONFIG_NAMES.items():
         assert name in gemm_module.config_names()
         assert gemm_module.config_params(name) == gemm_module.CONFIGS[base]
@@ -110,76 +107,3 @@ def test_wave_tail_configs():
     assert gemm_module.pick_gemm_config(8192, 14336, 8192, 132) == "large_tail_split"  # 20 tiles in 4 slices
     assert gemm_module.pick_gemm_config(1024, 14336, 8192, 132) == "small"  # a last wave of 104: nothing cut
     assert triton.cdiv(14336, gemm_module.CONFIGS["large"]["BN"]) * 8 == 448  # the docstring's count
-
-
-def _simulate(plan, tiles, k_steps):
-    """The kernel's index arithmetic in Python: per tile, the (run, K range, slot) pieces and the
-    runs its ticket counts; whole tiles as one piece of their own."""
-    streamed = tiles - plan.full_tiles
-    steps = streamed * k_steps
-
-    def unit_of(step):
-        return ((step + 1) * plan.units + steps - 1) // steps - 1
-
-    pieces = {}
-    for unit in range(plan.full_tiles + plan.units):
-        if unit < plan.full_tiles:
-            pieces.setdefault(unit, []).append((None, 0, k_steps, None))
-            continue
-        u = unit - plan.full_tiles
-        begin, end = u * steps // plan.units, (u + 1) * steps // plan.units
-        for j in range(begin // k_steps, (end - 1) // k_steps + 1):
-            base = j * k_steps
-            first_run, last_run = unit_of(base), unit_of(base + k_steps - 1)
-            slot = None if first_run == last_run else u + j
-            pieces.setdefault(plan.full_tiles + j, []).append(
-                (u, max(begin, base) - base, min(end, base + k_steps) - base, slot, first_run, last_run))
-    return pieces
-
-
-@pytest.mark.parametrize("mode", ["tail_split", "tail_stream", "wave_stream"])
-def test_tail_plans_cover_every_k_step_once(mode):
-    """Every tile's K steps are covered once, in run order; stream runs are at least
-    MIN_TAIL_SLICE_STEPS steps; a shared tile's runs are exactly those its ticket counts, their
-    partial slots distinct and inside the workspace; a tile one run covers is stored directly."""
-    for tiles in (1, 7, 52, 131, 133, 200, 264, 448, 896, 1000):
-        for steps in (1, 8, 15, 16, 33, 64, 128, 224):
-            for sms in (16, 78, 132):
-                plan = wave_tail.tail_plan(tiles, steps, sms, mode)
-                if plan is None:
-                    continue
-                assert 2 <= plan.units <= sms and plan.full_tiles % sms == 0
-                run_steps = (tiles - plan.full_tiles) * steps
-                assert run_steps // plan.units >= wave_tail.MIN_TAIL_SLICE_STEPS or mode == "tail_split"
-                pieces = _simulate(plan, tiles, steps)
-                assert sorted(pieces) == list(range(tiles))
-                slots = set()
-                for tile, parts in pieces.items():
-                    ranges = [(b, e) for _, b, e, *_ in parts]
-                    assert ranges[0][0] == 0 and ranges[-1][1] == steps, (tile, ranges)
-                    assert all(ranges[i][1] == ranges[i + 1][0] for i in range(len(ranges) - 1))
-                    if tile < plan.full_tiles:
-                        continue
-                    runs = [p[0] for p in parts]
-                    first_run, last_run = parts[0][4], parts[0][5]
-                    assert runs == list(range(first_run, last_run + 1))
-                    if len(parts) > 1:
-                        assert all(p[3] is not None for p in parts)
-                        slots.update(p[3] for p in parts)
-                    else:
-                        assert parts[0][3] is None  # one run covers it: stored directly
-                assert len(slots) == sum(len(p) for t, p in pieces.items() if len(p) > 1 and t >= plan.full_tiles)
-                assert all(0 <= s < plan.partials for s in slots)
-
-
-def test_stream_plans_of_issue_22s_row():
-    """1024 x 14336 x 8192 on 132 SMs, "large": 448 tiles of 128 K steps, 52 past the whole waves.
-    tail_stream: 396 whole, 52 x 128 steps in 132 runs of 50-51; wave_stream: 264 whole, 184 x 128
-    steps in 132 runs of 178-179 (one to two tiles each)."""
-    assert wave_tail.plan_for(1024, 14336, 8192, "large_tail_stream", 132) == (396, 132, 132 + 52 - 1)
-    assert wave_tail.plan_for(1024, 14336, 8192, "large_wave_stream", 132) == (264, 132, 132 + 184 - 1)
-    assert wave_tail.plan_for(1024, 14336, 8192, "small_tail_stream", 132) == (792, 132, 132 + 104 - 1)
-    assert wave_tail.tail_plan(264, 128, 132, "tail_stream") is None  # whole waves: the base kernel
-    assert wave_tail.tail_plan(1, 8, 132, "tail_stream") is None  # one run of 8 steps: nothing to share
-    with pytest.raises(ValueError, match="wave-tail mode"):
-        wave_tail.tail_plan(448, 128, 132, "stream")

@@ -203,14 +203,12 @@ def test_split_k_gemm_refuses_more_rows_than_its_block():
     all_ranks_agree(err < _TOL, f"split_k_m32 after the refusals: error/tolerance {err}")
 
 
-# M x N x K (N and K odd multiples of 8: masked column tiles, a K tail in the last piece) and their
-# cuts on 132 SMs: "large" 456 tiles of 17 K steps, 60 past the whole waves (tail_split: 2 slices;
-# tail_stream: 1020 steps in 127 runs of 8-9; wave_stream: 192 tiles' 3264 steps in 132 runs),
-# and 80 tiles (tail_split uncut); "small" 160 tiles of 33 steps, 28 past the waves (tail_split:
-# 4 slices, 8, 8, 8, 9 steps), and 904; 264 "large" tiles are two whole waves (uncut).
+# M x N x K (N and K odd multiples of 8: masked column tiles, a K tail in the last slice) and the
+# tail's slices on 132 SMs: "large" 456 tiles, a last wave of 60 in 2 slices, and 80 tiles in 1;
+# "small" 160 tiles, a last wave of 28 in 4 slices (33 K steps: 8, 8, 8, 9), and 904 in 1; 264
+# "large" tiles are two whole waves.
 _WAVE_TAIL_SHAPES = [(1024, 14344, 1032), (1000, 2552, 2056), (1000, 8200, 1032)]
-_WAVE_TAIL_CUT = {**{name: (1024, 14344, 1032) for name in wave_tail.CONFIG_NAMES},
-                  "small_tail_split": (1000, 2552, 2056)}
+_WAVE_TAIL_CUT = {"large_tail_split": (1024, 14344, 1032), "small_tail_split": (1000, 2552, 2056)}
 
 
 @pytest.mark.parametrize("config", list(wave_tail.CONFIG_NAMES))
@@ -224,8 +222,9 @@ def test_wave_tail_gemm_matches_torch(m, n, k, config):
     wave_tail.gemm_wave_tail(a, b, out, config, 132)
     torch.cuda.synchronize()
     err = tolerance_ratio(out, a.float() @ b.float().T)
-    plan = wave_tail.plan_for(m, n, k, config, 132)
-    all_ranks_agree(err < _TOL, f"wave-tail {config} {m}x{n}x{k} on 132 programs ({plan}): error/tolerance {err}")
+    slices = wave_tail.tail_split_for(m, n, k, config, 132)
+    all_ranks_agree(err < _TOL, f"wave-tail {config} {m}x{n}x{k} on 132 programs ({slices} slices): "
+                                f"error/tolerance {err}")
 
 
 @pytest.mark.parametrize("config", list(wave_tail.CONFIG_NAMES))
@@ -234,7 +233,7 @@ def test_wave_tail_gemm_is_deterministic(config):
     output: the same bits (partials summed in slice order) and right (a ticket left non-zero by
     a call would leave a later call's tile unsummed)."""
     m, n, k = _WAVE_TAIL_CUT[config]
-    assert wave_tail.plan_for(m, n, k, config, 132) is not None
+    assert wave_tail.tail_split_for(m, n, k, config, 132) > 1
     a, b = rank_randn((m, k), torch.bfloat16, 91), rank_randn((n, k), torch.bfloat16, 92)
     _check_same_bits_every_call(f"wave-tail {config}", a, b,
                                 lambda out: wave_tail.gemm_wave_tail(a, b, out, config, 132), 100)
