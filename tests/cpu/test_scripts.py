@@ -161,6 +161,7 @@ def test_bad_options_are_refused_before_anything_runs(script, args, message):
 
 @pytest.mark.parametrize("args,message", [(["--concurrent"], "give --ranks-per-gpu K"),
                                           (["--budget-s", "soon"], "take seconds"),
+                                          (["--test-timeout", "10"], "--test-timeout takes seconds, at least 30"),
                                           (["--local-world", "two"], "--local-world takes a positive integer"),
                                           (["--tests", "ag_gemm"], "no tests/gpu/**/test_ag_gemm.py")])
 def test_gpu_test_option_rules(args, message):
