@@ -152,9 +152,11 @@ def pick_gemm_config(m: int, n: int, k: int, num_sms: int) -> str:
     their tiles are walked per rank, and this rule is measured on the plain GEMM only."""
     if m <= _split_k.SPLIT_K_MAX_M:
         return _split_k.default_config(m, n, num_sms)
-    base = least_wave_work(lambda c: cdiv(m, c["BM"]) * cdiv(n, c["BN"]), num_sms)
-    c = CONFIGS[base]
-    split = _wave_tail.pick_tail_split(cdiv(m, c["BM"]) * cdiv(n, c["BN"]), cdiv(k, c["BK"]), num_sms)
+    def tiles_of(c: dict) -> int:
+        return cdiv(m, c["BM"]) * cdiv(n, c["BN"])
+
+    base = least_wave_work(tiles_of, num_sms)
+    split = _wave_tail.pick_tail_split(tiles_of(CONFIGS[base]), cdiv(k, CONFIGS[base]["BK"]), num_sms)
     return _wave_tail.TAIL_SPLIT_OF[base] if split > 1 else base
 
 
