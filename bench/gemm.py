@@ -74,7 +74,7 @@ from triton_dist.kernels.gemm.dense import (CONFIGS, SKINNY_CONFIGS, SKINNY_MAX_
                                             pick_gemm_config)
 from triton_dist.kernels.gemm.split_k import CONFIG_NAMES as SPLIT_K_CONFIGS  # noqa: E402
 from triton_dist.kernels.gemm.split_k import config_params as split_k_params, gemm_split_k, pick_split_k  # noqa: E402
-from triton_dist.kernels.gemm.split_k import SPLIT_K_MAX_M  # noqa: E402
+from triton_dist.kernels.gemm.split_k import NARROW_CONFIGS, SPLIT_K_MAX_M  # noqa: E402
 from triton_dist.kernels.gemm.wave_tail import CONFIG_NAMES as WAVE_TAIL_CONFIGS, tail_split_for  # noqa: E402
 
 SLICE_COUNTS = (1, 2, 3, 4, 6, 8)
@@ -198,6 +198,25 @@ def sweep_configs(m: int) -> list[str]:
     return (list(CONFIGS) + (list(SKINNY_CONFIGS) if m <= SKINNY_MAX_M else []) +
             [name for name, bm in SPLIT_K_CONFIGS.items() if m <= bm] +
             (list(WAVE_TAIL_CONFIGS) if m > SPLIT_K_MAX_M else []))
+
+
+def add_trial_split_k(spec: str) -> str:
+    """``--trial-split-k NAME=BM,BN,BK,STAGES,WARPS``: a split-K tile shape the library does not
+    ship, registered for this process only, so the sweep times it beside the shipped configs (a
+    candidate is measured before it becomes one). Returns the name."""
+    name, _, values = spec.partition("=")
+    try:
+        bm, bn, bk, stages, warps = (int(v) for v in values.split(","))
+    except ValueError:
+        raise SystemExit(f"--trial-split-k {spec!r}: expected NAME=BM,BN,BK,STAGES,WARPS (five integers)") from None
+    if not name.startswith("split_k_m") or name in SPLIT_K_CONFIGS:
+        raise SystemExit(f"--trial-split-k {spec!r}: the name must start with split_k_m and be new")
+    if bm > SPLIT_K_MAX_M or bn not in (64, 128, 256) or (bn + bm) * bk * 2 * stages > 227 << 10:
+        raise SystemExit(f"--trial-split-k {spec!r}: BM <= {SPLIT_K_MAX_M}, BN in 64/128/256, "
+                         "stages x (BN + BM) x BK x 2 bytes within 227 KiB of shared memory")
+    NARROW_CONFIGS[name] = dict(BM=bm, BN=bn, BK=bk, NUM_STAGES=stages, num_warps=warps)
+    SPLIT_K_CONFIGS[name] = bm
+    return name
 
 
 def model_us(m: int, n: int, k: int) -> float:
@@ -435,12 +454,16 @@ def _parser():
     parser.add_argument("--budget-s", type=float, help="start no row after this many seconds (then write)")
     parser.add_argument("--merge", action="store_true", help="keep the results file's records of rows not run")
     parser.add_argument("--resume", action="store_true", help="--merge, and skip rows the results file has")
+    parser.add_argument("--trial-split-k", action="append", default=[], metavar="NAME=BM,BN,BK,STAGES,WARPS",
+                        help="also sweep a split-K tile shape the library does not ship (repeatable)")
     parser.add_argument("--list", action="store_true", help="print the rows and exit (no GPU)")
     return parser
 
 
 def main() -> int:
     args = _parser().parse_args()
+    for spec in args.trial_split_k:
+        add_trial_split_k(spec)
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise SystemExit("bench/gemm.py times one GPU: run it with python, not torchrun")
     selected = rows(args.quick, parse_ms(args.m), parse_shapes(args.shapes))

@@ -95,6 +95,18 @@ def test_sweep_includes_the_split_k_configs_that_hold_m(script):
     assert not [c for c in script.sweep_configs(129) if c.startswith("split_k")]
 
 
+def test_trial_split_k_is_swept_and_checked(script, monkeypatch):
+    monkeypatch.setattr(script, "NARROW_CONFIGS", dict(script.NARROW_CONFIGS))
+    monkeypatch.setattr(script, "SPLIT_K_CONFIGS", dict(script.SPLIT_K_CONFIGS))
+    assert script.add_trial_split_k("split_k_m128_n256=128,256,64,4,8") == "split_k_m128_n256"
+    assert script.sweep_configs(128)[-1] == "split_k_m128_n256"
+    assert script.NARROW_CONFIGS["split_k_m128_n256"] == dict(BM=128, BN=256, BK=64, NUM_STAGES=4, num_warps=8)
+    for bad in ("split_k_m128_n256=128,256,64,4,8", "split_k_x=128,128,64,4", "other=128,128,64,4,8",
+                "split_k_m256=256,128,64,4,8", "split_k_m128_big=128,256,128,4,8"):
+        with pytest.raises(SystemExit, match="--trial-split-k"):
+            script.add_trial_split_k(bad)
+
+
 def test_sweep_includes_the_wave_tail_configs_above_split_k(script):
     from triton_dist.kernels.gemm.wave_tail import CONFIG_NAMES
 
