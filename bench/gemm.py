@@ -3,6 +3,7 @@
 
     python bench/gemm.py [--quick] [--m 1,16] [--shapes 4096x7168,70b.down] [--no-sweep] [--cublas-kernels]
                          [--no-do-bench] [--same-operands] [--budget-s 540] [--merge | --resume] [--list]
+                         [--trial-config NAME=BM,BN,BK,GROUP_M,STAGES,WARPS] [--trial-split-k NAME=BM,BN,BK,STAGES,WARPS]
 
 Rows: M in :data:`M_VALUES` x every (N, K) of the QKV, O, gate+up (fused) and down projections of
 :data:`MODELS`, unsplit and split over 2, 4 and 8 ranks both ways (column-parallel: N / world;
@@ -200,22 +201,50 @@ def sweep_configs(m: int) -> list[str]:
             (list(WAVE_TAIL_CONFIGS) if m > SPLIT_K_MAX_M else []))
 
 
+_SMEM_BYTES = 227 << 10
+"""Shared memory one program may use on sm_90, against which a trial config's stages are checked."""
+
+
+def _trial_values(option: str, spec: str, fields: str) -> tuple[str, list[int]]:
+    """``NAME=v1,v2,...`` of a ``--trial-*`` option -> ``(NAME, [ints])``, one per comma-separated
+    name of ``fields``; SystemExit naming the option and the form otherwise."""
+    name, _, values = spec.partition("=")
+    try:
+        ints = [int(v) for v in values.split(",")]
+    except ValueError:
+        ints = []
+    if len(ints) != len(fields.split(",")):
+        raise SystemExit(f"{option} {spec!r}: expected NAME={fields} ({len(fields.split(','))} integers)")
+    if not name or name in SPLIT_K_CONFIGS or name in CONFIGS or name in SKINNY_CONFIGS:
+        raise SystemExit(f"{option} {spec!r}: the name must be new")
+    return name, ints
+
+
 def add_trial_split_k(spec: str) -> str:
     """``--trial-split-k NAME=BM,BN,BK,STAGES,WARPS``: a split-K tile shape the library does not
     ship, registered for this process only, so the sweep times it beside the shipped configs (a
     candidate is measured before it becomes one). Returns the name."""
-    name, _, values = spec.partition("=")
-    try:
-        bm, bn, bk, stages, warps = (int(v) for v in values.split(","))
-    except ValueError:
-        raise SystemExit(f"--trial-split-k {spec!r}: expected NAME=BM,BN,BK,STAGES,WARPS (five integers)") from None
-    if not name.startswith("split_k_m") or name in SPLIT_K_CONFIGS:
-        raise SystemExit(f"--trial-split-k {spec!r}: the name must start with split_k_m and be new")
-    if bm > SPLIT_K_MAX_M or bn not in (64, 128, 256) or (bn + bm) * bk * 2 * stages > 227 << 10:
+    name, (bm, bn, bk, stages, warps) = _trial_values("--trial-split-k", spec, "BM,BN,BK,STAGES,WARPS")
+    if not name.startswith("split_k_m"):
+        raise SystemExit(f"--trial-split-k {spec!r}: the name must start with split_k_m")
+    if bm > SPLIT_K_MAX_M or bn not in (64, 128, 256) or (bn + bm) * bk * 2 * stages > _SMEM_BYTES:
         raise SystemExit(f"--trial-split-k {spec!r}: BM <= {SPLIT_K_MAX_M}, BN in 64/128/256, "
                          "stages x (BN + BM) x BK x 2 bytes within 227 KiB of shared memory")
     NARROW_CONFIGS[name] = dict(BM=bm, BN=bn, BK=bk, NUM_STAGES=stages, num_warps=warps)
     SPLIT_K_CONFIGS[name] = bm
+    return name
+
+
+def add_trial_config(spec: str) -> str:
+    """``--trial-config NAME=BM,BN,BK,GROUP_M,STAGES,WARPS``: a tile shape of the persistent GEMM
+    (:data:`CONFIGS`, swept at every M) the library does not ship, for this process only, as
+    :func:`add_trial_split_k`. Returns the name."""
+    name, (bm, bn, bk, group_m, stages, warps) = _trial_values("--trial-config", spec,
+                                                                "BM,BN,BK,GROUP_M,STAGES,WARPS")
+    if (bm + bn) * bk * 2 * stages + bm * bn * 2 > _SMEM_BYTES or min(bm, bn, bk, group_m, stages, warps) < 1:
+        raise SystemExit(f"--trial-config {spec!r}: positive values, and stages x (BM + BN) x BK x 2 bytes plus "
+                         "the BM x BN x 2-byte epilogue tile within 227 KiB of shared memory")
+    CONFIGS[name] = dict(BM=bm, BN=bn, BK=bk, GROUP_M=group_m, NUM_STAGES=stages, num_warps=warps)
     return name
 
 
@@ -456,6 +485,8 @@ def _parser():
     parser.add_argument("--resume", action="store_true", help="--merge, and skip rows the results file has")
     parser.add_argument("--trial-split-k", action="append", default=[], metavar="NAME=BM,BN,BK,STAGES,WARPS",
                         help="also sweep a split-K tile shape the library does not ship (repeatable)")
+    parser.add_argument("--trial-config", action="append", default=[], metavar="NAME=BM,BN,BK,GROUP_M,STAGES,WARPS",
+                        help="also sweep a persistent-GEMM tile shape the library does not ship (repeatable)")
     parser.add_argument("--list", action="store_true", help="print the rows and exit (no GPU)")
     return parser
 
@@ -464,6 +495,8 @@ def main() -> int:
     args = _parser().parse_args()
     for spec in args.trial_split_k:
         add_trial_split_k(spec)
+    for spec in args.trial_config:
+        add_trial_config(spec)
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise SystemExit("bench/gemm.py times one GPU: run it with python, not torchrun")
     selected = rows(args.quick, parse_ms(args.m), parse_shapes(args.shapes))

@@ -102,9 +102,19 @@ def test_trial_split_k_is_swept_and_checked(script, monkeypatch):
     assert script.sweep_configs(128)[-1] == "split_k_m128_n256"
     assert script.NARROW_CONFIGS["split_k_m128_n256"] == dict(BM=128, BN=256, BK=64, NUM_STAGES=4, num_warps=8)
     for bad in ("split_k_m128_n256=128,256,64,4,8", "split_k_x=128,128,64,4", "other=128,128,64,4,8",
-                "split_k_m256=256,128,64,4,8", "split_k_m128_big=128,256,128,4,8"):
+                "split_k_m256=256,128,64,4,8", "split_k_m128_big=128,256,128,4,8", "large=128,128,64,4,8"):
         with pytest.raises(SystemExit, match="--trial-split-k"):
             script.add_trial_split_k(bad)
+
+
+def test_trial_config_is_swept_and_checked(script, monkeypatch):
+    monkeypatch.setattr(script, "CONFIGS", dict(script.CONFIGS))
+    assert script.add_trial_config("small_s5=128,128,64,8,5,8") == "small_s5"
+    assert "small_s5" in script.sweep_configs(1024) and "small_s5" in script.sweep_configs(1)
+    assert script.CONFIGS["small_s5"] == dict(BM=128, BN=128, BK=64, GROUP_M=8, NUM_STAGES=5, num_warps=8)
+    for bad in ("small_s5=128,128,64,8,5,8", "x=128,128,64,8,5", "big=128,256,64,8,4,8", "zero=128,128,64,0,4,8"):
+        with pytest.raises(SystemExit, match="--trial-config"):
+            script.add_trial_config(bad)
 
 
 def test_sweep_includes_the_wave_tail_configs_above_split_k(script):
