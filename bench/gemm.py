@@ -3,7 +3,8 @@
 
     python bench/gemm.py [--quick] [--m 1,16] [--shapes 4096x7168,70b.down] [--no-sweep] [--cublas-kernels]
                          [--no-do-bench] [--same-operands] [--budget-s 540] [--merge | --resume] [--list]
-                         [--trial-config NAME=BM,BN,BK,GROUP_M,STAGES,WARPS] [--trial-split-k NAME=BM,BN,BK,STAGES,WARPS]
+                         [--trial-config NAME=BM,BN,BK,GROUP_M,STAGES,WARPS]
+                         [--trial-split-k NAME=BM,BN,BK,STAGES,WARPS]
 
 Rows: M in :data:`M_VALUES` x every (N, K) of the QKV, O, gate+up (fused) and down projections of
 :data:`MODELS`, unsplit and split over 2, 4 and 8 ranks both ways (column-parallel: N / world;
