@@ -3,7 +3,7 @@
 
     python bench/gemm.py [--quick] [--m 1,16] [--shapes 4096x7168,70b.down] [--no-sweep] [--cublas-kernels]
                          [--no-do-bench] [--same-operands] [--budget-s 540] [--merge | --resume] [--list]
-                         [--trial-config NAME=BM,BN,BK,GROUP_M,STAGES,WARPS]
+                         [--trial-config NAME=BM,BN,BK,GROUP_M,STAGES,WARPS[,FLATTEN]]
                          [--trial-split-k NAME=BM,BN,BK,STAGES,WARPS]
 
 Rows: M in :data:`M_VALUES` x every (N, K) of the QKV, O, gate+up (fused) and down projections of
@@ -237,15 +237,18 @@ def add_trial_split_k(spec: str) -> str:
 
 
 def add_trial_config(spec: str) -> str:
-    """``--trial-config NAME=BM,BN,BK,GROUP_M,STAGES,WARPS``: a tile shape of the persistent GEMM
-    (:data:`CONFIGS`, swept at every M) the library does not ship, for this process only, as
-    :func:`add_trial_split_k`. Returns the name."""
-    name, (bm, bn, bk, group_m, stages, warps) = _trial_values("--trial-config", spec,
-                                                                "BM,BN,BK,GROUP_M,STAGES,WARPS")
+    """``--trial-config NAME=BM,BN,BK,GROUP_M,STAGES,WARPS[,FLATTEN]``: a tile shape of the persistent
+    GEMM (:data:`CONFIGS`, swept at every M; ``FLATTEN`` 1: its tile and K loops fused, see
+    :func:`~triton_dist.kernels.gemm.dense.gemm_kernel`) the library does not ship, for this
+    process only, as :func:`add_trial_split_k`. Returns the name."""
+    fields = "BM,BN,BK,GROUP_M,STAGES,WARPS" + (",FLATTEN" if spec.count(",") == 6 else "")
+    name, (bm, bn, bk, group_m, stages, warps, *flatten) = _trial_values("--trial-config", spec, fields)
     if (bm + bn) * bk * 2 * stages + bm * bn * 2 > _SMEM_BYTES or min(bm, bn, bk, group_m, stages, warps) < 1:
         raise SystemExit(f"--trial-config {spec!r}: positive values, and stages x (BM + BN) x BK x 2 bytes plus "
                          "the BM x BN x 2-byte epilogue tile within 227 KiB of shared memory")
     CONFIGS[name] = dict(BM=bm, BN=bn, BK=bk, GROUP_M=group_m, NUM_STAGES=stages, num_warps=warps)
+    if flatten and flatten[0]:
+        CONFIGS[name]["FLATTEN"] = True
     return name
 
 
@@ -486,7 +489,8 @@ def _parser():
     parser.add_argument("--resume", action="store_true", help="--merge, and skip rows the results file has")
     parser.add_argument("--trial-split-k", action="append", default=[], metavar="NAME=BM,BN,BK,STAGES,WARPS",
                         help="also sweep a split-K tile shape the library does not ship (repeatable)")
-    parser.add_argument("--trial-config", action="append", default=[], metavar="NAME=BM,BN,BK,GROUP_M,STAGES,WARPS",
+    parser.add_argument("--trial-config", action="append", default=[],
+                        metavar="NAME=BM,BN,BK,GROUP_M,STAGES,WARPS[,FLATTEN]",
                         help="also sweep a persistent-GEMM tile shape the library does not ship (repeatable)")
     parser.add_argument("--list", action="store_true", help="print the rows and exit (no GPU)")
     return parser

@@ -112,6 +112,8 @@ def test_trial_config_is_swept_and_checked(script, monkeypatch):
     assert script.add_trial_config("small_s5=128,128,64,8,5,8") == "small_s5"
     assert "small_s5" in script.sweep_configs(1024) and "small_s5" in script.sweep_configs(1)
     assert script.CONFIGS["small_s5"] == dict(BM=128, BN=128, BK=64, GROUP_M=8, NUM_STAGES=5, num_warps=8)
+    assert script.add_trial_config("large_flat=128,256,64,8,3,8,1") == "large_flat"
+    assert script.CONFIGS["large_flat"]["FLATTEN"] is True and "FLATTEN" not in script.CONFIGS["small_s5"]
     for bad in ("small_s5=128,128,64,8,5,8", "x=128,128,64,8,5", "big=128,256,64,8,4,8", "zero=128,128,64,0,4,8"):
         with pytest.raises(SystemExit, match="--trial-config"):
             script.add_trial_config(bad)

@@ -205,6 +205,8 @@ def kernel_meta(config: str, wait_for_rows: bool, *, epilogue: str = "store", wo
                 WAIT_FOR_ROWS=wait_for_rows, num_warps=c["num_warps"], num_stages=c["NUM_STAGES"])
     if epilogue != "store":
         meta.update(EPILOGUE=epilogue, WORLD=world)
+    elif c.get("FLATTEN") and not wait_for_rows:  # the fused loop takes no wait or signal between tiles
+        meta.update(FLATTEN=True)
     if node_ranks:
         if not wait_for_rows and epilogue != "rows_to_peer":
             raise ValueError(f"triton_dist gemm: node_ranks walks AllGather+GEMM's consumer or sends "
@@ -230,7 +232,7 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
                 WORLD: tl.constexpr = 1, signal_region=0, out=None, chunk_n=1,
                 chunk_flags=None, tickets=None, timeline=None, TIMELINE: tl.constexpr = False,
                 NODE_RANKS: tl.constexpr = 0, ENTER_CALL: tl.constexpr = False, shard=None, gathered=None,
-                PUSH_SHARD: tl.constexpr = False):
+                PUSH_SHARD: tl.constexpr = False, FLATTEN: tl.constexpr = False):
     """``C = A @ B^T`` over a persistent grid. ``a_desc``: ``[M, K]`` block ``[BM, BK]``;
     ``b_desc``: ``[N, K]`` block ``[BN, BK]``; ``c_desc``: ``[M, N]`` block ``[BM, BN]``.
 
@@ -320,6 +322,10 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
     ``TIMELINE``: stamps into ``timeline`` (:mod:`triton_dist.language.timeline`) for each tile: its
     start, the end of its wait (``WAIT_FOR_ROWS``), the end of its K loop and of its epilogue.
 
+    ``FLATTEN`` (a config's ``FLATTEN``, the plain store only): the tile loop and the K loop fused
+    into one pipelined loop (Triton's ``flatten``), the next tile's loads issued during this
+    tile's epilogue.
+
     ``ENTER_CALL`` (``"all_reduce"``, ``"reduce_own"``, ``"reduce_own_tma"``, ``PUSH_SHARD``): the kernel is its
     call's only one and takes the epoch from
     :func:`~triton_dist.kernels.common.call_counter.enter_call` (``calls``: two int64) instead of
@@ -365,7 +371,10 @@ def gemm_kernel(a_desc, b_desc, c_desc, M, N, K, signals, calls, rank, m_per_ran
         pending_count = pid * 0  # PEER_COPY_ENGINE: pending_tile is a chunk's flag, this its tile count
     if TIMELINE:
         cursor = pid * 0
-    for tile in range(pid, num_tiles, grid):
+    # FLATTEN (the plain store only, kernel_meta): Triton fuses the tile loop with the K loop and
+    # pipelines the result, so the next tile's first loads are in flight during this tile's
+    # epilogue instead of after it.
+    for tile in tl.range(pid, num_tiles, grid, flatten=FLATTEN):
         if TIMELINE:
             cursor = _timeline.stamp(timeline, cursor, _timeline.TILE)
         if SIGNAL_ROWS:
