@@ -101,6 +101,29 @@ def compile_once_per_node(preloads: list) -> None:
     _runtime.barrier()
 
 
+MISSES_EXPLAINED = 3
+"""Variants a first-use compile explains (:func:`_why_not_prebuilt`); more would bury the message."""
+
+
+def _why_not_prebuilt(variants: list) -> list[str]:
+    """For each variant, how it differs from the closest of the package's list
+    (:func:`~triton_dist.variant_list.explain_missing`): what to record, or that the set is stale.
+    Nothing when there is no list; a failure to explain is never a failure to compile."""
+    from . import prebuilt_cache, variant_list
+    from .language import support_library
+
+    try:
+        listed = variant_list.read([prebuilt_cache.default_variant_list()])
+        settings = tuple(support_library.settings().items())
+        lines = []
+        for v in variants:
+            libs = tuple(name for name, _ in v.options.get("extern_libs") or () if name != "libdevice")
+            lines.append(variant_list.explain_missing(variant_list.RecordedVariant(v, libs, settings), listed))
+        return lines
+    except (ValueError, OSError, ImportError, AttributeError, TypeError, KeyError, IndexError):
+        return []
+
+
 def _compile_saying_so(variants: list) -> None:
     """compile_variants, announced on stderr when there is anything to compile: a first use can
     take tens of seconds, which without a word looks like a hang."""
@@ -118,6 +141,8 @@ def _compile_saying_so(variants: list) -> None:
     _told_how_to_prebuild = True
     print(f"triton_dist: compiling {len(variants)} kernel variants ({', '.join(modules)}) for their first use: "
           f"not in the prebuilt set{how}; Triton's cache keeps them for later runs", file=sys.stderr, flush=True)
+    for line in _why_not_prebuilt(variants[:MISSES_EXPLAINED]):
+        print(f"triton_dist:   {line}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     compile_variants(variants)
     print(f"triton_dist: compiled {len(variants)} kernel variants in {time.perf_counter() - start:.1f} s",

@@ -207,6 +207,63 @@ def read(paths) -> list[RecordedVariant]:
     return list(found.values())
 
 
+def _parameter_names(variant: Variant) -> list[str]:
+    """The kernel's parameter names (constexprs and attrs are keyed by position), or [] when the
+    kernel cannot be imported."""
+    import importlib
+
+    import triton
+
+    try:
+        fn = getattr(importlib.import_module(variant.module), variant.name)
+    except (ImportError, AttributeError):
+        return []
+    while not isinstance(fn, triton.runtime.JITFunction) and hasattr(fn, "fn"):
+        fn = fn.fn
+    return list(getattr(fn, "arg_names", []))
+
+
+def _fields(recorded: RecordedVariant, names: list[str]) -> dict:
+    """What tells two variants of one kernel apart, by readable name: each constexpr and attribute
+    by its parameter's name, each signature entry, option and language setting."""
+    v = recorded.variant
+
+    def named(path) -> str:
+        return names[path[0]] if len(path) == 1 and path[0] < len(names) else str(list(path))
+
+    fields = {f"{named(path)}": repr(value) for path, value in v.constexprs.items()}
+    fields.update({f"{named(path)} (specialisation)": repr(value) for path, value in v.attrs.items()})
+    fields.update({f"{name} (type)": repr(kind) for name, kind in v.signature.items() if kind != "constexpr"})
+    fields.update({f"option {k}": repr(val) for k, val in v.options.items() if k != "extern_libs"})
+    fields.update({f"setting {k}": repr(val) for k, val in recorded.settings})
+    fields["libraries"] = repr(sorted(recorded.extern_libs))
+    return fields
+
+
+def explain_missing(wanted: RecordedVariant, listed: list) -> str:
+    """Why ``wanted`` (a variant a context found in no cache) is not in the prebuilt set whose
+    list is ``listed``: the fields in which the closest listed variant of the same kernel
+    differs (``MAX_PROGRAMS 66, listed 18``), or, when one matches in every field, that the set was
+    built from other source, Triton or ptxas, or not built at all."""
+    v = wanted.variant
+    same_kernel = [r for r in listed if r.variant.module == v.module and r.variant.name == v.name]
+    if not same_kernel:
+        return f"{v.name}: the list has no variant of this kernel"
+    names = _parameter_names(v)
+    want = _fields(wanted, names)
+
+    def differences(r) -> list[str]:
+        have = _fields(r, names)
+        return [f"{k} {want.get(k, '(absent)')}, listed {have.get(k, '(absent)')}"
+                for k in sorted(set(want) | set(have)) if want.get(k) != have.get(k)]
+
+    closest = min((differences(r) for r in same_kernel), key=len)
+    if not closest:
+        return (f"{v.name}: listed, but not found built: the prebuilt set was built from other source, Triton or "
+                f"ptxas, or not built (python -m triton_dist.prebuilt_cache)")
+    return f"{v.name}: the closest of {len(same_kernel)} listed differs in " + "; ".join(closest[:4])
+
+
 # ---------------------------------------------------------------------------------------------
 # Recording.
 

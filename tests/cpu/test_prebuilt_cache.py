@@ -315,7 +315,8 @@ def test_the_first_compile_message_says_how_to_prebuild_once(monkeypatch, capsys
     variant = parallel_compile.Variant("triton_dist.kernels.collectives.allreduce_kernels", "k", {}, {}, {}, {}, None)
     parallel_compile._compile_saying_so([variant])
     parallel_compile._compile_saying_so([variant])
-    first, _, second, _ = capsys.readouterr().err.splitlines()
+    first, why, _, second, _, _ = capsys.readouterr().err.splitlines()
+    assert "k: the list has no variant of this kernel" in why  # each miss explained against the list
     assert "not in the prebuilt set" in first and "TRITON_DIST_RECORD_VARIANTS=FILE" in first
     assert "python -m triton_dist.prebuilt_cache --variants FILE" in first
     assert "not in the prebuilt set" in second and "TRITON_DIST_RECORD_VARIANTS" not in second
@@ -370,3 +371,23 @@ def test_every_kernel_of_the_dense_ops_has_a_listed_variant():
                     and (module_name, fn.__name__) not in listed):
                 missing.append(f"{module_name}.{fn.__name__}")
     assert not missing, missing
+
+
+def test_a_miss_is_explained_by_the_closest_listed_variant():
+    """What a first-use compile prints per missing variant (issue 21's first calls): the fields in
+    which the package's closest listed variant of that kernel differs, by parameter name."""
+    import dataclasses
+
+    listed = variant_list.read([prebuilt_cache.default_variant_list()])
+    ll = next(r for r in listed if r.variant.name == "ll_reduce_kernel")
+    names = parallel_compile._source_and_options(ll.variant)[0].fn.arg_names
+    slot = (names.index("LL_SLOT"), )
+    changed = {**ll.variant.constexprs, slot: 12345}
+    wanted = dataclasses.replace(ll, variant=dataclasses.replace(ll.variant, constexprs=changed))
+    why = variant_list.explain_missing(wanted, listed)
+    assert why.startswith("ll_reduce_kernel: the closest of ") and "LL_SLOT 12345, listed " in why
+    assert "listed, but not found built" in variant_list.explain_missing(ll, listed)
+    other = dataclasses.replace(ll, settings=tuple((k, 1 if k == "wait_timeout_ns" else v) for k, v in ll.settings))
+    assert "setting wait_timeout_ns 1, listed " in variant_list.explain_missing(other, listed)
+    alien = dataclasses.replace(ll, variant=dataclasses.replace(ll.variant, name="no_such_kernel"))
+    assert variant_list.explain_missing(alien, listed) == "no_such_kernel: the list has no variant of this kernel"
