@@ -34,6 +34,7 @@ constexpr const char* kKernel = "all_reduce_one_shot";
 constexpr const char* kOp = "all_reduce_example";
 constexpr int kNumel = 50000;  // not a whole number of tiles: the last one takes the masked path
 constexpr int kCalls = 3;      // one epoch each; consecutive calls use the stage buffer's two halves
+constexpr int kMaxPrograms = 128;  // program slots per rank in the signal pad (AllReduceContext's default)
 
 std::string env(const char* name, const char* fallback = nullptr) {
   const char* value = std::getenv(name);
@@ -88,11 +89,12 @@ bool all_reduce_and_check(tdist::Runtime& runtime, CUdevice device) {
               kOp, "the prebuilt kernel is not for " << world << " ranks of fp32; run the prebuild tool with --world "
                                                      << world << " --dtype float32");
   const int block = static_cast<int>(manifest.constexpr_int("BLOCK", kKernel, rank));
-  const int max_programs = static_cast<int>(manifest.constexpr_int("MAX_PROGRAMS", kKernel, rank));
+  // The signal layout's stride (program slots per rank), an argument: any grid up to it works.
+  const int max_programs = kMaxPrograms;
   const int tiles = (kNumel + block - 1) / block;
 
   // Collective: every rank allocates the same sizes in the same order. Peers read `stage` and set
-  // `signals` (program p of rank r sets signal r * MAX_PROGRAMS + p); x, out and the call counter
+  // `signals` (program p of rank r sets signal r * max_programs + p); x, out and the call counter
   // need not be symmetric, the heap is merely the allocator at hand.
   tdist::SymmetricHeap& heap = runtime.heap();
   const std::size_t bytes = kNumel * sizeof(float);
@@ -140,7 +142,7 @@ bool all_reduce_and_check(tdist::Runtime& runtime, CUdevice device) {
     all_reduce.launch({programs, 1, 1}, stream,
                       {tdist::pointer_arg(x->local()), tdist::pointer_arg(out->local()),
                        tdist::pointer_arg(stage->local()), tdist::pointer_arg(signals.local()), tdist::i32_arg(kNumel),
-                       tdist::pointer_arg(calls->local()), tdist::i32_arg(tiles)});
+                       tdist::pointer_arg(calls->local()), tdist::i32_arg(tiles), tdist::i32_arg(max_programs)});
     tdist::check_cuda(cuda.ctx_synchronize(), rank, kOp, "cuCtxSynchronize (the kernel failed)");
     tdist::check_cuda(cuda.memcpy_dtoh(host.data(), address(out->local()), bytes), rank, kOp, "cuMemcpyDtoH");
     for (int i = 0; i < kNumel; ++i) {

@@ -243,7 +243,7 @@ def _fields(recorded: RecordedVariant, names: list[str]) -> dict:
 def explain_missing(wanted: RecordedVariant, listed: list) -> str:
     """Why ``wanted`` (a variant a context found in no cache) is not in the prebuilt set whose
     list is ``listed``: the fields in which the closest listed variant of the same kernel
-    differs (``MAX_PROGRAMS 66, listed 18``), or, when one matches in every field, that the set was
+    differs (``WORLD 4, listed 2``), or, when one matches in every field, that the set was
     built from other source, Triton or ptxas, or not built at all."""
     v = wanted.variant
     same_kernel = [r for r in listed if r.variant.module == v.module and r.variant.name == v.name]

@@ -16,7 +16,7 @@ _ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # What csrc/examples/all_reduce_example.cc passes, in order: change both together.
 _PARAMS = ["param x *fp32 D", "param out *fp32 D", "param stage *fp32 D", "param signals *u64 D",
-           "param n i32 -", "param calls *i64 D", "param half_tiles i32 -"]
+           "param n i32 -", "param calls *i64 D", "param half_tiles i32 -", "param max_programs i32 -"]
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +45,10 @@ def test_the_manifest_gives_the_launch_and_the_kernels_parameters(written):
     lines = [line for line in _manifest(written[0]) if not line.startswith("#")]
     assert lines[:6] == ["tdist-prebuilt 1", "symbol all_reduce_one_shot_kernel", "threads 256", "shared 8",
                          "cooperative 0", "pdl 0"]
-    assert lines[6:9] == ["constexpr WORLD 2", "constexpr MAX_PROGRAMS 128", "constexpr BLOCK 2048"]
-    assert lines[9:] == ["params 7"] + _PARAMS
+    assert lines[6:8] == ["constexpr WORLD 2", "constexpr BLOCK 2048"]
+    assert lines[8:] == ["params 8"] + _PARAMS
     runtime = [p.name for p in all_reduce_one_shot_kernel.fn.params if not p.is_constexpr]
-    assert [line.split()[1] for line in lines[10:]] == runtime
+    assert [line.split()[1] for line in lines[9:]] == runtime
 
 
 def test_the_manifest_says_what_it_was_compiled_under(written):
@@ -79,7 +79,9 @@ def test_the_rules_are_the_eager_launch_paths():
     fn = kernel.fn
     binder = create_function_from_signature(fn.signature, fn.params, CUDABackend(GPUTarget("cuda", 90, 32)))
     _, specialization, _ = binder(*args, **kernel._options(dict(kwargs)))
-    rules = eager_launch.argument_rules([p for p in fn.params if not p.is_constexpr], specialization, args)
+    runtime = [p for p in fn.params if not p.is_constexpr]
+    named = tuple(kwargs[p.name] for p in runtime[len(args):])  # after the constexprs: given by name
+    rules = eager_launch.argument_rules(runtime, specialization, args + named)
     assert rules.types == [p.split()[2] for p in _PARAMS]
     assert rules.divisible == [p.split()[3] == "D" for p in _PARAMS]
 

@@ -381,11 +381,11 @@ def test_a_miss_is_explained_by_the_closest_listed_variant():
     listed = variant_list.read([prebuilt_cache.default_variant_list()])
     ll = next(r for r in listed if r.variant.name == "ll_reduce_kernel")
     names = parallel_compile._source_and_options(ll.variant)[0].fn.arg_names
-    slot = (names.index("LL_SLOT"), )
-    changed = {**ll.variant.constexprs, slot: 12345}
+    elems = (names.index("ELEMS"), )
+    changed = {**ll.variant.constexprs, elems: 3}
     wanted = dataclasses.replace(ll, variant=dataclasses.replace(ll.variant, constexprs=changed))
     why = variant_list.explain_missing(wanted, listed)
-    assert why.startswith("ll_reduce_kernel: the closest of ") and "LL_SLOT 12345, listed " in why
+    assert why.startswith("ll_reduce_kernel: the closest of ") and "ELEMS 3, listed " in why
     assert "listed, but not found built" in variant_list.explain_missing(ll, listed)
     other = dataclasses.replace(ll, settings=tuple((k, 1 if k == "wait_timeout_ns" else v) for k, v in ll.settings))
     assert "setting wait_timeout_ns 1, listed " in variant_list.explain_missing(other, listed)

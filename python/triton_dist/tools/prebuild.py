@@ -65,14 +65,14 @@ class _Tensor:
 def _all_reduce_one_shot(world: int, dtype):
     """``all_reduce_one_shot_kernel`` as ``AllReduceContext`` preloads and runs it: ``x``, ``out``
     and ``stage`` of ``dtype``, the pad's uint64 signals, ``n``, the int64 call counter and
-    ``half_tiles`` (both counts unspecialised i32), the context's default constexprs (a context
-    whose co-resident limit is below ``DEFAULT_MAX_PROGRAMS``, e.g. under MPS, compiles another
-    ``MAX_PROGRAMS``: this variant is the whole-GPU one)."""
+    ``half_tiles`` and ``max_programs`` (the signal layout's stride: the program slots per rank;
+    all three unspecialised i32, so one variant serves every size and SM count), the context's
+    constexprs."""
     from ..kernels.collectives.allreduce import AllReduceContext
     from ..kernels.collectives.allreduce_kernels import all_reduce_one_shot_kernel
 
     args = (_Tensor(dtype), _Tensor(dtype), _Tensor(dtype), _Tensor(tl.uint64), 2, _Tensor(tl.int64), 2)
-    kwargs = dict(WORLD=world, MAX_PROGRAMS=AllReduceContext.DEFAULT_MAX_PROGRAMS, BLOCK=AllReduceContext.BLOCK,
+    kwargs = dict(WORLD=world, max_programs=AllReduceContext.DEFAULT_MAX_PROGRAMS, BLOCK=AllReduceContext.BLOCK,
                   num_warps=AllReduceContext.NUM_WARPS)
     return all_reduce_one_shot_kernel, args, kwargs
 
@@ -104,7 +104,9 @@ def compile_variant(name: str, world: int, dtype: str):
     src, options = parallel_compile._source_and_options(variant)
     compiled = triton.compile(src, target=HOPPER, options=options)
     runtime_params = [p for p in fn.params if not p.is_constexpr]
-    rules = eager_launch.argument_rules(runtime_params, specialization, args)
+    # Runtime parameters after the constexprs are given by name, as the contexts launch them.
+    named = tuple(kwargs[p.name] for p in runtime_params[len(args):] if p.name in kwargs)
+    rules = eager_launch.argument_rules(runtime_params, specialization, args + named)
     if not eager_launch.launchable(compiled.metadata) or rules is None:
         raise ValueError(f"triton_dist prebuild: {name} needs Triton's own launcher (scratch memory, clusters, "
                          "tensor descriptors or an argument kind the C++ launcher does not pass); it cannot be "

@@ -60,8 +60,8 @@ def test_cross_rank_combine_compiles_with_its_protocol(world):
         flash_decode.flash_decode_combine_kernel,
         {"part_out": "*fp32", "part_lse": "*fp32", "parts": "*fp32", "lses": "*fp32", "signals": "*u64",
          "out": "*bf16", "out_lse": "*fp32", "rows": "i32", "epoch_ptr": "*i64", "slot_rows": "i32",
-         "parts_half": "i64", "lses_half": "i64"},
-        dict(WORLD=world, MAX_PROGRAMS=128, D=128, ROWS=flash_decode.ROWS_PER_TILE,
+         "parts_half": "i64", "lses_half": "i64", "max_programs": "i32"},
+        dict(WORLD=world, D=128, ROWS=flash_decode.ROWS_PER_TILE,
              WORLD_POW2=triton.next_power_of_2(world)), num_warps=4)
     ptx = compiled.asm["ptx"]
     assert ptx.count("ld.acquire.sys.global.u64") >= world  # one acquire spin per rank's signal

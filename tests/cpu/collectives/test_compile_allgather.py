@@ -24,22 +24,23 @@ def _push(dt, world=2, aligned=True, kernel=allgather.all_gather_push_kernel):
     """``kernel``: sm_push's, or the ring's (the same signature)."""
     return compile_for_hopper(kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "gathered": f"*{dt}", "signals": "*u64", "n": "i32",
-                               "calls": "*i64", "slot_tiles": "i32"},
-                              dict(WORLD=world, MAX_PROGRAMS=128, BLOCK=2048, ALIGNED=aligned),
+                               "calls": "*i64", "slot_tiles": "i32", "max_programs": "i32"},
+                              dict(WORLD=world, BLOCK=2048, ALIGNED=aligned),
                               num_warps=8).asm["ptx"]
 
 
 def _ll(dt, world=2):
     return compile_for_hopper(allgather.all_gather_ll_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "ll": "*i64", "n": "i32", "words": "i32",
-                               "calls": "*i64"},
-                              dict(WORLD=world, LL_SLOT=4 * allgather.LL_BLOCK, BLOCK_W=allgather.LL_BLOCK,
+                               "calls": "*i64", "ll_slot": "i32"},
+                              dict(WORLD=world, BLOCK_W=allgather.LL_BLOCK,
                                    ELEMS=4 // _DTYPES[dt]), num_warps=8).asm["ptx"]
 
 
 def _ce(phase, world=2):
-    return compile_for_hopper(allgather.all_gather_ce_signal_kernel, {"signals": "*u64", "k_ptr": "*i64"},
-                              dict(PHASE=phase, WORLD=world, READY=world * 128, ACK=world * 129),
+    return compile_for_hopper(allgather.all_gather_ce_signal_kernel,
+                              {"signals": "*u64", "k_ptr": "*i64", "ready": "i32", "ack": "i32"},
+                              dict(PHASE=phase, WORLD=world),
                               num_warps=1).asm["ptx"]
 
 
@@ -105,26 +106,24 @@ def test_ce_signal_kernels_compile(world):
 
 def _chunk_signal(world=2):
     return compile_for_hopper(allgather.all_gather_ce_chunk_signal_kernel,
-                              {"signals": "*u64", "k_ptr": "*i64", "c": "i32"},
-                              dict(WORLD=world, CHUNK_READY=2 * world, MAX_CHUNKS=allgather.CE_MAX_CHUNKS),
+                              {"signals": "*u64", "k_ptr": "*i64", "c": "i32", "chunk_ready": "i32"},
+                              dict(WORLD=world, MAX_CHUNKS=allgather.CE_MAX_CHUNKS),
                               num_warps=1).asm["ptx"]
 
 
 def _copy_out(dt, world=2, aligned=True):
     return compile_for_hopper(allgather.all_gather_ce_copy_out_kernel,
                               {"out": f"*{dt}", "ce": f"*{dt}", "signals": "*u64", "n": "i32", "chunk": "i32",
-                               "k_ptr": "*i64", "slot_tiles": "i32"},
-                              dict(WORLD=world, CHUNK_READY=2 * world,
-                                   MAX_CHUNKS=allgather.CE_MAX_CHUNKS, BLOCK=2048, ALIGNED=aligned),
+                               "k_ptr": "*i64", "slot_tiles": "i32", "chunk_ready": "i32"},
+                              dict(WORLD=world, MAX_CHUNKS=allgather.CE_MAX_CHUNKS, BLOCK=2048, ALIGNED=aligned),
                               num_warps=8).asm["ptx"]
 
 
 def _zero_copy(dt, world=2, aligned=True):
     return compile_for_hopper(allgather.all_gather_zero_copy_kernel,
-                              {"x": f"*{dt}", "out": f"*{dt}", "signals": "*u64", "n": "i32", "epoch_ptr": "*i64"},
-                              dict(WORLD=world, MAX_PROGRAMS=128, BLOCK=2048, ALIGNED=aligned,
-                                   READY=allgather._layouts(world, 128)[1]["smz_ready"],
-                                   DONE=allgather._layouts(world, 128)[1]["smz_done"]), num_warps=8).asm["ptx"]
+                              {"x": f"*{dt}", "out": f"*{dt}", "signals": "*u64", "n": "i32", "epoch_ptr": "*i64",
+                               "max_programs": "i32", "ready": "i32", "done": "i32"},
+                              dict(WORLD=world, BLOCK=2048, ALIGNED=aligned), num_warps=8).asm["ptx"]
 
 
 @pytest.mark.parametrize("world", [2, 4])

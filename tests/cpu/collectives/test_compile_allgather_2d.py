@@ -20,8 +20,9 @@ _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.e
 def _ptx(world, local, dt="bf16", aligned=True):
     return compile_for_hopper(allgather_2d.all_gather_2d_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "gathered": f"*{dt}", "signals": "*u64", "n": "i32",
-                               "chunk": "i32", "calls": "*i64", "slot_tiles": "i32"},
-                              dict(WORLD=world, LOCAL=local, MAX_PROGRAMS=128, READY=64,
+                               "chunk": "i32", "calls": "*i64", "slot_tiles": "i32", "max_programs": "i32",
+                               "ready": "i32"},
+                              dict(WORLD=world, LOCAL=local,
                                    ELEMENT_BYTES={"bf16": 2, "fp32": 4}[dt], BLOCK=2048, ALIGNED=aligned),
                               num_warps=8).asm["ptx"]
 
@@ -59,8 +60,8 @@ def test_auto_takes_2d_across_nodes_only():
 def _ll_ptx(world, local, dt="bf16"):
     return compile_for_hopper(allgather_2d.all_gather_ll_2d_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "ll": "*i64", "n": "i32", "words": "i32",
-                               "calls": "*i64"},
-                              dict(WORLD=world, LOCAL=local, LL_SLOT=4 * 512, BLOCK_W=512,
+                               "calls": "*i64", "ll_slot": "i32"},
+                              dict(WORLD=world, LOCAL=local, BLOCK_W=512,
                                    ELEMS={"bf16": 2, "fp32": 1}[dt]), num_warps=8).asm["ptx"]
 
 

@@ -13,7 +13,7 @@ from triton_dist.kernels.common import ll_protocol
 from triton_dist.tools.compile_check import (compile_for_hopper, ptx_calls, without_call_entry,
                                              without_wait_timeout_report)
 
-_META = {"WORLD": 2, "MAX_PROGRAMS": 128, "BLOCK": 2048}
+_META = {"WORLD": 2, "BLOCK": 2048}
 _SPIN = "ld.acquire.sys.global.u64"
 _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.exch"
 
@@ -21,7 +21,7 @@ _RELEASE = r"atom\.global\.sys\.release\.exch\.b64|atom\.release\.sys\.global\.e
 def _one_shot(dt, world=2):
     return compile_for_hopper(allreduce.all_reduce_one_shot_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "stage": f"*{dt}", "signals": "*u64", "n": "i32",
-                               "calls": "*i64", "half_tiles": "i32"}, dict(_META, WORLD=world),
+                               "calls": "*i64", "half_tiles": "i32", "max_programs": "i32"}, dict(_META, WORLD=world),
                               num_warps=8).asm["ptx"]
 
 
@@ -29,7 +29,7 @@ def _two_shot(dt, world=2):
     return compile_for_hopper(allreduce.all_reduce_two_shot_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "stage": f"*{dt}", "gather": f"*{dt}",
                                "signals": "*u64", "n": "i32", "calls": "*i64", "shard_tiles": "i32",
-                               "half_tiles": "i32"},
+                               "half_tiles": "i32", "max_programs": "i32"},
                               dict(_META, WORLD=world), num_warps=8).asm["ptx"]
 
 
@@ -43,8 +43,8 @@ def _ll(dt, world=2, scatter=False):
     block = ll_protocol.LL_BLOCK
     return compile_for_hopper(allreduce.ll_reduce_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "ll": "*i64", "n": "i32", "words": "i32",
-                               "calls": "*i64"},
-                              dict(WORLD=world, LL_SLOT=4 * block, BLOCK_W=block, ELEMS=_ELEMS[dt], SCATTER=scatter),
+                               "calls": "*i64", "ll_slot": "i32"},
+                              dict(WORLD=world, BLOCK_W=block, ELEMS=_ELEMS[dt], SCATTER=scatter),
                               num_warps=8).asm["ptx"]
 
 
@@ -73,7 +73,7 @@ def _ring(dt, world=2):
     return compile_for_hopper(allreduce.all_reduce_ring_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "inbox": "*fp32", "stage": f"*{dt}",
                                "signals": "*u64", "n": "i32", "calls": "*i64", "shard_tiles": "i32",
-                               "half_tiles": "i32"},
+                               "half_tiles": "i32", "max_programs": "i32"},
                               dict(_META, WORLD=world), num_warps=8).asm["ptx"]
 
 

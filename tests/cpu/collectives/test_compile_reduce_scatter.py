@@ -17,13 +17,14 @@ _VEC = {"fp32": 4, "bf16": 8}
 
 
 def _meta(world, vec):
-    return {"WORLD": world, "MAX_PROGRAMS": 128, "BLOCK": 2048, "VEC": vec}
+    return {"WORLD": world, "BLOCK": 2048, "VEC": vec}
 
 
 def _push(dt, world=2, vec=None):
     return compile_for_hopper(reduce_scatter.reduce_scatter_push_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "stage": f"*{dt}", "signals": "*u64",
-                               "shard_vecs": "i32", "shard_tiles": "i32", "calls": "*i64", "half_tiles": "i32"},
+                               "shard_vecs": "i32", "shard_tiles": "i32", "calls": "*i64", "half_tiles": "i32",
+                               "max_programs": "i32"},
                               _meta(world, _VEC[dt] if vec is None else vec),
                               num_warps=8).asm["ptx"]
 
@@ -31,7 +32,8 @@ def _push(dt, world=2, vec=None):
 def _ring(dt, world=2, vec=None):
     return compile_for_hopper(reduce_scatter.reduce_scatter_ring_kernel,
                               {"x": f"*{dt}", "out": f"*{dt}", "inbox": "*fp32", "signals": "*u64",
-                               "shard_vecs": "i32", "shard_tiles": "i32", "calls": "*i64", "half_tiles": "i32"},
+                               "shard_vecs": "i32", "shard_tiles": "i32", "calls": "*i64", "half_tiles": "i32",
+                               "max_programs": "i32"},
                               _meta(world, _VEC[dt] if vec is None else vec),
                               num_warps=8).asm["ptx"]
 

@@ -19,8 +19,8 @@ def _ptx(world, local, dt="bf16", vec=8):
                               {"x": f"*{dt}", "out": f"*{dt}", "stage": f"*{dt}", "inbox": "*fp32",
                                "partials": "*fp32", "signals": "*u64", "shard_vecs": "i32", "chunk": "i32",
                                "shard_tiles": "i32", "calls": "*i64", "half_tiles": "i32",
-                               "inbox_half_tiles": "i32"},
-                              dict(WORLD=world, LOCAL=local, MAX_PROGRAMS=128, BLOCK=2048, VEC=vec),
+                               "inbox_half_tiles": "i32", "max_programs": "i32"},
+                              dict(WORLD=world, LOCAL=local, BLOCK=2048, VEC=vec),
                               num_warps=8).asm["ptx"]
 
 

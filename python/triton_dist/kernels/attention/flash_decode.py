@@ -40,13 +40,13 @@ ROWS_PER_TILE = 16
 """Output rows (``(batch, token, q_head)`` triples of ``head_dim`` values) a program moves at a time."""
 
 
-@jit(do_not_specialize=["rows", "slot_rows", "parts_half", "lses_half"])
+@jit(do_not_specialize=["rows", "slot_rows", "parts_half", "lses_half", "max_programs"])
 def flash_decode_combine_kernel(part_out, part_lse, parts, lses, signals, out, out_lse, rows, epoch_ptr, slot_rows,
-                                parts_half, lses_half, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
+                                parts_half, lses_half, WORLD: tl.constexpr, max_programs,
                                 D: tl.constexpr, ROWS: tl.constexpr, WORLD_POW2: tl.constexpr):
     """The cross-rank combine (module notes). ``part_out``/``part_lse``: this rank's fp32 partial,
     ``rows`` rows of ``D``; ``parts``/``lses``: symmetric, two halves of ``parts_half``/``lses_half``
-    elements, each ``WORLD`` slots of ``slot_rows`` rows; ``signals``: ``WORLD * MAX_PROGRAMS`` of
+    elements, each ``WORLD`` slots of ``slot_rows`` rows; ``signals``: ``WORLD * max_programs`` of
     the context's pad."""
     epoch = tl.load(epoch_ptr)
     me = dl.rank()
@@ -71,12 +71,12 @@ def flash_decode_combine_kernel(part_out, part_lse, parts, lses, signals, out, o
             tl.store(dst + row[:, None] * D + d[None, :], vals, mask=ok[:, None])
             tl.store(dl.symm_at(slot_lses, peer) + me.to(tl.int64) * slot_rows + row, lse, mask=ok)
     for i in tl.static_range(WORLD):
-        dl.notify(signals + me * MAX_PROGRAMS + pid, (me + i) % WORLD, epoch, "set", "intra_node")
+        dl.notify(signals + me * max_programs + pid, (me + i) % WORLD, epoch, "set", "intra_node")
 
     # 2. The same rows from every rank.
     token = dl.wait(signals + pid, 1, "sys", "acquire", epoch)
     for r in tl.static_range(1, WORLD):
-        token = token + dl.wait(signals + r * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+        token = token + dl.wait(signals + r * max_programs + pid, 1, "sys", "acquire", epoch)
     arrived = dl.consume_token(slots, token)
     arrived_lses = dl.consume_token(slot_lses, token)
 
@@ -130,7 +130,7 @@ class FlashDecodeContext(CollectiveContext):
                                                 grid=(1, ), **self._meta())
 
     def _meta(self) -> dict:
-        return dict(WORLD=self.world, MAX_PROGRAMS=self.max_programs, D=self.head_dim, ROWS=ROWS_PER_TILE,
+        return dict(WORLD=self.world, max_programs=self.max_programs, D=self.head_dim, ROWS=ROWS_PER_TILE,
                     WORLD_POW2=triton.next_power_of_2(self.world), num_warps=4)
 
     def __call__(self, q, k_cache, v_cache, block_table, seq_lens, *, scale: float | None = None,

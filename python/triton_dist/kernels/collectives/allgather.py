@@ -14,7 +14,7 @@ since every rank has the same ``n``).
    own ``gathered`` buffer into ``out``.
 
    Signal layout (for consumers that start per chunk, e.g. AllGather+GEMM): on every rank, pad
-   index ``r * MAX_PROGRAMS + p`` holds the epoch of the latest call whose tiles ``p, p + G, ...``
+   index ``r * max_programs + p`` holds the epoch of the latest call whose tiles ``p, p + G, ...``
    of rank ``r`` have landed in slot ``r`` of this rank's ``gathered`` buffer (half ``epoch % 2``);
    see :meth:`AllGatherContext.signals_for` and :meth:`AllGatherContext.slot`. A consumer takes
    the call's epoch in stream order, not from ``calls`` while the kernel runs: the kernel moves
@@ -316,42 +316,42 @@ class AllGatherContext(CollectiveContext):
         return self.meta(ALIGNED=aligned)
 
     def _ll_meta(self, **extra) -> dict:
-        return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
+        return dict(WORLD=self.world, ll_slot=self.ll_slot, BLOCK_W=LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
                     num_warps=self.NUM_WARPS, **extra)
 
     def _2d_meta(self, aligned: bool) -> dict:
-        return self.meta(ALIGNED=aligned, LOCAL=self.local_world, READY=self.ext_layout["node_ready"],
+        return self.meta(ALIGNED=aligned, LOCAL=self.local_world, ready=self.ext_layout["node_ready"],
                          ELEMENT_BYTES=self.dtype.itemsize)
 
     def _ring_signals(self):
         return self.pad.signals[self.layout["ring"]:]
 
     def _ce_meta(self, phase: int) -> dict:
-        return dict(PHASE=phase, WORLD=self.world, READY=self.layout["ce_push_ready"],
-                    ACK=self.layout["ce_push_ack"], num_warps=1)
+        return dict(PHASE=phase, WORLD=self.world, ready=self.layout["ce_push_ready"],
+                    ack=self.layout["ce_push_ack"], num_warps=1)
 
     def _zc_meta(self, region: str) -> dict:
         """``all_gather_ce_signal_kernel`` phase 1 (notify mine, wait for every peer's) on the
         ``ce_zero_copy`` region ``"ready"`` or ``"done"`` of ``pad_ext``."""
-        return dict(PHASE=1, WORLD=self.world, READY=self.ext_layout[f"zc_{region}"], ACK=0, num_warps=1)
+        return dict(PHASE=1, WORLD=self.world, ready=self.ext_layout[f"zc_{region}"], ack=0, num_warps=1)
 
     def _pull_meta(self, phase: int) -> dict:
         """``all_gather_ce_signal_kernel`` on ``pad_ext`` for ``ce_pull``: "ready" is "published",
         "ack" is "pulled"."""
-        return dict(PHASE=phase, WORLD=self.world, READY=self.ext_layout["published"],
-                    ACK=self.ext_layout["pulled"], num_warps=1)
+        return dict(PHASE=phase, WORLD=self.world, ready=self.ext_layout["published"],
+                    ack=self.ext_layout["pulled"], num_warps=1)
 
     def _chunk_signal_meta(self) -> dict:
-        return dict(WORLD=self.world, CHUNK_READY=self.ext_layout["chunk_ready"], MAX_CHUNKS=CE_MAX_CHUNKS,
+        return dict(WORLD=self.world, chunk_ready=self.ext_layout["chunk_ready"], MAX_CHUNKS=CE_MAX_CHUNKS,
                     num_warps=1)
 
     def _copy_out_meta(self, aligned: bool) -> dict:
-        return dict(WORLD=self.world, CHUNK_READY=self.ext_layout["chunk_ready"],
+        return dict(WORLD=self.world, chunk_ready=self.ext_layout["chunk_ready"],
                     MAX_CHUNKS=CE_MAX_CHUNKS, BLOCK=self.BLOCK, ALIGNED=aligned, num_warps=self.NUM_WARPS)
 
     def _zero_copy_meta(self, aligned: bool) -> dict:
-        return dict(WORLD=self.world, MAX_PROGRAMS=self.max_programs, BLOCK=self.BLOCK, ALIGNED=aligned,
-                    READY=self.ext_layout["smz_ready"], DONE=self.ext_layout["smz_done"],
+        return dict(WORLD=self.world, max_programs=self.max_programs, BLOCK=self.BLOCK, ALIGNED=aligned,
+                    ready=self.ext_layout["smz_ready"], done=self.ext_layout["smz_done"],
                     num_warps=self.NUM_WARPS)
 
     def preload(self) -> None:

@@ -7,7 +7,7 @@ blocks of ``tdist.local_world_size()`` ranks, discovered from host names or decl
 Program ``p`` of a grid of ``G`` owns the contiguous chunk ``[p * chunk, (p + 1) * chunk)`` of the
 ``n`` elements (the same on every rank; one NVSHMEM put per chunk and node, not one per tile).
 ``gathered`` is the context's symmetric buffer of ``2 * WORLD`` slots (half ``epoch % 2``, slot
-``r``: rank ``r``'s data) and signal ``(r, p)`` (pad index ``READY + r * MAX_PROGRAMS + p``) on a
+``r``: rank ``r``'s data) and signal ``(r, p)`` (pad index ``ready + r * max_programs + p``) on a
 rank says "chunk ``p`` of rank ``r`` is in my slot ``r``, this epoch". Program ``p``:
 
 1. stores its chunk of ``x`` into ``out``'s own slot and into slot ``me`` of its own ``gathered``
@@ -66,14 +66,14 @@ def _notify_node(signal, epoch, node_first, local, LOCAL: tl.constexpr):
         dl.notify(signal, node_first + (local + k) % LOCAL, epoch, "set", "intra_node")
 
 
-@jit(do_not_specialize=["n", "chunk", "slot_tiles"])
+@jit(do_not_specialize=["n", "chunk", "slot_tiles", "max_programs", "ready"])
 def all_gather_2d_kernel(x, out, gathered, signals, n, chunk, calls, slot_tiles, WORLD: tl.constexpr,
-                         LOCAL: tl.constexpr, MAX_PROGRAMS: tl.constexpr, READY: tl.constexpr,
+                         LOCAL: tl.constexpr, max_programs, ready,
                          ELEMENT_BYTES: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     """``out[r * n:(r + 1) * n] = x of rank r`` for every rank, across nodes then within (module
     notes). ``chunk``: elements per program, a multiple of ``BLOCK``, the same on every rank;
     ``gathered``: the context's symmetric ``2 * WORLD`` slots of ``slot_tiles * BLOCK`` elements;
-    ``signals``: its pad, region ``READY`` of ``WORLD * MAX_PROGRAMS``; ``calls``: its call
+    ``signals``: its pad, region ``ready`` of ``WORLD * max_programs``; ``calls``: its call
     counter. ``LOCAL``: ranks per node (dividing ``WORLD``). ``ALIGNED``: ``n % 8 == 0``."""
     NODES: tl.constexpr = WORLD // LOCAL
     epoch = enter_call(calls)
@@ -103,7 +103,7 @@ def all_gather_2d_kernel(x, out, gathered, signals, n, chunk, calls, slot_tiles,
             store_tile(out + me.to(tl.int64) * stride + offs, v, offs, end, False)
             store_tile(mine + offs, v, offs, end, False)
             _store_to_node(mine, offs, v, end, node_first, local, LOCAL, False)
-    _notify_node(signals + READY + me * MAX_PROGRAMS + pid, epoch, node_first, local, LOCAL)
+    _notify_node(signals + ready + me * max_programs + pid, epoch, node_first, local, LOCAL)
 
     # 2. Across nodes: the chunk (from my own symmetric slot: NVSHMEM's source must be registered
     # memory off the node) to my local index on every other node. The CTA barrier orders every
@@ -112,12 +112,12 @@ def all_gather_2d_kernel(x, out, gathered, signals, n, chunk, calls, slot_tiles,
     for d in tl.static_range(1, NODES):
         pe = same_local_rank(node_first, d, local, LOCAL, WORLD)
         dl.shmem.putmem_signal_block(mine + start, mine + start, (end - start) * ELEMENT_BYTES,
-                                     signals + READY + me * MAX_PROGRAMS + pid, epoch, dl.shmem.SIGNAL_SET, pe)
+                                     signals + ready + me * max_programs + pid, epoch, dl.shmem.SIGNAL_SET, pe)
 
     # 3. What my local index on every other node sent me: to out, and forwarded within the node.
     for d in tl.static_range(1, NODES):
         src = same_local_rank(node_first, d, local, LOCAL, WORLD)
-        token = dl.wait(signals + READY + src * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+        token = dl.wait(signals + ready + src * max_programs + pid, 1, "sys", "acquire", epoch)
         theirs = dl.consume_token(half + src.to(tl.int64) * slot_numel, token)
         for t in range(first, last):
             offs = t * BLOCK + lanes
@@ -129,20 +129,20 @@ def all_gather_2d_kernel(x, out, gathered, signals, n, chunk, calls, slot_tiles,
                 v = load_tile(theirs + offs, offs, end, False)
                 store_tile(out + src.to(tl.int64) * stride + offs, v, offs, end, False)
                 _store_to_node(theirs, offs, v, end, node_first, local, LOCAL, False)
-        _notify_node(signals + READY + src * MAX_PROGRAMS + pid, epoch, node_first, local, LOCAL)
+        _notify_node(signals + ready + src * max_programs + pid, epoch, node_first, local, LOCAL)
 
     # 4. Every rank of another local index: stored or forwarded to me by my node's rank of it.
     for k in tl.static_range(1, LOCAL):
         for d in tl.static_range(NODES):
             src = (node_first + d * LOCAL + (local + k) % LOCAL) % WORLD
-            token = dl.wait(signals + READY + src * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+            token = dl.wait(signals + ready + src * max_programs + pid, 1, "sys", "acquire", epoch)
             theirs = dl.consume_token(half + src.to(tl.int64) * slot_numel, token)
             copy_chunk(out + src.to(tl.int64) * stride, theirs, first, last, end, BLOCK)
 
 
 @jit(do_not_specialize=["n", "words"])
 def all_gather_ll_2d_kernel(x, out, ll, n, words, calls, WORLD: tl.constexpr, LOCAL: tl.constexpr,
-                            LL_SLOT: tl.constexpr, BLOCK_W: tl.constexpr, ELEMS: tl.constexpr):
+                            ll_slot, BLOCK_W: tl.constexpr, ELEMS: tl.constexpr):
     """``out[r * n:(r + 1) * n] = x of rank r`` through the LL protocol
     (:mod:`~triton_dist.kernels.common.ll_protocol`: payload and flag in each 8-byte word, no
     signal), across nodes then within, for small inputs: the schedule of
@@ -152,15 +152,15 @@ def all_gather_ll_2d_kernel(x, out, ll, n, words, calls, WORLD: tl.constexpr, LO
     (``putmem_block``: a word arrives whole, its flag with its payload) into slot ``me`` of its
     local index on every other node, receives and forwards within the node what those send, then
     receives the node's other ranks' and their forwards. ``ll``: symmetric int64, ``2 * WORLD *
-    LL_SLOT`` words, zeroed at creation."""
+    ll_slot`` words, zeroed at creation."""
     TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
     NODES: tl.constexpr = WORLD // LOCAL
-    flag, high, half, tiles, lanes = ll_call(calls, words, WORLD, LL_SLOT, BLOCK_W)
+    flag, high, half, tiles, lanes = ll_call(calls, words, WORLD, ll_slot, BLOCK_W)
     me, node_first, local = node_position(LOCAL)
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     n64 = n.to(tl.int64)
-    mine = ll + half + me.to(tl.int64) * LL_SLOT
+    mine = ll + half + me.to(tl.int64) * ll_slot
 
     # 1. My words: to out (no flag), my own slot (the put's source) and every node peer's slot.
     for t in range(pid, tiles, grid):
@@ -181,7 +181,7 @@ def all_gather_ll_2d_kernel(x, out, ll, n, words, calls, WORLD: tl.constexpr, LO
     # 3. What my local index on every other node sent: to out, and forwarded within the node.
     for d in tl.static_range(1, NODES):
         src = same_local_rank(node_first, d, local, LOCAL, WORLD)
-        slot = ll + half + src.to(tl.int64) * LL_SLOT
+        slot = ll + half + src.to(tl.int64) * ll_slot
         for t in range(pid, tiles, grid):
             w = t.to(tl.int64) * BLOCK_W + lanes
             vals = ll_receive(slot + w, (w < words).to(tl.int32), flag, lanes, TIMEOUT_NS)
@@ -193,7 +193,7 @@ def all_gather_ll_2d_kernel(x, out, ll, n, words, calls, WORLD: tl.constexpr, LO
     for k in tl.static_range(1, LOCAL):
         for d in tl.static_range(NODES):
             src = (node_first + d * LOCAL + (local + k) % LOCAL) % WORLD
-            slot = ll + half + src.to(tl.int64) * LL_SLOT
+            slot = ll + half + src.to(tl.int64) * ll_slot
             for t in range(pid, tiles, grid):
                 w = t.to(tl.int64) * BLOCK_W + lanes
                 vals = ll_receive(slot + w, (w < words).to(tl.int32), flag, lanes, TIMEOUT_NS)

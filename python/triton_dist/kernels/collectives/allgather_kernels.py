@@ -29,13 +29,13 @@ def _push_tile(args, offs, n, WORLD: tl.constexpr, MASKED: tl.constexpr):
         store_tile(dst + half + me.to(tl.int64) * slot + offs, v, offs, n, MASKED)
 
 
-@jit(do_not_specialize=["n", "slot_tiles"])
+@jit(do_not_specialize=["n", "slot_tiles", "max_programs"])
 def all_gather_push_kernel(x, out, gathered, signals, n, calls, slot_tiles, WORLD: tl.constexpr,
-                           MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+                           max_programs, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     """``out[r * n:(r + 1) * n] = x of rank r`` for every rank. ``gathered``: symmetric, ``2 *
     WORLD`` slots of ``slot_tiles * BLOCK`` elements of x's dtype (half ``epoch % 2``, slot ``r`` =
     rank ``r``'s data; sizes are arguments, so contexts of every size share one compiled kernel);
-    ``signals``: the context's pad (region 0: ``WORLD * MAX_PROGRAMS``); ``calls``: the
+    ``signals``: the context's pad (region 0: ``WORLD * max_programs``); ``calls``: the
     context's device call counter. ``ALIGNED``: ``n % ALIGN_ELEMENTS == 0``."""
     epoch = enter_call(calls)
     me = dl.rank()
@@ -51,12 +51,12 @@ def all_gather_push_kernel(x, out, gathered, signals, n, calls, slot_tiles, WORL
     # 1. Push: each tile of x, loaded once, goes to slot `me` of every rank and to out's own slot.
     each_tile(_push_tile, (x, out, gathered, half, stride, me, slot_numel), pid, tiles, grid, n, WORLD, BLOCK)
     for r in tl.static_range(1, WORLD):
-        dl.notify(signals + me * MAX_PROGRAMS + pid, (me + r) % WORLD, epoch, "set", "intra_node")
+        dl.notify(signals + me * max_programs + pid, (me + r) % WORLD, epoch, "set", "intra_node")
 
     # 2. Copy out every peer's tiles of this program once that peer's program p has signalled.
     for k in tl.static_range(1, WORLD):
         src = (me + k) % WORLD
-        token = dl.wait(signals + src * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+        token = dl.wait(signals + src * max_programs + pid, 1, "sys", "acquire", epoch)
         slot = dl.consume_token(gathered + half + src.to(tl.int64) * slot_numel, token)
         dst = out + src.to(tl.int64) * stride
         for t in range(pid, tiles, grid):
@@ -71,34 +71,34 @@ def all_gather_push_kernel(x, out, gathered, signals, n, calls, slot_tiles, WORL
 # ce_push: the signalling kernels between the copy-engine copies
 
 
-@jit
-def all_gather_ce_signal_kernel(signals, k_ptr, PHASE: tl.constexpr, WORLD: tl.constexpr, READY: tl.constexpr,
-                                ACK: tl.constexpr):
+@jit(do_not_specialize=["ready", "ack"])
+def all_gather_ce_signal_kernel(signals, k_ptr, PHASE: tl.constexpr, WORLD: tl.constexpr, ready,
+                                ack):
     """One program. ``k_ptr``: the calling method's device call counter (this call's ``k``).
     ``PHASE`` 0: wait for ``ack[r] >= k - 1`` from every peer (it finished reading this rank's
     previous data); 1: notify ``ready[me] = k`` on every peer, then wait for ``ready[r] >= k`` from
-    every peer; 2: notify ``ack[me] = k`` on every peer. ``READY``/``ACK``: pad offsets."""
+    every peer; 2: notify ``ack[me] = k`` on every peer. ``ready``/``ack``: pad offsets."""
     k = tl.load(k_ptr)
     me = dl.rank()
     if PHASE == 0:
         for r in tl.static_range(1, WORLD):
-            dl.wait(signals + ACK + (me + r) % WORLD, 1, "sys", "acquire", k - 1)
+            dl.wait(signals + ack + (me + r) % WORLD, 1, "sys", "acquire", k - 1)
     elif PHASE == 1:
         for r in tl.static_range(1, WORLD):
-            dl.notify(signals + READY + me, (me + r) % WORLD, k, "set", "intra_node")
+            dl.notify(signals + ready + me, (me + r) % WORLD, k, "set", "intra_node")
         for r in tl.static_range(1, WORLD):
-            dl.wait(signals + READY + (me + r) % WORLD, 1, "sys", "acquire", k)
+            dl.wait(signals + ready + (me + r) % WORLD, 1, "sys", "acquire", k)
     else:
         for r in tl.static_range(1, WORLD):
-            dl.notify(signals + ACK + me, (me + r) % WORLD, k, "set", "intra_node")
+            dl.notify(signals + ack + me, (me + r) % WORLD, k, "set", "intra_node")
 
 
 # --------------------------------------------------------------------------------------------
 # ce_chunked: per-chunk signals and the overlapped copy-out
 
 
-@jit(do_not_specialize=["c"])
-def all_gather_ce_chunk_signal_kernel(signals, k_ptr, c, WORLD: tl.constexpr, CHUNK_READY: tl.constexpr,
+@jit(do_not_specialize=["c", "chunk_ready"])
+def all_gather_ce_chunk_signal_kernel(signals, k_ptr, c, WORLD: tl.constexpr, chunk_ready,
                                       MAX_CHUNKS: tl.constexpr):
     """One program, launched (on the notify stream) once chunk ``c`` of this rank's copies into
     every peer's ``ce`` buffer has completed: release-notify ``chunk_ready[me][c] = k`` on every
@@ -106,12 +106,12 @@ def all_gather_ce_chunk_signal_kernel(signals, k_ptr, c, WORLD: tl.constexpr, CH
     k = tl.load(k_ptr)
     me = dl.rank()
     for r in tl.static_range(1, WORLD):
-        dl.notify(signals + CHUNK_READY + me * MAX_CHUNKS + c, (me + r) % WORLD, k, "set", "intra_node")
+        dl.notify(signals + chunk_ready + me * MAX_CHUNKS + c, (me + r) % WORLD, k, "set", "intra_node")
 
 
-@jit(do_not_specialize=["n", "chunk", "slot_tiles"])
+@jit(do_not_specialize=["n", "chunk", "slot_tiles", "chunk_ready"])
 def all_gather_ce_copy_out_kernel(out, ce, signals, n, chunk, k_ptr, slot_tiles, WORLD: tl.constexpr,
-                                  CHUNK_READY: tl.constexpr, MAX_CHUNKS: tl.constexpr, BLOCK: tl.constexpr,
+                                  chunk_ready, MAX_CHUNKS: tl.constexpr, BLOCK: tl.constexpr,
                                   ALIGNED: tl.constexpr):
     """``out[r * n + i] = ce[r * slot + i]`` (``slot = slot_tiles * BLOCK``) for every peer ``r``,
     chunk by chunk (``chunk`` elements, a multiple of ``BLOCK``), each chunk as soon as
@@ -133,7 +133,7 @@ def all_gather_ce_copy_out_kernel(out, ce, signals, n, chunk, k_ptr, slot_tiles,
         last = tl.minimum(first + chunk_tiles, tiles)
         for j in tl.static_range(1, WORLD):
             src = (me + j) % WORLD
-            token = dl.wait(signals + CHUNK_READY + src * MAX_CHUNKS + c, 1, "sys", "acquire", k)
+            token = dl.wait(signals + chunk_ready + src * MAX_CHUNKS + c, 1, "sys", "acquire", k)
             slot = dl.consume_token(ce + src.to(tl.int64) * slot_tiles.to(tl.int64) * BLOCK, token)
             dst = out + src.to(tl.int64) * stride
             for t in range(first + pid, last, grid):
@@ -157,12 +157,12 @@ def _zero_copy_tile(args, offs, n, WORLD: tl.constexpr, MASKED: tl.constexpr):
         store_tile(dst + me.to(tl.int64) * stride + offs, v, offs, n, MASKED)
 
 
-@jit(do_not_specialize=["n"])
-def all_gather_zero_copy_kernel(x, out, signals, n, epoch_ptr, WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr,
-                                BLOCK: tl.constexpr, ALIGNED: tl.constexpr, READY: tl.constexpr,
-                                DONE: tl.constexpr):
+@jit(do_not_specialize=["n", "max_programs", "ready", "done"])
+def all_gather_zero_copy_kernel(x, out, signals, n, epoch_ptr, WORLD: tl.constexpr, max_programs,
+                                BLOCK: tl.constexpr, ALIGNED: tl.constexpr, ready,
+                                done):
     """``out[me * n:(me + 1) * n] = x`` on every rank, ``out`` symmetric (same offset on every
-    rank). ``signals``: ``pad_ext`` (``READY``/``DONE``: regions of ``WORLD * MAX_PROGRAMS``);
+    rank). ``signals``: ``pad_ext`` (``ready``/``done``: regions of ``WORLD * max_programs``);
     ``epoch_ptr``: the context's ``zc_calls``. Program ``p``: (1) notify ``ready(me, p)`` on every
     peer, wait ``ready(r, p)`` from every peer (peer ``r``'s program ``p`` is running, so ``r``'s
     earlier work on its ``out`` is finished); (2) push its tiles; (3) notify ``done(me, p)``, wait
@@ -178,9 +178,9 @@ def all_gather_zero_copy_kernel(x, out, signals, n, epoch_ptr, WORLD: tl.constex
 
     # 1. Handshake: my program p has started (my out is ours now); peers' programs p likewise.
     for r in tl.static_range(1, WORLD):
-        dl.notify(signals + READY + me * MAX_PROGRAMS + pid, (me + r) % WORLD, epoch, "set", "intra_node")
+        dl.notify(signals + ready + me * max_programs + pid, (me + r) % WORLD, epoch, "set", "intra_node")
     for r in tl.static_range(1, WORLD):
-        token = dl.wait(signals + READY + ((me + r) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+        token = dl.wait(signals + ready + ((me + r) % WORLD) * max_programs + pid, 1, "sys", "acquire", epoch)
         x = dl.consume_token(x, token)
 
     # 2. Push: each tile of x, loaded once, into slot `me` of every rank's out (own included).
@@ -188,9 +188,9 @@ def all_gather_zero_copy_kernel(x, out, signals, n, epoch_ptr, WORLD: tl.constex
 
     # 3. Done: my tiles are in every peer's out; wait until every peer's are in mine.
     for r in tl.static_range(1, WORLD):
-        dl.notify(signals + DONE + me * MAX_PROGRAMS + pid, (me + r) % WORLD, epoch, "set", "intra_node")
+        dl.notify(signals + done + me * max_programs + pid, (me + r) % WORLD, epoch, "set", "intra_node")
     for r in tl.static_range(1, WORLD):
-        dl.wait(signals + DONE + ((me + r) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+        dl.wait(signals + done + ((me + r) % WORLD) * max_programs + pid, 1, "sys", "acquire", epoch)
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,33 +198,33 @@ def all_gather_zero_copy_kernel(x, out, signals, n, epoch_ptr, WORLD: tl.constex
 
 
 @jit(do_not_specialize=["n", "words"])
-def all_gather_ll_kernel(x, out, ll, n, words, calls, WORLD: tl.constexpr, LL_SLOT: tl.constexpr,
+def all_gather_ll_kernel(x, out, ll, n, words, calls, WORLD: tl.constexpr, ll_slot,
                          BLOCK_W: tl.constexpr, ELEMS: tl.constexpr):
     """``out[r * n:(r + 1) * n] = x of rank r`` through the LL protocol. ``ll``: symmetric int64,
-    ``2 * WORLD * LL_SLOT`` words, zeroed at creation; ``words``: LL words per rank (``n`` elements
+    ``2 * WORLD * ll_slot`` words, zeroed at creation; ``words``: LL words per rank (``n`` elements
     of ``4 / ELEMS`` bytes, 4 payload bytes a word); ``calls``: the context's call counter."""
     TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
-    flag, high, half, tiles, lanes = ll_call(calls, words, WORLD, LL_SLOT, BLOCK_W)
+    flag, high, half, tiles, lanes = ll_call(calls, words, WORLD, ll_slot, BLOCK_W)
     me = dl.rank()
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
     n64 = n.to(tl.int64)
 
     # 1. Send: one 64-bit relaxed system-scope store per word (payload | flag << 32) to every peer.
-    # Words past `words` in the last tile are written too (they stay inside the slot: LL_SLOT is
+    # Words past `words` in the last tile are written too (they stay inside the slot: ll_slot is
     # whole tiles) and ignored by the receiver.
     for t in range(pid, tiles, grid):
         w = t.to(tl.int64) * BLOCK_W + lanes
         packed = ll_words(x, w, n, ELEMS) | high
         ll_own_copy(x, out + me.to(tl.int64) * n64, w, n, ELEMS)
         for r in tl.static_range(1, WORLD):
-            dst = dl.symm_at(ll, (me + r) % WORLD) + half + me.to(tl.int64) * LL_SLOT
+            dst = dl.symm_at(ll, (me + r) % WORLD) + half + me.to(tl.int64) * ll_slot
             dl.st(dst + w, packed, "sys", "relaxed")
 
     # 2. Receive: spin on each tile of every peer's slot until all its flags are this call's.
     for k in tl.static_range(1, WORLD):
         src = (me + k) % WORLD
-        slot = ll + half + src.to(tl.int64) * LL_SLOT
+        slot = ll + half + src.to(tl.int64) * ll_slot
         for t in range(pid, tiles, grid):
             w = t.to(tl.int64) * BLOCK_W + lanes
             vals = ll_receive(slot + w, (w < words).to(tl.int32), flag, lanes, TIMEOUT_NS)

@@ -254,7 +254,7 @@ class AllReduceContext(CollectiveContext):
         return self.meta()
 
     def _ll_meta(self) -> dict:
-        return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
+        return dict(WORLD=self.world, ll_slot=self.ll_slot, BLOCK_W=LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
                     num_warps=self.NUM_WARPS)
 
     def preload(self) -> None:

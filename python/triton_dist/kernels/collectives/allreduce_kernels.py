@@ -28,13 +28,13 @@ def _reduce_one_shot_tile(args, offs, n, WORLD: tl.constexpr, MASKED: tl.constex
     store_tile(out + offs, acc.to(out.dtype.element_ty), offs, n, MASKED)
 
 
-@jit(do_not_specialize=["n", "half_tiles"])
+@jit(do_not_specialize=["n", "half_tiles", "max_programs"])
 def all_reduce_one_shot_kernel(x, out, stage, signals, n, calls, half_tiles, WORLD: tl.constexpr,
-                               MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
+                               max_programs, BLOCK: tl.constexpr):
     """``out = sum over ranks of x`` (``n`` elements). ``stage``: symmetric, two halves of
     ``half_tiles * BLOCK`` elements of x's dtype (sizes are arguments, so contexts of every size
     share one compiled kernel); ``signals``: the context's pad (region 0: ``WORLD *
-    MAX_PROGRAMS``); ``calls``: the context's device call counter."""
+    max_programs``); ``calls``: the context's device call counter."""
     epoch = enter_call(calls)
     me = dl.rank()
     pid, grid, _ = program_share(BLOCK)
@@ -45,13 +45,13 @@ def all_reduce_one_shot_kernel(x, out, stage, signals, n, calls, half_tiles, WOR
     mine = stage + half
     copy_program_tiles(mine, x, n, tiles, BLOCK)
     for r in tl.static_range(1, WORLD):
-        dl.notify(signals + me * MAX_PROGRAMS + pid, (me + r) % WORLD, epoch, "set", "intra_node")
+        dl.notify(signals + me * max_programs + pid, (me + r) % WORLD, epoch, "set", "intra_node")
     tl.debug_barrier()  # this program's own staging stores are read below by other threads
 
     # 2. Wait for the same slice from every peer, then reduce it in rank order.
-    token = dl.wait(signals + ((me + 1) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+    token = dl.wait(signals + ((me + 1) % WORLD) * max_programs + pid, 1, "sys", "acquire", epoch)
     for r in tl.static_range(2, WORLD):
-        token = token + dl.wait(signals + ((me + r) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+        token = token + dl.wait(signals + ((me + r) % WORLD) * max_programs + pid, 1, "sys", "acquire", epoch)
     each_tile(_reduce_one_shot_tile, (out, stage, half, token), pid, tiles, grid, n, WORLD, BLOCK)
 
 
@@ -76,9 +76,9 @@ def _reduce_two_shot_tile(x, out, stage, gather, half, shard, local, idx, n, tok
         store_tile(peer_gather + half + idx, result, idx, n, MASKED)
 
 
-@jit(do_not_specialize=["n", "shard_tiles", "half_tiles"])
+@jit(do_not_specialize=["n", "shard_tiles", "half_tiles", "max_programs"])
 def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, calls, shard_tiles, half_tiles,
-                               WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
+                               WORLD: tl.constexpr, max_programs, BLOCK: tl.constexpr):
     """``out = sum over ranks of x`` by reduce-scatter then all-gather. Shard ``s`` is elements
     ``[s * shard, (s + 1) * shard)``, ``shard = shard_tiles * BLOCK``. ``stage`` and ``gather``:
     symmetric, two halves of ``half_tiles * BLOCK`` elements each (a half holds ``WORLD``
@@ -89,8 +89,8 @@ def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, calls, shard_t
     pid, grid, lanes = program_share(BLOCK)
     half = (epoch % 2).to(tl.int64) * half_tiles * BLOCK
     shard = shard_tiles.to(tl.int64) * BLOCK
-    sig_scatter = signals + WORLD * MAX_PROGRAMS
-    sig_gather = signals + 2 * WORLD * MAX_PROGRAMS
+    sig_scatter = signals + WORLD * max_programs
+    sig_gather = signals + 2 * WORLD * max_programs
 
     # 1. Scatter: shard s of this rank's input goes to rank s's staging slot `me`, each destination
     # signalled as soon as its tiles are stored. The own shard stays in x: staging it would cost
@@ -105,13 +105,13 @@ def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, calls, shard_t
                 copy_tile(dst + local, x + idx, idx, n, False)
             else:
                 copy_tile(dst + local, x + idx, idx, n, True)
-        dl.notify(sig_scatter + me * MAX_PROGRAMS + pid, s, epoch, "set", "intra_node")
+        dl.notify(sig_scatter + me * max_programs + pid, s, epoch, "set", "intra_node")
     tl.debug_barrier()  # in place (out is x): every thread's reads of x precede any write of out
 
     # 2. Reduce this rank's shard over the WORLD slots, send the result to every rank.
-    token = dl.wait(sig_scatter + ((me + 1) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+    token = dl.wait(sig_scatter + ((me + 1) % WORLD) * max_programs + pid, 1, "sys", "acquire", epoch)
     for r in tl.static_range(2, WORLD):
-        token = token + dl.wait(sig_scatter + ((me + r) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+        token = token + dl.wait(sig_scatter + ((me + r) % WORLD) * max_programs + pid, 1, "sys", "acquire", epoch)
     for t in range(pid, shard_tiles, grid):
         local = t.to(tl.int64) * BLOCK + lanes
         idx = me * shard + local
@@ -120,12 +120,12 @@ def all_reduce_two_shot_kernel(x, out, stage, gather, signals, n, calls, shard_t
         else:
             _reduce_two_shot_tile(x, out, stage, gather, half, shard, local, idx, n, token, WORLD, True)
     for r in tl.static_range(1, WORLD):
-        dl.notify(sig_gather + me * MAX_PROGRAMS + pid, (me + r) % WORLD, epoch, "set", "intra_node")
+        dl.notify(sig_gather + me * max_programs + pid, (me + r) % WORLD, epoch, "set", "intra_node")
 
     # 3. Gather: copy every peer's reduced shard out of this rank's gather buffer.
     for r in tl.static_range(1, WORLD):
         s = (me + r) % WORLD
-        token = dl.wait(sig_gather + s * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+        token = dl.wait(sig_gather + s * max_programs + pid, 1, "sys", "acquire", epoch)
         src = dl.consume_token(gather + half, token)
         for t in range(pid, shard_tiles, grid):
             idx = s * shard + t.to(tl.int64) * BLOCK + lanes
@@ -154,14 +154,14 @@ def _ring_final_tile(x, out, inbox, me, k, shard, local, valid, token, MASKED: t
     store_tile(out + me * shard + local, acc.to(out.dtype.element_ty), local, valid, MASKED)
 
 
-@jit(do_not_specialize=["n", "shard_tiles", "half_tiles"])
+@jit(do_not_specialize=["n", "shard_tiles", "half_tiles", "max_programs"])
 def all_reduce_ring_kernel(x, out, inbox, stage, signals, n, calls, shard_tiles, half_tiles,
-                           WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr):
+                           WORLD: tl.constexpr, max_programs, BLOCK: tl.constexpr):
     """``out = sum over ranks of x`` around the ring ``r -> r + 1``: a ring reduce-scatter (fp32
     partials in ``inbox``, symmetric, ``(WORLD - 1)`` slots of ``shard``, one region), then the
     ring all-gather of :mod:`triton_dist.kernels.common.ring` through ``stage`` (half ``epoch % 2``).
     Shards as two-shot's. ``signals``: the ring regions of the context's pad, ``2 * (WORLD - 1) *
-    MAX_PROGRAMS`` signals (reduce-scatter steps, then all-gather steps)."""
+    max_programs`` signals (reduce-scatter steps, then all-gather steps)."""
     epoch = enter_call(calls)
     me = dl.rank()
     nxt = (me + 1) % WORLD
@@ -180,8 +180,8 @@ def all_reduce_ring_kernel(x, out, inbox, stage, signals, n, calls, shard_tiles,
                 _ring_partial_tile(x, inbox, theirs, c, k, shard, local, valid, token, k == 0, False)
             else:
                 _ring_partial_tile(x, inbox, theirs, c, k, shard, local, valid, token, k == 0, True)
-        dl.notify(signals + k * MAX_PROGRAMS + pid, nxt, epoch, "set", "intra_node")
-        token = dl.wait(signals + k * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+        dl.notify(signals + k * max_programs + pid, nxt, epoch, "set", "intra_node")
+        token = dl.wait(signals + k * max_programs + pid, 1, "sys", "acquire", epoch)
     valid = tl.minimum(shard, n - me.to(tl.int64) * shard)
     for t in range(pid, shard_tiles, grid):
         local = t.to(tl.int64) * BLOCK + lanes
@@ -193,8 +193,8 @@ def all_reduce_ring_kernel(x, out, inbox, stage, signals, n, calls, shard_tiles,
 
     # 2. All-gather the reduced chunks around the same ring.
     half = (epoch % 2).to(tl.int64) * half_tiles * BLOCK
-    ring_all_gather_steps(out + me.to(tl.int64) * shard, out, stage, signals + (WORLD - 1) * MAX_PROGRAMS, epoch,
-                          half, shard, shard, n.to(tl.int64), shard_tiles, WORLD, MAX_PROGRAMS, BLOCK, False)
+    ring_all_gather_steps(out + me.to(tl.int64) * shard, out, stage, signals + (WORLD - 1) * max_programs, epoch,
+                          half, shard, shard, n.to(tl.int64), shard_tiles, WORLD, max_programs, BLOCK, False)
 
 
 @jit(do_not_specialize=["n", "shard_tiles", "chunk_tiles", "chunks"])
@@ -248,12 +248,12 @@ def _sum_shard_tile(x, out, stage, gather, start, local, own, shard, token, WORL
 
 
 @jit(do_not_specialize=["n", "words"])
-def ll_reduce_kernel(x, out, ll, n, words, calls, WORLD: tl.constexpr, LL_SLOT: tl.constexpr,
+def ll_reduce_kernel(x, out, ll, n, words, calls, WORLD: tl.constexpr, ll_slot,
                          BLOCK_W: tl.constexpr, ELEMS: tl.constexpr, SCATTER: tl.constexpr = False):
     """``out = sum over ranks of x`` (``n`` elements) through the LL protocol (module notes).
-    ``ll``: symmetric int64, ``2 * WORLD * LL_SLOT`` words (half ``epoch % 2``, slot ``r`` = rank
+    ``ll``: symmetric int64, ``2 * WORLD * ll_slot`` words (half ``epoch % 2``, slot ``r`` = rank
     ``r``'s data), zeroed at creation; ``words``: LL words per rank (``n`` elements of ``4 / ELEMS``
-    bytes, 4 payload bytes a word); ``calls``: the context's device call counter. ``LL_SLOT``
+    bytes, 4 payload bytes a word); ``calls``: the context's device call counter. ``ll_slot``
     is a whole number of ``BLOCK_W``-word tiles.
 
     ``SCATTER`` (ReduceScatter, :mod:`~triton_dist.kernels.collectives.reduce_scatter`'s ``"ll"``): ``x`` holds
@@ -261,7 +261,7 @@ def ll_reduce_kernel(x, out, ll, n, words, calls, WORLD: tl.constexpr, LL_SLOT: 
     ``out`` is this rank's ``n``-element shard of the sum (it may be this rank's shard of
     ``x``)."""
     TIMEOUT_NS, DEBUG_BARRIERS = _settings(None)
-    flag, high, half, tiles, lanes = ll_call(calls, words, WORLD, LL_SLOT, BLOCK_W)
+    flag, high, half, tiles, lanes = ll_call(calls, words, WORLD, ll_slot, BLOCK_W)
     me = dl.rank()
     pid = tl.program_id(0)
     grid = tl.num_programs(0)
@@ -281,7 +281,7 @@ def ll_reduce_kernel(x, out, ll, n, words, calls, WORLD: tl.constexpr, LL_SLOT: 
                 base = dl.symm_at(ll, (me + r) % WORLD)
             if SCATTER:  # rank (me + r)'s shard of x
                 packed = ll_words(x + ((me + r) % WORLD).to(tl.int64) * n, w, n, ELEMS) | high
-            dl.st(base + half + me.to(tl.int64) * LL_SLOT + w, packed, "sys", "relaxed")
+            dl.st(base + half + me.to(tl.int64) * ll_slot + w, packed, "sys", "relaxed")
     # Every thread's loads of x are done before any thread stores into out (out may be x).
     tl.debug_barrier()
 
@@ -292,5 +292,5 @@ def ll_reduce_kernel(x, out, ll, n, words, calls, WORLD: tl.constexpr, LL_SLOT: 
         v = ll_values(ll_receive(mine + w, valid, flag, lanes, TIMEOUT_NS), out, ELEMS)
         acc = tl.zeros_like(v) + v  # 0 + x first, as one-shot does: the same bits for -0.0
         for r in tl.static_range(1, WORLD):
-            acc += ll_values(ll_receive(mine + r * LL_SLOT + w, valid, flag, lanes, TIMEOUT_NS), out, ELEMS)
+            acc += ll_values(ll_receive(mine + r * ll_slot + w, valid, flag, lanes, TIMEOUT_NS), out, ELEMS)
         ll_store_values(out, w, n, acc, ELEMS)

@@ -80,15 +80,15 @@ def _reduce_push_tile(args, local, m, WORLD: tl.constexpr, MASKED: tl.constexpr)
     store_tile(out + local, acc.to(out.dtype.element_ty), local, m, MASKED)
 
 
-@jit(do_not_specialize=["shard_vecs", "shard_tiles", "half_tiles"])
+@jit(do_not_specialize=["shard_vecs", "shard_tiles", "half_tiles", "max_programs"])
 def reduce_scatter_push_kernel(x, out, stage, signals, shard_vecs, shard_tiles, calls, half_tiles,
-                               WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr,
+                               WORLD: tl.constexpr, max_programs, BLOCK: tl.constexpr,
                                VEC: tl.constexpr):
     """``out = shard me of (sum over ranks of x)``; shards of ``m = shard_vecs * VEC`` elements,
     ``shard_tiles = cdiv(m, BLOCK)``. ``stage``: symmetric, ``2 * half_tiles * BLOCK`` elements of
     x's dtype (a half holds ``WORLD`` slots of ``shard_tiles * BLOCK``; sizes are arguments, not
     constants, so contexts of every size share one compiled kernel); ``signals``: the context's pad
-    (region 0, ``WORLD * MAX_PROGRAMS``); ``calls``: the context's device call counter."""
+    (region 0, ``WORLD * max_programs``); ``calls``: the context's device call counter."""
     epoch = enter_call(calls)
     me = dl.rank()
     pid = tl.program_id(0)
@@ -102,12 +102,12 @@ def reduce_scatter_push_kernel(x, out, stage, signals, shard_vecs, shard_tiles, 
         s = (me + r) % WORLD
         dst = tl.multiple_of(dl.symm_at(stage, s), 16) + half + me * slot  # symm_at loses alignment
         copy_program_tiles(dst, x + s * m, m, shard_tiles, BLOCK)
-        dl.notify(signals + me * MAX_PROGRAMS + pid, s, epoch, "set", "intra_node")
+        dl.notify(signals + me * max_programs + pid, s, epoch, "set", "intra_node")
 
     # 2. Reduce: wait for this program's tiles from every peer, sum in rank order.
-    token = dl.wait(signals + ((me + 1) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+    token = dl.wait(signals + ((me + 1) % WORLD) * max_programs + pid, 1, "sys", "acquire", epoch)
     for r in tl.static_range(2, WORLD):
-        token = token + dl.wait(signals + ((me + r) % WORLD) * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+        token = token + dl.wait(signals + ((me + r) % WORLD) * max_programs + pid, 1, "sys", "acquire", epoch)
     own = x + me * m
     mine = stage + half
     each_tile(_reduce_push_tile, (out, own, mine, slot, token), pid, shard_tiles, tl.num_programs(0), m, WORLD,
@@ -130,14 +130,14 @@ def _ring_finish_tile(out, received, chunk, local, m, token, MASKED: tl.constexp
     store_tile(out + local, acc.to(out.dtype.element_ty), local, m, MASKED)
 
 
-@jit(do_not_specialize=["shard_vecs", "shard_tiles", "half_tiles"])
+@jit(do_not_specialize=["shard_vecs", "shard_tiles", "half_tiles", "max_programs"])
 def reduce_scatter_ring_kernel(x, out, inbox, signals, shard_vecs, shard_tiles, calls, half_tiles,
-                               WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr,
+                               WORLD: tl.constexpr, max_programs, BLOCK: tl.constexpr,
                                VEC: tl.constexpr):
     """``out = shard me of (sum over ranks of x)`` around the ring ``r -> r + 1``. ``inbox``:
     symmetric fp32, ``2 * half_tiles * BLOCK`` elements (a half holds ``WORLD - 1`` slots of
     ``shard_tiles * BLOCK``); ``signals``: the context's pad (ring region: ``(WORLD - 1) *
-    MAX_PROGRAMS`` signals after the push region's ``WORLD * MAX_PROGRAMS``)."""
+    max_programs`` signals after the push region's ``WORLD * max_programs``)."""
     epoch = enter_call(calls)
     me = dl.rank()
     nxt = (me + 1) % WORLD
@@ -146,7 +146,7 @@ def reduce_scatter_ring_kernel(x, out, inbox, signals, shard_vecs, shard_tiles, 
     half = (epoch % 2).to(tl.int64) * half_tiles * BLOCK
     m = shard_vecs.to(tl.int64) * VEC
     slot = shard_tiles.to(tl.int64) * BLOCK
-    sig = signals + WORLD * MAX_PROGRAMS + pid
+    sig = signals + WORLD * max_programs + pid
     mine = inbox + half
     theirs = tl.multiple_of(dl.symm_at(inbox, nxt), 16) + half  # symm_at loses alignment
 
@@ -161,8 +161,8 @@ def reduce_scatter_ring_kernel(x, out, inbox, signals, shard_vecs, shard_tiles, 
                 _ring_send_tile(theirs + k * slot, mine + (k - 1) * slot, src, local, m, token, k == 0, False)
             else:
                 _ring_send_tile(theirs + k * slot, mine + (k - 1) * slot, src, local, m, token, k == 0, True)
-        dl.notify(sig + k * MAX_PROGRAMS, nxt, epoch, "set", "intra_node")
-        token = dl.wait(sig + k * MAX_PROGRAMS, 1, "sys", "acquire", epoch)
+        dl.notify(sig + k * max_programs, nxt, epoch, "set", "intra_node")
+        token = dl.wait(sig + k * max_programs, 1, "sys", "acquire", epoch)
 
     # The last slot holds chunk `me` summed over every other rank: add x's chunk `me`.
     own = x + me * m
@@ -236,7 +236,7 @@ class ReduceScatterContext(CollectiveContext):
         return self.meta(VEC=vec, LOCAL=self.local_world)
 
     def _ll_meta(self) -> dict:
-        return dict(WORLD=self.world, LL_SLOT=self.ll_slot, BLOCK_W=LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
+        return dict(WORLD=self.world, ll_slot=self.ll_slot, BLOCK_W=LL_BLOCK, ELEMS=4 // self.dtype.itemsize,
                     SCATTER=True, num_warps=self.NUM_WARPS)
 
     def preload(self) -> None:

@@ -29,7 +29,7 @@ differ from push's in the last place. No deadlock: step 1 waits for nothing, ste
 the node's ranks, step 3 for step 2 of the other nodes' ranks of this local index; programs of one
 index only wait for programs of that index, and the grid is within the co-resident limit.
 
-Signal ``(r, p)`` (pad index ``r * MAX_PROGRAMS + p``, push's region) is set only by rank ``r``,
+Signal ``(r, p)`` (pad index ``r * max_programs + p``, push's region) is set only by rank ``r``,
 as in push: a rank sends to another either within its node (step 1) or across (step 2), never
 both, so every signal keeps one writer whatever the mix of methods (the ring's region has other
 writers: sharing it let a ring call's signal pass for a 2d call's).
@@ -93,15 +93,15 @@ def _result_tile(out, x, stage, half, inbox_half, slot, m, offs, end, me, node, 
     store_tile(out + offs, acc.to(out.dtype.element_ty), offs, end, MASKED)
 
 
-@jit(do_not_specialize=["shard_vecs", "chunk", "shard_tiles", "half_tiles", "inbox_half_tiles"])
+@jit(do_not_specialize=["shard_vecs", "chunk", "shard_tiles", "half_tiles", "inbox_half_tiles", "max_programs"])
 def reduce_scatter_2d_kernel(x, out, stage, inbox, partials, signals, shard_vecs, chunk, shard_tiles, calls,
                              half_tiles, inbox_half_tiles, WORLD: tl.constexpr, LOCAL: tl.constexpr,
-                             MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr, VEC: tl.constexpr):
+                             max_programs, BLOCK: tl.constexpr, VEC: tl.constexpr):
     """``out = shard me of (sum over ranks of x)``, within nodes then across (module notes).
     ``stage``: symmetric, x's dtype, halves of ``half_tiles * BLOCK`` (``WORLD`` slots of
     ``shard_tiles * BLOCK``); ``inbox``: symmetric fp32, halves of ``inbox_half_tiles * BLOCK``
     (``NODES - 1`` slots used); ``partials``: symmetric fp32, ``NODES - 1`` slots; ``signals``:
-    the pad, ``(r, p)`` at ``r * MAX_PROGRAMS + p``. Shards of ``m = shard_vecs * VEC`` elements;
+    the pad, ``(r, p)`` at ``r * max_programs + p``. Shards of ``m = shard_vecs * VEC`` elements;
     ``chunk``: elements per program, a multiple of ``BLOCK``. ``LOCAL``: ranks per node (dividing
     ``WORLD``)."""
     NODES: tl.constexpr = WORLD // LOCAL
@@ -123,10 +123,10 @@ def reduce_scatter_2d_kernel(x, out, stage, inbox, partials, signals, shard_vecs
         for d in tl.static_range(NODES):
             dst = tl.multiple_of(dl.symm_at(stage, peer), 16) + half + (local * NODES + d).to(tl.int64) * slot
             copy_chunk(dst, x + (d * LOCAL + (local + k) % LOCAL).to(tl.int64) * m, first, last, end, BLOCK)
-        dl.notify(signals + me * MAX_PROGRAMS + pid, peer, epoch, "set", "intra_node")
+        dl.notify(signals + me * max_programs + pid, peer, epoch, "set", "intra_node")
     token = tl.zeros((), tl.int32)
     for k in tl.static_range(1, LOCAL):
-        token = token + dl.wait(signals + (node_first + (local + k) % LOCAL) * MAX_PROGRAMS + pid, 1, "sys",
+        token = token + dl.wait(signals + (node_first + (local + k) % LOCAL) * max_programs + pid, 1, "sys",
                                 "acquire", epoch)
 
     # 2. Across nodes: this node's partial of each other node's shard of my local index, sent there.
@@ -146,12 +146,12 @@ def reduce_scatter_2d_kernel(x, out, stage, inbox, partials, signals, shard_vecs
         tl.debug_barrier()  # every thread's partial stored before the block-wide put reads it
         theirs = (node - d - 1 + NODES) % NODES  # my slot in the receiver's inbox
         dl.shmem.putmem_signal_block(inbox_half + theirs * slot + start, mine + start, (end - start) * 4,
-                                     signals + me * MAX_PROGRAMS + pid, epoch, dl.shmem.SIGNAL_SET, d * LOCAL + local)
+                                     signals + me * max_programs + pid, epoch, dl.shmem.SIGNAL_SET, d * LOCAL + local)
 
     # 3. The result: every node's partial, in node order.
     for j in tl.static_range(1, NODES):
         sender = ((node + j) % NODES) * LOCAL + local
-        token = token + dl.wait(signals + sender * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+        token = token + dl.wait(signals + sender * max_programs + pid, 1, "sys", "acquire", epoch)
     for t in range(first, last):
         offs = t * BLOCK + lanes
         if (t + 1) * BLOCK > end:

@@ -89,7 +89,7 @@ class CollectiveContext:
         device = torch.device("cuda", torch.cuda.current_device())
         # Every program of a grid must be resident at once (programs spin on their peers'
         # programs), so never more programs than this process's SMs (triton_dist.residency).
-        # The grid and the pad's layout (MAX_PROGRAMS) must be the same on every rank, and ranks
+        # The grid and the pad's layout (max_programs) must be the same on every rank, and ranks
         # may see different SM counts (MPS shares, mixed GPUs): every rank takes the smallest.
         self.max_programs, self.copy_wait_programs = smallest_on_any_rank(
             min(max_programs, _residency.max_waiting_programs(device, what=op)),
@@ -198,5 +198,5 @@ class CollectiveContext:
 
     def meta(self, **extra) -> dict:
         """The launch keywords every collective kernel of the context takes (constexprs and warps), plus ``extra``."""
-        return dict(WORLD=self.world, MAX_PROGRAMS=self.max_programs, BLOCK=self.BLOCK, num_warps=self.NUM_WARPS,
+        return dict(WORLD=self.world, max_programs=self.max_programs, BLOCK=self.BLOCK, num_warps=self.NUM_WARPS,
                     **extra)

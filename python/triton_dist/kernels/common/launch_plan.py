@@ -71,6 +71,13 @@ class LaunchPlan:
                  named: dict | None = None):
         self.kernel = kernel
         self.grid = tuple(grid)
+        # A context's meta may hold runtime parameters after the constexprs (the collectives' signal
+        # layout: max_programs, ready, ...): they are per-plan arguments, named, not launch options.
+        fn = getattr(kernel, "fn", None)
+        runtime = {q.name for q in getattr(fn, "params", ()) if not q.is_constexpr}
+        if runtime.intersection(meta):
+            named = {**(named or {}), **{k: v for k, v in meta.items() if k in runtime}}
+            meta = {k: v for k, v in meta.items() if k not in runtime}
         self._named = [] if not named else _trailing_names(kernel, len(args), named)
         """The runtime parameters after ``args``, in the kernel's order: what :meth:`arguments`
         appends (each from ``named``, else its default), by name on Triton's path."""

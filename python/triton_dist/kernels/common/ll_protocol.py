@@ -76,16 +76,16 @@ def ll_flag(epoch):
 
 
 @triton.jit
-def ll_call(calls, words, WORLD: tl.constexpr, LL_SLOT: tl.constexpr, BLOCK_W: tl.constexpr):
+def ll_call(calls, words, WORLD: tl.constexpr, ll_slot, BLOCK_W: tl.constexpr):
     """What every LL kernel derives first from its call: ``(flag, flag << 32)`` of this epoch
     (:func:`ll_flag`; ``calls``: the context's two-element call counter, which the kernel advances
     through :func:`~triton_dist.kernels.common.call_counter.enter_call`: a kernel that uses this
     must be its call's only one, launched with no bump before it), the offset of this call's half of a
-    ``2 * WORLD * LL_SLOT``-word buffer, the tiles of ``BLOCK_W`` words that ``words`` take, and the
+    ``2 * WORLD * ll_slot``-word buffer, the tiles of ``BLOCK_W`` words that ``words`` take, and the
     lanes of one tile."""
     epoch = enter_call(calls)
     flag, high = ll_flag(epoch)
-    half = (epoch % 2).to(tl.int64) * (WORLD * LL_SLOT)
+    half = (epoch % 2).to(tl.int64) * (WORLD * ll_slot)
     return flag, high, half, tl.cdiv(words, BLOCK_W), tl.arange(0, BLOCK_W)
 
 

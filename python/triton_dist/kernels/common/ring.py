@@ -55,12 +55,12 @@ def _ring_forward_tile(own, out, mine, theirs, c, chunk_stride, slot_stride, loc
 
 @triton.jit
 def ring_all_gather_steps(own, out, received, signals, epoch, half, chunk_stride, slot_stride, bound, tiles,
-                          WORLD: tl.constexpr, MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr,
+                          WORLD: tl.constexpr, max_programs, BLOCK: tl.constexpr,
                           OWN_TO_OUT: tl.constexpr):
     """The whole ring (module notes) for this program. ``own``: this rank's chunk; chunk ``c`` goes
     to ``out + c * chunk_stride`` (elements ``< bound`` of ``out`` only) and arrives in slot ``c``
     (``received + half + c * slot_stride``, symmetric). ``signals``: ``(WORLD - 1) *
-    MAX_PROGRAMS`` signals, step-major. ``tiles``: ``BLOCK``-element tiles per chunk.
+    max_programs`` signals, step-major. ``tiles``: ``BLOCK``-element tiles per chunk.
     ``OWN_TO_OUT``: also copy ``own`` into its place in ``out`` (False when it is already there)."""
     me = dl.rank()
     nxt = (me + 1) % WORLD
@@ -81,16 +81,16 @@ def ring_all_gather_steps(own, out, received, signals, epoch, half, chunk_stride
                 _ring_forward_tile(own, out, mine, theirs, c, chunk_stride, slot_stride, local, valid, token, k,
                                    WORLD, OWN_TO_OUT, True)
         if k < WORLD - 1:
-            dl.notify(signals + k * MAX_PROGRAMS + pid, nxt, epoch, "set", "intra_node")
-            token = dl.wait(signals + k * MAX_PROGRAMS + pid, 1, "sys", "acquire", epoch)
+            dl.notify(signals + k * max_programs + pid, nxt, epoch, "set", "intra_node")
+            token = dl.wait(signals + k * max_programs + pid, 1, "sys", "acquire", epoch)
 
 
-@jit(do_not_specialize=["n", "slot_tiles"])
+@jit(do_not_specialize=["n", "slot_tiles", "max_programs"])
 def all_gather_ring_kernel(x, out, gathered, signals, n, calls, slot_tiles, WORLD: tl.constexpr,
-                           MAX_PROGRAMS: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+                           max_programs, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     """``out[r * n:(r + 1) * n] = x of rank r`` around the ring. ``gathered``: symmetric, ``2 *
     WORLD`` slots of ``slot_tiles * BLOCK`` elements of x's dtype (half ``epoch % 2``, slot ``r`` =
-    rank ``r``'s data); ``signals``: ``(WORLD - 1) * MAX_PROGRAMS`` signals of the context's pad;
+    rank ``r``'s data); ``signals``: ``(WORLD - 1) * max_programs`` signals of the context's pad;
     ``calls``: the context's device call counter. ``ALIGNED``: ``n % 8 == 0``."""
     epoch = enter_call(calls)
     if ALIGNED:
@@ -100,4 +100,4 @@ def all_gather_ring_kernel(x, out, gathered, signals, n, calls, slot_tiles, WORL
     slot = slot_tiles.to(tl.int64) * BLOCK
     half = (epoch % 2).to(tl.int64) * WORLD * slot
     ring_all_gather_steps(x, out, gathered, signals, epoch, half, stride, slot, WORLD * stride, tl.cdiv(n, BLOCK),
-                          WORLD, MAX_PROGRAMS, BLOCK, True)
+                          WORLD, max_programs, BLOCK, True)
