@@ -144,7 +144,9 @@ def _compile_saying_so(variants: list) -> None:
     for line in _why_not_prebuilt(variants[:MISSES_EXPLAINED]):
         print(f"triton_dist:   {line}", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    compile_variants(variants)
+    # Their launchers too, in the same workers: each is a C module the host compiler builds, tenths
+    # of a second apiece that the first loads would otherwise pay one after another.
+    compile_variants(variants, launchers=True)
     print(f"triton_dist: compiled {len(variants)} kernel variants in {time.perf_counter() - start:.1f} s",
           file=sys.stderr, flush=True)
 

@@ -148,7 +148,7 @@ def test_a_compile_is_announced_and_a_cached_context_is_silent(monkeypatch, caps
     monkeypatch.setattr(parallel_compile._runtime, "local_rank", lambda: 0)
     monkeypatch.setattr(parallel_compile._runtime, "barrier", lambda: None)
     compiled = []
-    monkeypatch.setattr(parallel_compile, "compile_variants", compiled.append)
+    monkeypatch.setattr(parallel_compile, "compile_variants", lambda variants, **kw: compiled.append(variants))
     variant = parallel_compile.Variant("triton_dist.kernels.collectives.allgather_kernels", "k", {}, {}, {}, {}, None)
     monkeypatch.setattr(parallel_compile, "variant_of", lambda preload: variant)
     monkeypatch.setattr(parallel_compile, "is_cached", lambda v: False)

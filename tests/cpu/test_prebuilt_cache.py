@@ -310,7 +310,8 @@ def test_recording_is_off_by_default_and_skips_what_a_prebuild_cannot_import(tmp
 
 
 def test_the_first_compile_message_says_how_to_prebuild_once(monkeypatch, capsys):
-    monkeypatch.setattr(parallel_compile, "compile_variants", lambda variants: None)
+    asked = []
+    monkeypatch.setattr(parallel_compile, "compile_variants", lambda variants, **kw: asked.append(kw))
     monkeypatch.setattr(parallel_compile, "_told_how_to_prebuild", False)
     variant = parallel_compile.Variant("triton_dist.kernels.collectives.allreduce_kernels", "k", {}, {}, {}, {}, None)
     parallel_compile._compile_saying_so([variant])
@@ -320,6 +321,7 @@ def test_the_first_compile_message_says_how_to_prebuild_once(monkeypatch, capsys
     assert "not in the prebuilt set" in first and "TRITON_DIST_RECORD_VARIANTS=FILE" in first
     assert "python -m triton_dist.prebuilt_cache --variants FILE" in first
     assert "not in the prebuilt set" in second and "TRITON_DIST_RECORD_VARIANTS" not in second
+    assert asked == [{"launchers": True}] * 2  # the launchers built in the same parallel workers
 
 
 def test_every_shipped_variant_names_its_kernels_parameters():
