@@ -393,3 +393,18 @@ def test_a_miss_is_explained_by_the_closest_listed_variant():
     assert "setting wait_timeout_ns 1, listed " in variant_list.explain_missing(other, listed)
     alien = dataclasses.replace(ll, variant=dataclasses.replace(ll.variant, name="no_such_kernel"))
     assert variant_list.explain_missing(alien, listed) == "no_such_kernel: the list has no variant of this kernel"
+
+
+def test_no_listed_variant_is_keyed_by_the_machine():
+    """The prebuilt set must serve any GPU and any MPS share: no listed variant may fold in a value
+    that depends on the SM count or a context's size (a signal layout's stride or offsets, an LL
+    slot). Those are kernel arguments; a recorded constexpr of such a name fails here."""
+    machine_dependent = {"MAX_PROGRAMS", "max_programs", "LL_SLOT", "ll_slot", "READY", "ready", "ACK", "ack",
+                         "DONE", "done", "CHUNK_READY", "chunk_ready", "NUM_SMS", "GRID"}
+    found = set()
+    for r in variant_list.read([prebuilt_cache.default_variant_list()]):
+        names = variant_list._parameter_names(r.variant)
+        for (position, *_), _value in r.variant.constexprs.items():
+            if names[position] in machine_dependent:
+                found.add(f"{r.variant.name}.{names[position]}")
+    assert not found, sorted(found)
