@@ -8,8 +8,9 @@
 namespace tdist {
 namespace {
 
-// What python -m triton_dist.tools.prebuild writes for the one-shot AllReduce, plus a folded
-// constant and a folded None (which that kernel lacks) to cover every kind of parameter line.
+// A manifest in the form python -m triton_dist.tools.prebuild writes (for the one-shot AllReduce
+// before its signal stride became an argument), plus a folded constant and a folded None (which that
+// kernel lacks) to cover every kind of parameter line.
 const char* const kGood = R"(# triton-dist prebuilt kernel all_reduce_one_shot: ...
 # sm_90, Triton 3.6.0; language settings: wait_timeout_ns=60000000000 debug_barriers=0 local_world_size=0
 tdist-prebuilt 1

@@ -18,8 +18,8 @@ variant; running the less specialised one is correct).
 Triton's path is kept whenever the C++ one would differ: a launch hook is installed (profilers
 see every launch), the grid is a callable, an argument is a tuple, or the variant needs per-launch
 scratch memory or clusters. Runtime arguments after a kernel's constexprs, which launches give by
-name (the GEMMs' epilogue operands), go into their slots in the kernel's order (with
-``Config.eager_tensor_descriptors``, as the GEMMs take descriptors); they are no part of the key.
+name (the GEMMs' epilogue operands, the collectives' signal layout), go into their slots in the
+kernel's order; they are no part of the key.
 Host tensor descriptors (``triton.tools.tensor_descriptor.TensorDescriptor``) take the C++ path
 only with ``Config.eager_tensor_descriptors`` and where Triton lowered them to TMA: the variant is
 Triton's for the descriptor's dtype and block shape (its whole specialisation), and the C++
@@ -200,12 +200,10 @@ class EagerLaunches:
         if not launchable(md, descriptors):
             return None
         given = args
-        # Left-out defaults and runtime arguments by name are taken only with the descriptors'
-        # switch, for now: the kernels that use them are the GEMMs, which take descriptors.
-        if descriptors:
-            args = self._runtime_args(args, kwargs)
-        elif not self._runtime_names.isdisjoint(kwargs):
-            return None
+        # Left-out defaults and runtime arguments by name, whatever the descriptors' switch: the
+        # collectives pass their signal layout by name (a descriptor argument without the switch
+        # is refused by argument_rules below).
+        args = self._runtime_args(args, kwargs)
         if args is None or len(args) != len(self._runtime_params):
             return None
         binder = self.fn.device_caches[device][4]

@@ -161,12 +161,14 @@ def test_a_constexpr_given_by_position_is_never_taken_for_a_runtime_argument(aft
     assert after._runtime_args((x, 17), dict(n=3, C=16, m=7)) is None  # n twice: Triton raises
 
 
-def test_runtime_arguments_by_name_need_the_descriptors_switch(after, monkeypatch):
+def test_runtime_arguments_by_name_take_the_cpp_path_without_the_descriptors_switch(after, monkeypatch):
+    """The collectives pass their signal layout by name: that must not depend on the switch for
+    tensor descriptors."""
     from triton_dist import config
 
     monkeypatch.setattr(config, "get", lambda: types.SimpleNamespace(eager_tensor_descriptors=False))
     after.learn(loaded(), (FakeTensor(4096, FP32), 17), dict(C=16, m=7, num_warps=4))
-    assert after.variants() == 0
+    assert after.variants() == 1
 
 
 def test_none_or_a_tensor_by_name_are_two_variants(launches):

@@ -197,6 +197,7 @@ class CollectiveContext:
         return (max(1, min(tiles, limit)), )
 
     def meta(self, **extra) -> dict:
-        """The launch keywords every collective kernel of the context takes (constexprs and warps), plus ``extra``."""
+        """The launch keywords every collective kernel of the context takes (constexprs, the signal
+        layout's stride ``max_programs``, an argument given by name, and warps), plus ``extra``."""
         return dict(WORLD=self.world, max_programs=self.max_programs, BLOCK=self.BLOCK, num_warps=self.NUM_WARPS,
                     **extra)

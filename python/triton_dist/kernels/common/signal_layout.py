@@ -1,6 +1,6 @@
 """Named regions of a signal pad, laid out one after the other: a context declares its regions and
-their sizes once, and every offset (a kernel's constexpr base, a host view) and the pad's size are
-computed from that, not written by hand."""
+their sizes once, and every offset (a kernel's region base, passed as an argument; a host view) and
+the pad's size are computed from that, not written by hand."""
 
 from __future__ import annotations
 
