@@ -23,9 +23,10 @@ Structure: a persistent grid (one program per SM at most; programs walk tiles ``
 in grouped order, ``GROUP_M`` m-tiles per group, for L2 reuse of B), TMA loads through host-side
 ``TensorDescriptor``s (out-of-range rows/columns read as zeros, out-of-range stores are clipped, so
 M, N, K need not be multiples of the tile), a ``tl.range(k, num_stages=NUM_STAGES)`` software-
-pipelined K loop with wgmma, and a TMA store epilogue. The K loop is not flattened across tiles
-(Triton's ``flatten=True``): the wait of the consumer sits between tiles, outside the pipelined
-loop, and must stay there.
+pipelined K loop with wgmma, and a TMA store epilogue. The K loop is flattened across tiles
+(Triton's ``flatten=True``) only for the plain store of a config with ``FLATTEN`` (none shipped):
+the consumer's wait and the producers' signals sit between tiles, outside the pipelined loop, and
+must stay there.
 
 Configs: :func:`gemm`'s default is :func:`pick_gemm_config`'s fixed rule (measured on one H100
 and one H200): up to 128 rows the split-K kernel of :mod:`~triton_dist.kernels.gemm.split_k` (B's
