@@ -22,7 +22,7 @@ import triton
 
 from . import config as _config
 from . import nvshmem as _nvshmem
-from .eager_launch import EagerLaunches
+from .eager_launch import EagerKernel
 from .language import support_library as _support_library
 
 
@@ -62,7 +62,7 @@ def remove_module_hook() -> None:
     triton.knobs.runtime.kernel_load_end_hook.remove(_initialize_module)
 
 
-class DistributedKernel:
+class DistributedKernel(EagerKernel):
     """A Triton kernel launched with NVSHMEM's device library linked in.
 
     Launch it like a triton.jit kernel: ``kernel[grid](*args, **options)``. Modules loaded before
@@ -72,23 +72,12 @@ class DistributedKernel:
     """
 
     def __init__(self, fn: triton.runtime.JITFunction):
-        self.fn = fn
-        self.eager = EagerLaunches(fn)
-        """The variants learnt for C++ launches."""
+        super().__init__(fn)
         functools.update_wrapper(self, fn.fn)
 
     def _options(self, kwargs: dict) -> dict:
         kwargs.setdefault("extern_libs", extern_libs())
         return kwargs
-
-    def run(self, *args, grid, warmup=False, **kwargs):
-        """Launch on ``grid``, as ``triton.jit``'s ``run``, with NVSHMEM's bitcode and the support
-        library linked: from C++ when a learnt variant takes the arguments (returns None then),
-        else through Triton (returns the CompiledKernel), whose variant is then learnt."""
-        kwargs = self._options(kwargs)
-        if warmup:
-            return self.fn.run(*args, grid=grid, warmup=True, **kwargs)
-        return self.eager.run(grid, args, kwargs)
 
     def warmup(self, *args, grid, **kwargs):
         """Compile (and load) the variant these arguments select, as ``triton.jit``'s ``warmup``,
@@ -110,15 +99,6 @@ class DistributedKernel:
             recorded.append(parallel_compile.Preload(self, args, grid, dict(kwargs)))
             return None
         return self.eager.preload(grid, args, self._options(kwargs))
-
-    def prepare(self, grid, meta: dict):
-        """A :class:`~triton_dist.eager_launch.PreparedLaunch` of this kernel on ``grid`` with the
-        keywords ``meta`` (constexprs and options), on the current device; None when such launches
-        can never go through C++."""
-        return self.eager.prepare(grid, self._options(dict(meta)))
-
-    def __getitem__(self, grid):
-        return functools.partial(self.run, grid=grid, warmup=False)
 
     def __repr__(self) -> str:
         return f"triton_dist.jit({self.fn.fn.__name__})"

@@ -3,7 +3,8 @@
 same op, input shapes, dtype, method, and ``out`` given or not) launches the earlier call's
 :class:`~triton_dist.kernels.common.launch_plan.LaunchPlan` (a ``LaunchSequence``: gemm_ar's
 ``"split_k"``, its kernel, after a bump past 64 rows; gemm_rs's ``"fused"``, its one GEMM;
-ag_gemm's ``"sm_push_inline"``, its one GEMM that pushes first) after checking only what may
+ag_gemm's ``"sm_push_inline"``, its one GEMM that pushes first; a GEMM op at one rank, the plain
+GEMM's :class:`~triton_dist.kernels.gemm.plain_plan.PlainGemmPlan`) after checking only what may
 differ between two such
 calls: the tensors' device, contiguity and alignment, and ``out``'s shape and dtype.
 
@@ -15,8 +16,8 @@ plan; what the key does not fix is checked here, and a call that fails a check t
 path, which raises the op's own errors.
 
 A call is recorded after the full path ran it, and only when the context says its launches do not
-depend on the tensors (its ``run`` returned the plan: a fixed launch or two, every rank more than
-one, not ``"auto"``'s choice by ``out``'s memory). A call with ``context=`` is recorded on that context
+depend on the tensors (its ``run`` returned the plan: a fixed launch or two, not ``"auto"``'s choice by ``out``'s
+memory; the collectives at one rank, which copy, return none). A call with ``context=`` is recorded on that context
 (its ``eager_plans``, a :class:`ContextPlans`), not here: the plan holds the context's buffers,
 which must be freed when the caller drops the context, and a call with another context or none
 never takes it. With

@@ -30,6 +30,7 @@ launcher encodes each call's CUtensorMap with the variant's ``tensordesc_meta``
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import triton
 
@@ -221,6 +222,45 @@ class EagerLaunches:
     def variants(self) -> int:
         """How many variants have been learnt (all devices and keywords)."""
         return sum(len(v) for v in self._launchers.values())
+
+
+class EagerKernel:
+    """A ``triton.jit`` kernel launched as ``kernel[grid](*args, **options)`` through learnt C++
+    launchers (:class:`EagerLaunches`) where one takes the arguments, else through Triton, which
+    teaches it the variant; what a :class:`~triton_dist.kernels.common.launch_plan.LaunchPlan`
+    needs of its kernel (``run``, ``prepare``, ``fn``). The plain GEMMs, which need no NVSHMEM,
+    wrap theirs in one; :class:`triton_dist.distributed_jit.DistributedKernel` adds NVSHMEM's
+    libraries to the options."""
+
+    def __init__(self, fn: triton.runtime.JITFunction):
+        self.fn = fn
+        self.eager = EagerLaunches(fn)
+        """The variants learnt for C++ launches."""
+
+    def _options(self, kwargs: dict) -> dict:
+        """The launch options with what this kind of kernel adds to every launch (nothing here)."""
+        return kwargs
+
+    def run(self, *args, grid, warmup=False, **kwargs):
+        """Launch on ``grid``, as ``triton.jit``'s ``run``: from C++ when a learnt variant takes the
+        arguments (returns None then), else through Triton (returns the CompiledKernel), whose
+        variant is then learnt."""
+        kwargs = self._options(kwargs)
+        if warmup:
+            return self.fn.run(*args, grid=grid, warmup=True, **kwargs)
+        return self.eager.run(grid, args, kwargs)
+
+    def prepare(self, grid, meta: dict):
+        """A :class:`PreparedLaunch` of this kernel on ``grid`` with the keywords ``meta``
+        (constexprs and options), on the current device; None when such launches can never go
+        through C++."""
+        return self.eager.prepare(grid, self._options(dict(meta)))
+
+    def __getitem__(self, grid):
+        return functools.partial(self.run, grid=grid, warmup=False)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.fn.fn.__name__})"
 
 
 class PreparedLaunch:

@@ -109,7 +109,7 @@ def check_repeated_calls(what: str, call, draw, out_shape, dtype, replays, calls
     draw(i)`` fresh each call (``draw`` runs on every rank in the same order: a reference may be a
     host collective), ``out`` a new tensor (even calls) or a given NaN-poisoned one (odd calls):
     every element of every call within tolerance, and all but the first call of each form replayed
-    from the recorded plan (triton_dist.eager_calls; none with one rank, which runs no protocol),
+    from the recorded plan (triton_dist.eager_calls; with one rank, the plain GEMM's plan),
     through the plan's bound C++ launch but for its first launch or two (one per plan of the call).
     ``replays``: the fixture."""
     bad = []
@@ -120,7 +120,7 @@ def check_repeated_calls(what: str, call, draw, out_shape, dtype, replays, calls
         if (out is not None and got is not out) or not tolerance_ratio(got, want) < 1.0:
             bad.append(i)
     all_ranks_agree(not bad, f"{what} repeated: wrong at calls {bad[:10]}")
-    expected = calls - 2 if dist.get_world_size() > 1 else 0
+    expected = calls - 2
     all_ranks_agree(replays[0] == expected, f"{what}: {replays[0]} calls replayed, expected {expected}")
     # The GEMMs' plans launch from C++ only with tensor descriptors there (Config's switch, on by default).
     from_cpp = expected > 0 and tdist.config.get().eager_tensor_descriptors

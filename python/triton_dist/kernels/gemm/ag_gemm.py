@@ -371,10 +371,14 @@ class AllGatherGemmContext(OverlappedGemmContext):
         ``N % 8 == 0``, ``b`` and ``out`` 16-byte aligned (validated by
         :func:`triton_dist.ops.ag_gemm`, not here). Returns the launch of ``"sm_push_inline"``
         (:meth:`inline_plan`: a call of the same sizes with any aligned tensors makes it again,
-        :mod:`triton_dist.eager_calls`), else None."""
+        :mod:`triton_dist.eager_calls`) or, at one rank, the plain GEMM's plan
+        (:meth:`~.context.OverlappedGemmContext.plain_gemm`), else None."""
         m, n = a_shard.shape[0], b.shape[0]
-        if m == 0 or n == 0 or self.ran_plain_gemm(a_shard, b, out):
+        if m == 0 or n == 0:
             return None
+        plain = self.plain_gemm(a_shard, b, out)
+        if plain is not False:
+            return plain
         if self.method == "sm_push_inline" and not _timeline.kernel_args():
             plan = self.inline_plan(m, n)
             plan.launch(_aligned(a_shard), b, out)

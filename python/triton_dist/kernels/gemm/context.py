@@ -71,12 +71,14 @@ class OverlappedGemmContext:
         if method not in self.METHODS:
             raise ValueError(f"triton_dist {self.op}.run: method must be one of {self.METHODS}, got {method!r}")
 
-    def ran_plain_gemm(self, a, b, out) -> bool:
-        """Without the protocol (one rank), ``out = a @ b.T`` by the plain GEMM; True if it ran."""
+    def plain_gemm(self, a, b, out):
+        """Without the protocol (one rank), ``out = a @ b.T`` by the plain GEMM: returns its
+        launched :class:`~triton_dist.kernels.gemm.plain_plan.PlainGemmPlan` (the call's launch,
+        which :mod:`triton_dist.eager_calls` replays), or None; with the protocol nothing runs and
+        it returns False."""
         if self._protocol:
             return False
-        _gemm.gemm(a, b, out=out)
-        return True
+        return _gemm.launch_gemm(a, b, out)[1]
 
 
 def _check_sizes(op: str, dtype, aligned: str, sizes: dict) -> None:

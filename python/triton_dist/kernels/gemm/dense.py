@@ -50,6 +50,7 @@ import triton.language as tl
 from ... import language as dl
 from ... import residency as _residency
 from ...language import timeline as _timeline
+from . import plain_plan as _plain_plan
 from . import split_k as _split_k
 from . import wave_tail as _wave_tail
 from .tile import own_node_first, tile_coords, tile_product
@@ -535,7 +536,17 @@ def gemm(a, b, *, out=None, config: str | None = None):
     ticket counters (:func:`~triton_dist.kernels.gemm.split_k.ticket_counters`: the first call on a
     device makes them and synchronises once; a graph captured on a stream must not replay at the
     same time as another captured there or a call on it; a capture before any uncaptured call
-    runs in one slice)."""
+    runs in one slice). A shape's launch is worked out once and then launched from C++
+    (:mod:`~triton_dist.kernels.gemm.plain_plan`)."""
+    return launch_gemm(a, b, out, config)[0]
+
+
+def launch_gemm(a, b, out, config: str | None = None) -> tuple:
+    """:func:`gemm`'s work: ``(out, plan)``, ``plan`` the
+    :class:`~triton_dist.kernels.gemm.plain_plan.PlainGemmPlan` it launched (a call of the same
+    sizes with aligned tensors may launch it again: the GEMM ops at one rank return it for
+    :mod:`triton_dist.eager_calls`), None where nothing launched or the call was captured in a
+    CUDA graph (its slice count may be one that the capture forced)."""
     import torch
 
     check_operands(a, b, out)
@@ -544,9 +555,9 @@ def gemm(a, b, *, out=None, config: str | None = None):
     if out is None:
         out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     if m == 0 or n == 0:
-        return out
+        return out, None
     if k == 0:
-        return out.zero_()
+        return out.zero_(), None
     sms = num_sms(a.device)
     if config == "auto":
         from .autotune import tuned_gemm_config
@@ -557,14 +568,14 @@ def gemm(a, b, *, out=None, config: str | None = None):
         raise ValueError(f"triton_dist gemm: config must be None, \"auto\" or one of {config_names()}, got "
                          f"{config!r}")
     target = out if out.data_ptr() % 16 == 0 else torch.empty_like(out)
+    a, b = aligned_for_tma(a), aligned_for_tma(b)
     if config in _split_k.CONFIG_NAMES:
-        _split_k.gemm_split_k(aligned_for_tma(a), aligned_for_tma(b), target, config, sms)
+        plan = _split_k.gemm_split_k(a, b, target, config, sms)
     elif config in _wave_tail.CONFIG_NAMES:
-        _wave_tail.gemm_wave_tail(aligned_for_tma(a), aligned_for_tma(b), target, config, sms)
+        plan = _wave_tail.gemm_wave_tail(a, b, target, config, sms)
     else:
-        a_desc, b_desc, c_desc = descriptors(aligned_for_tma(a), aligned_for_tma(b), target, config)
-        gemm_kernel[grid_for(m, n, config, sms)](a_desc, b_desc, c_desc, m, n, k, None, None, 0, 1,
-                                                 **kernel_meta(config, False))
+        plan = _plain_plan.persistent_plan(m, n, k, config, sms, a.device)
+        plan.launch(a, b, target)
     if target is not out:
         out.copy_(target)
-    return out
+    return out, None if torch.cuda.is_current_stream_capturing() else plan

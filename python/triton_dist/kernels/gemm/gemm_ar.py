@@ -278,7 +278,8 @@ class GemmAllReduceContext(OverlappedGemmContext):
         ``K`` a multiple of 8 (validated by :func:`triton_dist.ops.gemm_ar`, not here).
         ``method``: one of :data:`METHODS` (module notes); every rank passes the same. Returns the
         launches of ``"split_k"`` (:meth:`split_k_plan`: a call of the same sizes and method with
-        any aligned tensors makes them again: :mod:`triton_dist.eager_calls`), else None."""
+        any aligned tensors makes them again: :mod:`triton_dist.eager_calls`) or, at one rank, the
+        plain GEMM's plan (:meth:`~.context.OverlappedGemmContext.plain_gemm`), else None."""
         import torch
 
         self.check_method(method)
@@ -290,8 +291,11 @@ class GemmAllReduceContext(OverlappedGemmContext):
         if method == "split_k" and m > SPLIT_K_MAX_M:
             raise ValueError(f"triton_dist GemmAllReduceContext.run: method 'split_k' takes M <= {SPLIT_K_MAX_M}, "
                              f"got M = {m}; use 'output_tiles' or 'auto'")
-        if m == 0 or self.ran_plain_gemm(a, b, out):
+        if m == 0:
             return None
+        plain = self.plain_gemm(a, b, out)
+        if plain is not False:
+            return plain
         if method == "auto":
             method = _policy.gemm_ar_method(m, SPLIT_K_MAX_M)
         _reach.check_reach("gemm_ar", method, (), self.unmapped, self.rank)

@@ -392,7 +392,8 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         (validated by :func:`triton_dist.ops.gemm_rs`, not here). ``method``: one of
         :data:`METHODS` (see the module notes; ``"auto"``: :func:`triton_dist.kernels.gemm.policy.gemm_rs_method`).
         Returns the launches of ``"fused"`` (:meth:`fused_plan`: a call of the same sizes and
-        method with any aligned tensors makes them again, :mod:`triton_dist.eager_calls`), else
+        method with any aligned tensors makes them again, :mod:`triton_dist.eager_calls`) or, at
+        one rank, the plain GEMM's plan (:meth:`~.context.OverlappedGemmContext.plain_gemm`), else
         None."""
         import torch
 
@@ -402,8 +403,11 @@ class GemmReduceScatterContext(OverlappedGemmContext):
         if n != self.n or big_m > self.max_m or big_m % self.world:
             raise ValueError(f"triton_dist GemmReduceScatterContext.run: a is {list(a.shape)} and b {list(b.shape)}; "
                              f"the context takes M <= {self.max_m}, a multiple of {self.world}, and N = {self.n}")
-        if big_m == 0 or self.ran_plain_gemm(a, b, out):
+        if big_m == 0:
             return None
+        plain = self.plain_gemm(a, b, out)
+        if plain is not False:
+            return plain
         if method == "auto":
             method = _policy.gemm_rs_method(big_m // self.world, self.nodes, flops=2.0 * big_m * n * k,
                                             eager=not torch.cuda.is_current_stream_capturing())

@@ -48,6 +48,7 @@ import triton.language as tl
 from ..common.tickets import last_to_finish
 from .tile import swapped_tile_product
 from ..common.host_math import cdiv
+from . import plain_plan as _plain_plan
 
 SPLIT_K_MAX_M = 128
 """The most rows a split-K config takes: ``BM`` (``out``'s rows, wgmma's N side) up to 128."""
@@ -247,7 +248,7 @@ def tickets_available(device) -> bool:
 _placeholder_tensors: dict[int, tuple] = {}
 
 
-def _placeholders(device) -> tuple:
+def placeholders(device) -> tuple:
     """An int32 and an fp32 tensor on ``device`` for a one-slice launch's unused tickets and
     partials (two allocations a call otherwise, on a path that decode calls per token)."""
     import torch
@@ -287,15 +288,25 @@ def ticket_counters(device):
     return counters
 
 
-def gemm_split_k(a, b, out, config: str, num_sms: int, *, split_k: int | None = None) -> None:
+def current_tickets(device):
+    """:func:`ticket_counters` of the current stream of ``device``, or None where a capture may
+    not make them (:func:`tickets_available`); a stream seen before costs one dictionary lookup
+    (a plan's launch asks every call)."""
+    import torch
+
+    counters = _ranges.get((device.index, torch._C._cuda_getCurrentRawStream(device.index)))
+    if counters is not None:
+        return counters
+    return ticket_counters(device) if tickets_available(device) else None
+
+
+def gemm_split_k(a, b, out, config: str, num_sms: int, *, split_k: int | None = None):
     """``out = a @ b.T`` with the split-K config ``config`` (a key of :data:`CONFIG_NAMES`) on the
     current stream, in ``split_k`` slices (None: :func:`pick_split_k`'s; another count is for
     measuring the rule, 1 to the K steps). ``a [M, K]``, ``b [N, K]``: contiguous with 16-byte
     aligned bases, ``K`` and ``N`` multiples of 8; ``out [M, N]`` 16-byte aligned, of their dtype
-    (validated by :func:`~triton_dist.kernels.gemm.dense.gemm`, which calls it)."""
-    import torch
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
+    (validated by :func:`~triton_dist.kernels.gemm.dense.gemm`, which calls it). Returns the
+    launched :class:`~triton_dist.kernels.gemm.plain_plan.PlainGemmPlan`."""
     params = config_params(config)
     m, k = a.shape
     n = b.shape[0]
@@ -314,15 +325,8 @@ def gemm_split_k(a, b, out, config: str, num_sms: int, *, split_k: int | None = 
     elif not 1 <= split_k <= cdiv(k, params["BK"]):
         raise ValueError(f"triton_dist gemm: split_k must be 1 to the {cdiv(k, params['BK'])} K steps of "
                          f"{config!r} at K = {k}, got {split_k}")
-    if split_k > 1:
-        if tiles > MAX_N_TILES:
-            raise ValueError(f"triton_dist gemm: config {config!r} takes N <= {MAX_N_TILES * params['BN']}, got N = {n}")
-        tickets = ticket_counters(a.device)
-        partials = torch.empty((split_k, m, n), dtype=torch.float32, device=a.device)
-    else:  # untouched with one slice: placeholders of the kernel's argument types, made once
-        tickets, partials = _placeholders(a.device)
-    a_desc = TensorDescriptor.from_tensor(a, [params["BM"], params["BK"]])
-    b_desc = TensorDescriptor.from_tensor(b, [params["BN"], params["BK"]])
-    gemm_split_k_kernel[(min(tiles * split_k, num_sms), )](
-        a_desc, b_desc, out, partials, tickets, m, n, k, split_k, BM=params["BM"], BN=params["BN"], BK=params["BK"],
-        NUM_STAGES=params["NUM_STAGES"], num_warps=params["num_warps"])
+    if split_k > 1 and tiles > MAX_N_TILES:
+        raise ValueError(f"triton_dist gemm: config {config!r} takes N <= {MAX_N_TILES * params['BN']}, got N = {n}")
+    plan = _plain_plan.split_k_plan(m, n, k, config, num_sms, split_k, a.device)
+    plan.launch(a, b, out)
+    return plan

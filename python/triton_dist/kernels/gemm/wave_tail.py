@@ -42,7 +42,8 @@ import triton
 import triton.language as tl
 
 from ..common.tickets import last_to_finish
-from .split_k import MAX_N_TILES, ticket_counters, tickets_available
+from . import plain_plan as _plain_plan
+from .split_k import MAX_N_TILES, tickets_available
 from .tile import tile_coords, tile_product
 from ..common.host_math import cdiv
 
@@ -130,24 +131,21 @@ def gemm_wave_tail_kernel(a_desc, b_desc, c_desc, partials, tickets, M, N, K, fu
                 c_desc.store([off_m, off_n], total.to(c_desc.dtype))
 
 
-def gemm_wave_tail(a, b, out, config: str, num_sms: int, *, split: int | None = None) -> None:
+def gemm_wave_tail(a, b, out, config: str, num_sms: int, *, split: int | None = None):
     """``out = a @ b.T`` with the wave-tail config ``config`` (a key of :data:`CONFIG_NAMES`) on
     ``num_sms`` programs, on the current stream; ``split``: the tail tiles' slices (None:
     :func:`pick_tail_split`'s; another count is for measuring the rule, 1 to the K steps). ``a [M,
     K]``, ``b [N, K]``: contiguous with 16-byte aligned bases, ``K`` and ``N`` multiples of 8;
     ``out [M, N]`` 16-byte aligned, of their dtype (validated by
-    :func:`~triton_dist.kernels.gemm.dense.gemm`, which calls it)."""
-    import torch
-
+    :func:`~triton_dist.kernels.gemm.dense.gemm`, which calls it). Returns the launched
+    :class:`~triton_dist.kernels.gemm.plain_plan.PlainGemmPlan`."""
     from . import dense  # dense imports this module: its names are needed only at call time
 
     if config not in CONFIG_NAMES:
         raise ValueError(f"triton_dist gemm: {config!r} is not a wave-tail config; one of {sorted(CONFIG_NAMES)}")
-    base = CONFIG_NAMES[config]
-    c = dense.CONFIGS[base]
+    c = dense.CONFIGS[CONFIG_NAMES[config]]
     m, k = a.shape
     n = b.shape[0]
-    tiles = cdiv(m, c["BM"]) * cdiv(n, c["BN"])
     k_steps = cdiv(k, c["BK"])
     if split is None:
         split = tail_split_for(m, n, k, config, num_sms)
@@ -156,17 +154,8 @@ def gemm_wave_tail(a, b, out, config: str, num_sms: int, *, split: int | None = 
     elif not 1 <= split <= k_steps:
         raise ValueError(f"triton_dist gemm: split must be 1 to the {k_steps} K steps of {config!r} at K = {k}, "
                          f"got {split}")
-    tail = tiles % num_sms
-    a_desc, b_desc, c_desc = dense.descriptors(a, b, out, base)
-    if split == 1 or tail == 0:  # nothing to cut: the base config's kernel and launch
-        dense.gemm_kernel[dense.grid_for(m, n, base, num_sms)](a_desc, b_desc, c_desc, m, n, k, None, None, 0, 1,
-                                                               **dense.kernel_meta(base, False))
-        return
-    if tail > MAX_N_TILES:
+    if split > 1 and cdiv(m, c["BM"]) * cdiv(n, c["BN"]) % num_sms > MAX_N_TILES:
         raise ValueError(f"triton_dist gemm: {config!r} takes at most {MAX_N_TILES} programs, got {num_sms}")
-    tickets = ticket_counters(a.device)
-    partials = torch.empty((split, tail, c["BM"], c["BN"]), dtype=torch.float32, device=a.device)
-    full = tiles - tail
-    gemm_wave_tail_kernel[(min(full + tail * split, num_sms), )](
-        a_desc, b_desc, c_desc, partials, tickets, m, n, k, full, split, BM=c["BM"], BN=c["BN"], BK=c["BK"],
-        GROUP_M=c["GROUP_M"], NUM_STAGES=c["NUM_STAGES"], num_warps=c["num_warps"], num_stages=c["NUM_STAGES"])
+    plan = _plain_plan.wave_tail_plan(m, n, k, config, num_sms, split, a.device)
+    plan.launch(a, b, out)
+    return plan
