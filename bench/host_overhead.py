@@ -122,6 +122,7 @@ def breakdown(device, dtype) -> tuple[dict, list[str]]:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from triton_dist.kernels.common import call_counter
+    from triton_dist.kernels.gemm import gemm
 
     x = torch.randn(4096, device=device).to(dtype)
     y = torch.empty_like(x)
@@ -134,6 +135,8 @@ def breakdown(device, dtype) -> tuple[dict, list[str]]:
     a16, w = torch.randn(16, 512, device=device).to(dtype), torch.randn(1024, 512, device=device).to(dtype)
     o16 = torch.empty(16, 1024, device=device, dtype=dtype)
     ops.gemm_ar(a16, w, out=o16, method="split_k")
+    a1k, o1k = torch.randn(1024, 512, device=device).to(dtype), torch.empty(1024, 1024, device=device, dtype=dtype)
+    gemm(a1k, w, out=o1k)
     # The schedules hold raw addresses: their buffers must live while they are enqueued.
     (one_by_one, as_graph), _buffers = _schedules(device)
     parts = [
@@ -162,6 +165,9 @@ def breakdown(device, dtype) -> tuple[dict, list[str]]:
         ("ops.gemm_ar(a, w, out=o, method='split_k'): replayed",
          lambda: ops.gemm_ar(a16, w, out=o16, method="split_k")),
         ("ops.gemm_ar(a, w, method='split_k'): replayed, allocating", lambda: ops.gemm_ar(a16, w, method="split_k")),
+        # The plain GEMM (kernels/gemm/plain_plan.py): its checks and rule, then its plan's launch.
+        ("gemm(a, w, out=o): split-K, 16 rows", lambda: gemm(a16, w, out=o16)),
+        ("gemm(a, w, out=o): 1024 rows", lambda: gemm(a1k, w, out=o1k)),
         (f"StreamSchedule enqueue, {one_by_one.driver_calls} driver calls", one_by_one.enqueue),
         ("the same StreamSchedule as one CUDA graph", as_graph.enqueue),
     ]

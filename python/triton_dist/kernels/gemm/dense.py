@@ -44,6 +44,8 @@ TMA needs 16-byte aligned row strides: ``K`` and ``N`` must be multiples of 8 (2
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -138,6 +140,7 @@ CONFIG_EFFICIENCY = {"large": 1.0, "small": 0.95}
 both: at M = 8192 "small" ran at 0.92-0.97 of "large" (bench/results/h100-x1/gemm.json)."""
 
 
+@functools.lru_cache(maxsize=4096)  # a fixed rule of ints, asked on every gemm() call
 def pick_gemm_config(m: int, n: int, k: int, num_sms: int) -> str:
     """:func:`gemm`'s config for an ``m x n x k`` GEMM on ``num_sms`` SMs (a fixed rule, the same
     on every rank for the same shape), from the per-config times of bench/gemm.py

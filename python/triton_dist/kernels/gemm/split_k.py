@@ -42,6 +42,8 @@ capture, the graph's pool).
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -149,6 +151,7 @@ def config_params(config: str) -> dict | None:
     return None if bm is None else dict(BM=bm, BN=SPLIT_K_BN, **SPLIT_K_CONFIGS[bm])
 
 
+@functools.lru_cache(maxsize=4096)  # a fixed rule of ints, asked on every gemm() call
 def pick_split_k(m: int, n: int, k: int, num_sms: int, config: str | None = None) -> int:
     """Slices of K for an ``m x n x k`` GEMM on ``num_sms`` SMs with ``config`` (default:
     :func:`default_config`'s): a fixed rule, from 1 to :data:`MAX_SLICES`, each slice at least

@@ -38,6 +38,8 @@ Configs: :data:`CONFIG_NAMES`, ``"large_tail_split"`` and ``"small_tail_split"``
 
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -74,6 +76,7 @@ def pick_tail_split(tiles: int, k_steps: int, num_sms: int) -> int:
     return max(1, min(MAX_TAIL_SLICES, num_sms // tail, k_steps // MIN_TAIL_SLICE_STEPS))
 
 
+@functools.lru_cache(maxsize=4096)  # a fixed rule of ints, asked on every gemm() call
 def tail_split_for(m: int, n: int, k: int, config: str, num_sms: int) -> int:
     """:func:`pick_tail_split`'s slices for an ``m x n x k`` GEMM with the wave-tail ``config`` (a
     key of :data:`CONFIG_NAMES`) on ``num_sms`` programs (bench/gemm.py records them beside the
