@@ -122,13 +122,15 @@ def breakdown(device, dtype) -> tuple[dict, list[str]]:
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     from triton_dist.kernels.common import call_counter
+    from triton_dist.kernels.common.launch_plan import LaunchPlan
     from triton_dist.kernels.gemm import gemm
 
     x = torch.randn(4096, device=device).to(dtype)
     y = torch.empty_like(x)
     ops.all_reduce(x, out=y)
     context = ops._cached_context("all_reduce", dtype, x.numel() * x.element_size())
-    plan = context.run(x, y, "ll")  # None with one rank (a copy, no kernel): its row is left out
+    plan = context.run(x, y, "ll")  # with one rank a copy (OneRankCopy), no kernel: its rows are left out
+    plan = plan if isinstance(plan, LaunchPlan) else None
     counter = torch.zeros(1, dtype=torch.int64, device=device)
     # gemm_ar's split_k at decode size: a replayed call is one launch (the kernel enters its call)
     # and two host descriptors.

@@ -428,9 +428,9 @@ class AllGatherContext(CollectiveContext):
                 raise ValueError("triton_dist all_gather: method 'sm_zero_copy' needs a 16-byte aligned out; use "
                                  "'ce_zero_copy'")
         x = x.reshape(-1)
-        if self.world == 1:
-            out.view(-1)[:n].copy_(x)
-            return
+        if self.world == 1:  # a zero-copy method's checks above hold only on the full path
+            copied = self.ran_on_one_rank(x, out.view(-1))
+            return None if method in self.ZERO_COPY_METHODS else copied
         if method == "ce_push":
             self._run_ce(x, out.view(-1), n)
             return

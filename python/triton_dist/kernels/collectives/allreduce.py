@@ -331,8 +331,9 @@ class AllReduceContext(CollectiveContext):
         if method == "ll" and nbytes > self.ll_max_bytes:
             raise ValueError(f"triton_dist all_reduce: method 'll' takes at most {self.ll_max_bytes} bytes per rank, "
                              f"got {nbytes}; use 'one_shot', 'two_shot' or 'auto'")
-        if self.ran_on_one_rank(x, out):
-            return None
+        copied = self.ran_on_one_rank(x, out)
+        if copied:
+            return copied
         if method in ("2d", "ce_two_shot"):
             x, target = self.aligned(x, out)
             if method == "2d":

@@ -276,8 +276,9 @@ class ReduceScatterContext(CollectiveContext):
         if method == "ll" and n * self.dtype.itemsize > self.ll_max_bytes:
             raise ValueError(f"triton_dist reduce_scatter: method 'll' takes inputs of at most {self.ll_max_bytes} "
                              f"bytes, got {n * self.dtype.itemsize}; use 'push', 'ring' or 'auto'")
-        if self.ran_on_one_rank(x, out):
-            return
+        copied = self.ran_on_one_rank(x, out)
+        if copied:
+            return copied
         if method == "auto":
             method = _policy.reduce_scatter_method(n * self.dtype.itemsize, self.world,
                                                    self.world // self.local_world)

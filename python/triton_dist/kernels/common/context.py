@@ -43,6 +43,27 @@ def smallest_on_any_rank(*values: int) -> tuple[int, ...]:
     return tuple(min(column) for column in zip(*every))
 
 
+class OneRankCopy:
+    """A collective's whole call at one rank, ``out = x``, as a plan of two tensors: what the
+    collectives' ``run`` returns there, so that :mod:`triton_dist.eager_calls` replays a repeated
+    call (a copy) without the op's full path (issue 21: that path cost 20-25 µs of host time at
+    one rank, bench/results/h200-x1/host_overhead.json, around a copy of 7.8)."""
+
+    __slots__ = ()
+    arity = 2
+
+    def launch(self, x, out) -> None:
+        """``out = x`` on the current stream (nothing when they alias)."""
+        if out.data_ptr() != x.data_ptr():
+            out.copy_(x)
+
+    def __repr__(self) -> str:
+        return "OneRankCopy()"
+
+
+ONE_RANK_COPY = OneRankCopy()
+
+
 class CollectiveContext:
     """Base of the collectives' contexts. Collective to create: every rank, same arguments, same
     order as its other symmetric allocations.
@@ -162,14 +183,14 @@ class CollectiveContext:
         """:meth:`launch_plan`'s plan, uncached. Subclasses."""
         return None
 
-    def ran_on_one_rank(self, x, out) -> bool:
-        """With one rank a reduction is its input: ``out = x`` (nothing to do when they alias).
-        True if so; the protocol is not run."""
+    def ran_on_one_rank(self, x, out) -> OneRankCopy | None:
+        """With one rank a collective's result is its input: ``out = x`` (nothing to do when they
+        alias), and the protocol is not run; returns :data:`ONE_RANK_COPY` then (what ``run``
+        returns, for :mod:`triton_dist.eager_calls`), else None."""
         if self.world != 1:
-            return False
-        if out.data_ptr() != x.data_ptr():
-            out.copy_(x)
-        return True
+            return None
+        ONE_RANK_COPY.launch(x, out)
+        return ONE_RANK_COPY
 
     def ready(self) -> None:
         """End of construction: compile (in parallel, once per node: :mod:`triton_dist.parallel_compile`)
