@@ -32,7 +32,7 @@ counts per weight shape; the limit keeps a caller of ever new shapes bounded."""
 _eager_kernels: dict = {}
 """JITFunction -> its :class:`~triton_dist.eager_launch.EagerKernel` (the variants it learnt)."""
 
-_torch = None  # bound on the first plan (triton_dist imports torch lazily)
+_torch = None  # bound on the first sliced launch (triton_dist imports torch lazily)
 
 
 def _eager(fn):
@@ -71,19 +71,20 @@ class PlainGemmPlan:
         if tickets is None:
             self.one_slice().launch(a, b, out)
             return
-        partials = _torch.empty(self.partials_shape, dtype=_torch.float32, device=self.device)
+        torch = _torch or _bind_torch()
+        partials = torch.empty(self.partials_shape, dtype=torch.float32, device=self.device)
         self.kernel.launch(a, b, out, partials, tickets)
 
     def __repr__(self) -> str:
         return f"PlainGemmPlan({self.kernel!r}, partials={self.partials_shape})"
 
 
-def _bind_torch() -> None:
+def _bind_torch():
     global _torch
-    if _torch is None:
-        import torch
+    import torch
 
-        _torch = torch
+    _torch = torch
+    return torch
 
 
 def persistent_plan(m: int, n: int, k: int, config: str, num_sms: int, device) -> PlainGemmPlan:
@@ -115,7 +116,6 @@ def split_k_plan(m: int, n: int, k: int, config: str, num_sms: int, split: int, 
         if split == 1:  # partials and tickets untouched: the device's placeholders, fixed
             tickets, partials = sk.placeholders(device)
             return PlainGemmPlan(LaunchPlan(kernel, grid, (*operands, partials, tickets, m, n, k, 1), meta), device)
-        _bind_torch()
         slices = (*operands, Slot(3, "partials"), Slot(4, "tickets"), m, n, k, split)
         return PlainGemmPlan(LaunchPlan(kernel, grid, slices, meta), device, (split, m, n),
                              lambda: split_k_plan(m, n, k, config, num_sms, 1, device))
@@ -142,7 +142,6 @@ def wave_tail_plan(m: int, n: int, k: int, config: str, num_sms: int, split: int
                 Slot(3, "partials"), Slot(4, "tickets"), m, n, k, full, split)
         meta = dict(BM=c["BM"], BN=c["BN"], BK=c["BK"], GROUP_M=c["GROUP_M"], NUM_STAGES=c["NUM_STAGES"],
                     num_warps=c["num_warps"], num_stages=c["NUM_STAGES"])
-        _bind_torch()
         return PlainGemmPlan(LaunchPlan(_eager(wt.gemm_wave_tail_kernel), (min(full + tail * split, num_sms), ), args,
                                         meta), device, (split, tail, c["BM"], c["BN"]),
                              lambda: persistent_plan(m, n, k, base, num_sms, device))
