@@ -2,7 +2,7 @@
 from the call to its synchronised result: the op's context (symmetric memory, kernels compiled or
 loaded, barrier) and the call itself.
 
-    torchrun --nproc-per-node=2 bench/cold_start.py [--empty-cache] [--ops all_reduce,all_gather]
+    torchrun --nproc-per-node=2 bench/cold_start.py [--empty-cache] [--ops all_reduce,all_gather] [--profile]
 
 Ops run one after another in one process, so an op's first call does not pay for what an earlier
 one loaded (the runtime, the call counter's kernel, CUDA's and Triton's own start). Without
@@ -35,14 +35,34 @@ from triton_dist import ops  # noqa: E402
 log = bench.script.logger("cold_start")
 
 
-def seconds(fn):
-    """``(wall seconds of fn() to its synchronised result, max over ranks; its result)``."""
+def seconds(fn, profile_as: str | None = None):
+    """``(wall seconds of fn() to its synchronised result, max over ranks; its result)``; with
+    ``profile_as``, rank 0 also logs where the call's time went (cProfile, by cumulative time:
+    compiling, loading and initialising modules, allocating, the barrier)."""
     import torch
 
+    profiler = None
+    if profile_as is not None:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     start = time.perf_counter()
     result = fn()
     torch.cuda.synchronize()
-    return bench.max_over_ranks(time.perf_counter() - start), result
+    elapsed = time.perf_counter() - start
+    if profiler is not None:
+        profiler.disable()
+        import io
+        import pstats
+
+        import torch.distributed as dist
+
+        if dist.get_rank() == 0:
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
+            log(f"profile of {profile_as}'s first call on rank 0 ({elapsed:.2f} s):\n{text.getvalue()}")
+    return bench.max_over_ranks(elapsed), result
 
 
 def _cases(world: int, device, dtype, shared: bool):
@@ -101,6 +121,8 @@ def main() -> int:
     parser.add_argument("--empty-cache", action="store_true", help="start from an empty Triton cache (see above)")
     parser.add_argument("--ops", default="all_reduce,all_gather,reduce_scatter,ag_gemm,gemm_rs",
                         help="comma-separated ops (default: all five)")
+    parser.add_argument("--profile", action="store_true",
+                        help="rank 0 logs where each first call's time goes (cProfile, by cumulative time)")
     args = parser.parse_args()
 
     import torch
@@ -118,7 +140,7 @@ def main() -> int:
     for name, shape, ours, theirs, reference in _cases(world, device, torch.bfloat16, shared):
         if name not in wanted:
             continue
-        ours_s, got = seconds(ours)
+        ours_s, got = seconds(ours, name if args.profile else None)
         torch_s, _ = seconds(theirs)
         # bf16 from different summation orders: a rounding apart, not a missing rank's share.
         err = bench.script.relative_error(got.float(), reference().float())
