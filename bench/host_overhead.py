@@ -139,6 +139,9 @@ def breakdown(device, dtype) -> tuple[dict, list[str]]:
     ops.gemm_ar(a16, w, out=o16, method="split_k")
     a1k, o1k = torch.randn(1024, 512, device=device).to(dtype), torch.empty(1024, 1024, device=device, dtype=dtype)
     gemm(a1k, w, out=o1k)
+    # K deep enough for the split-K rule's slices: each call takes a workspace and the stream's tickets.
+    a16k, w8k = torch.randn(16, 8192, device=device).to(dtype), torch.randn(1024, 8192, device=device).to(dtype)
+    gemm(a16k, w8k, out=o16)
     # The schedules hold raw addresses: their buffers must live while they are enqueued.
     (one_by_one, as_graph), _buffers = _schedules(device)
     parts = [
@@ -168,7 +171,7 @@ def breakdown(device, dtype) -> tuple[dict, list[str]]:
          lambda: ops.gemm_ar(a16, w, out=o16, method="split_k")),
         ("ops.gemm_ar(a, w, method='split_k'): replayed, allocating", lambda: ops.gemm_ar(a16, w, method="split_k")),
         # The plain GEMM (kernels/gemm/plain_plan.py): its checks and rule, then its plan's launch.
-        ("gemm(a, w, out=o): split-K, 16 rows", lambda: gemm(a16, w, out=o16)),
+        ("gemm(a, w, out=o): split-K in slices, 16 x 1024 x 8192", lambda: gemm(a16k, w8k, out=o16)),
         ("gemm(a, w, out=o): 1024 rows", lambda: gemm(a1k, w, out=o1k)),
         (f"StreamSchedule enqueue, {one_by_one.driver_calls} driver calls", one_by_one.enqueue),
         ("the same StreamSchedule as one CUDA graph", as_graph.enqueue),

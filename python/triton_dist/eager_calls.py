@@ -17,7 +17,8 @@ path, which raises the op's own errors.
 
 A call is recorded after the full path ran it, and only when the context says its launches do not
 depend on the tensors (its ``run`` returned the plan: a fixed launch or two, not ``"auto"``'s choice by ``out``'s
-memory; the collectives at one rank, which copy, return none). A call with ``context=`` is recorded on that context
+memory; at one rank the collectives return their copy, ``OneRankCopy``, and the GEMM ops the
+plain GEMM's plan). A call with ``context=`` is recorded on that context
 (its ``eager_plans``, a :class:`ContextPlans`), not here: the plan holds the context's buffers,
 which must be freed when the caller drops the context, and a call with another context or none
 never takes it. With
@@ -162,13 +163,13 @@ def replay_gemm(op: str, a, b, out, method: str, context=None):
 def record(op: str, x, out, out_given: bool, method: str, launched, context=None) -> None:
     """Remember that ``op(x, out=out if out_given else None, method=method, context=context)``,
     just run by the full path, launched ``launched`` (what the context's ``run`` returned: a
-    LaunchPlan, or None when the call may not be replayed)."""
+    LaunchPlan, at one rank a ``OneRankCopy``, or None when the call may not be replayed)."""
     _record((op, x.shape, x.dtype, method, not out_given), x, out, launched, 2, context)
 
 
 def record_gemm(op: str, a, b, out, out_given: bool, method: str, launched, context=None) -> None:
-    """:func:`record` for a GEMM op of ``a`` and ``b`` (``launched``: a LaunchSequence taking
-    ``(a, b, out)``, or None)."""
+    """:func:`record` for a GEMM op of ``a`` and ``b`` (``launched``: a LaunchPlan or LaunchSequence
+    taking ``(a, b, out)``, at one rank a ``PlainGemmPlan``, or None)."""
     _record((op, a.shape, b.shape, a.dtype, method, not out_given), a, out, launched, 3, context)
 
 

@@ -1,4 +1,5 @@
-"""Eager launches from C++: the variants of a ``triton_dist.jit`` kernel that Triton has loaded,
+"""Eager launches from C++: the variants of a ``triton_dist.jit`` kernel (or of a plain
+``triton.jit`` one wrapped in :class:`EagerKernel`) that Triton has loaded,
 each handed to ``_C.KernelLauncher`` with the rules Triton specialised it under.
 
 Why: Triton's launch path re-derives a kernel's specialisation from every argument in Python,

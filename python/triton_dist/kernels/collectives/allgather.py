@@ -149,7 +149,7 @@ from ...symmetric import peer_tensor, symm_empty
 from ..common import call_counter as _call_counter
 from ..common import reach as _reach
 from ..common.chunks import chunk_and_grid
-from ..common.context import CollectiveContext
+from ..common.context import CollectiveContext, OneRankCopy
 from ..common.ll_buffer import ll_buffer
 from ..common.launch_plan import OUT, X, LaunchPlan
 from ..common.ll_protocol import LL_BLOCK
@@ -398,13 +398,15 @@ class AllGatherContext(CollectiveContext):
 
     # ---------------------------------------------------------------- calls
 
-    def run(self, x, out, method: str = "auto") -> LaunchPlan | None:
+    def run(self, x, out, method: str = "auto") -> LaunchPlan | OneRankCopy | None:
         """``out[r * n:(r + 1) * n] = x of rank r`` with ``method`` (see :attr:`METHODS`), on the
         current stream. ``x``: contiguous CUDA tensor of this dtype, ``n = x.numel() <= max_numel``;
         ``out``: contiguous, ``world * n`` elements (both validated by
         :func:`triton_dist.ops.all_gather`, not here). Returns the :class:`LaunchPlan` it launched
         when the call was that one launch and any 16-byte aligned tensors of the same size would
-        have launched it too (not ``"auto"``'s choice by ``out``'s memory), else None."""
+        have launched it too (not ``"auto"``'s choice by ``out``'s memory), with one rank the copy
+        (``OneRankCopy``; not for the zero-copy methods, whose checks of ``out`` only this path
+        makes), else None."""
         n = x.numel()
         if method not in self.METHODS:
             raise ValueError(f"triton_dist AllGatherContext.run: method must be one of {self.METHODS}, "

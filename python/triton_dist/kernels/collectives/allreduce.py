@@ -148,7 +148,7 @@ from .allreduce_kernels import (all_reduce_ce_reduce_kernel, all_reduce_one_shot
                                 all_reduce_two_shot_kernel, ll_reduce_kernel)
 from . import policy as _policy
 from .allreduce_2d import TwoLevelAllReduce
-from ..common.context import CollectiveContext
+from ..common.context import CollectiveContext, OneRankCopy
 from ..common.ll_buffer import ll_buffer
 from ..common.launch_plan import OUT, X, LaunchPlan
 from ..common.ll_protocol import LL_BLOCK
@@ -312,14 +312,15 @@ class AllReduceContext(CollectiveContext):
         chunk_tiles = cdiv(shard_tiles, most)
         return chunk_tiles, cdiv(shard_tiles, chunk_tiles)
 
-    def run(self, x, out, method: str) -> LaunchPlan | None:
+    def run(self, x, out, method: str) -> LaunchPlan | OneRankCopy | None:
         """``out = sum over ranks of x`` with ``method`` ``"one_shot"``, ``"two_shot"``, ``"ll"``
         (at most :attr:`ll_max_bytes`), ``"ce_two_shot"`` or ``"ring"``, on the current stream.
         ``x`` and ``out``: contiguous CUDA tensors of this dtype, ``x.numel() <= max_numel``
         elements (validated by :func:`triton_dist.ops.all_reduce`, not here); ``out`` may be
         ``x``. Returns the :class:`LaunchPlan` it launched when the call was that one launch (a
         call of as many elements by the same method, with any 16-byte aligned tensors, launches it
-        again: :mod:`triton_dist.eager_calls`), else None."""
+        again: :mod:`triton_dist.eager_calls`), with one rank the copy (``OneRankCopy``), else
+        None."""
         n = x.numel()
         if method not in self.METHODS[1:]:
             raise ValueError(f"triton_dist AllReduceContext.run: method must be one of {self.METHODS[1:]}, got "

@@ -54,7 +54,7 @@ from .allreduce_kernels import ll_reduce_kernel
 from ... import runtime as _runtime
 from ..common.call_counter import enter_call
 from ..common.chunks import chunk_and_grid
-from ..common.context import CollectiveContext
+from ..common.context import CollectiveContext, OneRankCopy
 from ..common import reach as _reach
 from ..common.ll_buffer import ll_buffer
 from ..common.launch_plan import OUT, X, LaunchPlan
@@ -255,14 +255,14 @@ class ReduceScatterContext(CollectiveContext):
         ll_reduce_kernel.preload(self.stage, self.stage, self.ll, count, count, self.calls, grid=(1, ),
                                  **self._ll_meta())
 
-    def run(self, x, out, method: str = "auto") -> LaunchPlan | None:
+    def run(self, x, out, method: str = "auto") -> LaunchPlan | OneRankCopy | None:
         """``out`` = this rank's shard (``x.numel() // world`` elements) of the sum over ranks of
         ``x``, with ``method`` (see the class), on the current stream. ``x`` and ``out``: 1-D
         contiguous CUDA tensors of this dtype (validated by :func:`triton_dist.ops.reduce_scatter`,
         not here), ``x.numel()`` a multiple of the world size and ``<= max_numel``. ``out`` may be
         this rank's shard of ``x``, and must not overlap the rest of ``x``. Returns the
         :class:`LaunchPlan` it launched (any 16-byte aligned tensors of the same sizes would launch
-        it again by the same method), or None with one rank."""
+        it again by the same method); with one rank the copy (:data:`~triton_dist.kernels.common.context.ONE_RANK_COPY`)."""
         if method not in self.METHODS:
             raise ValueError(f"triton_dist ReduceScatterContext.run: method must be one of {self.METHODS}, got "
                              f"{method!r}")

@@ -140,6 +140,7 @@ from . import dense as _gemm
 from .ag_gemm_2d import ag_gemm_push_2d_kernel
 from .context import OverlappedGemmContext
 from .shard_push import PUSH_BLOCK, push_rows
+from .plain_plan import PlainGemmPlan
 from ..common import call_counter as _call_counter
 from ..common.call_counter import enter_call
 from ..common.launch_plan import LaunchPlan, PlanCache, Slot
@@ -365,7 +366,7 @@ class AllGatherGemmContext(OverlappedGemmContext):
             ag_gemm_signal_kernel.preload(self.pad.signals, self.calls, 2, grid=(1, ), PHASE=phase,
                                           WORLD=self.world, num_warps=1)
 
-    def run(self, a_shard, b, out) -> LaunchPlan | None:
+    def run(self, a_shard, b, out) -> LaunchPlan | PlainGemmPlan | None:
         """``out = allgather(a_shard) @ b.T`` on the current stream. ``a_shard [m, k]``, ``b [N, k]``
         and ``out [world * m, N]``: contiguous CUDA tensors of this dtype, ``m <= max_m_per_rank``,
         ``N % 8 == 0``, ``b`` and ``out`` 16-byte aligned (validated by

@@ -76,6 +76,7 @@ from .context import OverlappedGemmContext
 from .split_k import SPLIT_K_BN, SPLIT_K_CONFIGS, SPLIT_K_MAX_M, block_for
 from .tile import swapped_tile_product
 from . import policy as _policy
+from .plain_plan import PlainGemmPlan
 from ..common import call_counter as _call_counter
 from ..common.call_counter import call_epoch
 from ..common import reach as _reach
@@ -272,7 +273,7 @@ class GemmAllReduceContext(OverlappedGemmContext):
             gemm_ar_split_k_kernel.preload(a_desc, b_desc, self.partials, a, self.pad.signals, self.calls, 2, self.n,
                                            2, 2, 2, 2, 2, grid=(1, ), **self._split_k_meta(bm))
 
-    def run(self, a, b, out, method: str = "auto") -> LaunchSequence | None:
+    def run(self, a, b, out, method: str = "auto") -> LaunchSequence | PlainGemmPlan | None:
         """``out = sum over ranks of a @ b.T`` on the current stream. ``a [M, K]``, ``b [n, K]``,
         ``out [M, n]``: contiguous, 16-byte aligned CUDA tensors of this dtype, ``M <= max_m``,
         ``K`` a multiple of 8 (validated by :func:`triton_dist.ops.gemm_ar`, not here).

@@ -146,6 +146,7 @@ from .context import OverlappedGemmContext
 from .gemm_rs_2d import GemmThenReduceScatter, PushAcrossNodes
 from . import policy as _policy
 from . import tile as _gemm_tile
+from .plain_plan import PlainGemmPlan
 from ..common import call_counter as _call_counter
 from ..common.launch_plan import LaunchPlan, LaunchSequence, PlanCache, Slot
 from ..common import reach as _reach
@@ -385,7 +386,7 @@ class GemmReduceScatterContext(OverlappedGemmContext):
                                             2, 2, half_elems=2, signal_region=2, out=p, chunk_n=2,
                                             chunk_flags=self.chunk_flags, tickets=self.tickets, grid=(1, ), **meta)
 
-    def run(self, a, b, out, method: str = "auto") -> LaunchSequence | None:
+    def run(self, a, b, out, method: str = "auto") -> LaunchSequence | PlainGemmPlan | None:
         """``out`` = this rank's rows of the sum over ranks of ``a @ b.T`` on the current stream.
         ``a [M, K]``, ``b [n, K]``, ``out [M / world, n]``: contiguous, 16-byte aligned CUDA
         tensors of this dtype, ``M <= max_m`` a multiple of the world size, ``K`` a multiple of 8

@@ -32,7 +32,8 @@ counts per weight shape; the limit keeps a caller of ever new shapes bounded."""
 _eager_kernels: dict = {}
 """JITFunction -> its :class:`~triton_dist.eager_launch.EagerKernel` (the variants it learnt)."""
 
-_torch = None  # bound on the first sliced launch (triton_dist imports torch lazily)
+_torch = None  # with _current_tickets, bound on the first sliced launch (triton_dist imports torch lazily)
+_current_tickets = None  # split_k imports this module: its function is bound at call time
 
 
 def _eager(fn):
@@ -65,26 +66,26 @@ class PlainGemmPlan:
         if self.partials_shape is None:
             self.kernel.launch(a, b, out)
             return
-        from .split_k import current_tickets
-
-        tickets = current_tickets(self.device)
+        if _torch is None:
+            _bind()
+        tickets = _current_tickets(self.device)
         if tickets is None:
             self.one_slice().launch(a, b, out)
             return
-        torch = _torch or _bind_torch()
-        partials = torch.empty(self.partials_shape, dtype=torch.float32, device=self.device)
+        partials = _torch.empty(self.partials_shape, dtype=_torch.float32, device=self.device)
         self.kernel.launch(a, b, out, partials, tickets)
 
     def __repr__(self) -> str:
         return f"PlainGemmPlan({self.kernel!r}, partials={self.partials_shape})"
 
 
-def _bind_torch():
-    global _torch
+def _bind() -> None:
+    global _torch, _current_tickets
     import torch
 
-    _torch = torch
-    return torch
+    from .split_k import current_tickets
+
+    _torch, _current_tickets = torch, current_tickets
 
 
 def persistent_plan(m: int, n: int, k: int, config: str, num_sms: int, device) -> PlainGemmPlan:

@@ -328,6 +328,8 @@ def gemm_split_k(a, b, out, config: str, num_sms: int, *, split_k: int | None = 
     elif not 1 <= split_k <= cdiv(k, params["BK"]):
         raise ValueError(f"triton_dist gemm: split_k must be 1 to the {cdiv(k, params['BK'])} K steps of "
                          f"{config!r} at K = {k}, got {split_k}")
+    elif split_k > 1:
+        ticket_counters(a.device)  # slices asked for: a capture that cannot make counters raises, as it says
     if split_k > 1 and tiles > MAX_N_TILES:
         raise ValueError(f"triton_dist gemm: config {config!r} takes N <= {MAX_N_TILES * params['BN']}, got N = {n}")
     plan = _plain_plan.split_k_plan(m, n, k, config, num_sms, split_k, a.device)

@@ -45,7 +45,7 @@ import triton.language as tl
 
 from ..common.tickets import last_to_finish
 from . import plain_plan as _plain_plan
-from .split_k import MAX_N_TILES, tickets_available
+from .split_k import MAX_N_TILES, ticket_counters, tickets_available
 from .tile import tile_coords, tile_product
 from ..common.host_math import cdiv
 
@@ -150,6 +150,8 @@ def gemm_wave_tail(a, b, out, config: str, num_sms: int, *, split: int | None = 
     m, k = a.shape
     n = b.shape[0]
     k_steps = cdiv(k, c["BK"])
+    tail = cdiv(m, c["BM"]) * cdiv(n, c["BN"]) % num_sms
+    asked = split is not None
     if split is None:
         split = tail_split_for(m, n, k, config, num_sms)
         if split > 1 and not tickets_available(a.device):
@@ -157,8 +159,11 @@ def gemm_wave_tail(a, b, out, config: str, num_sms: int, *, split: int | None = 
     elif not 1 <= split <= k_steps:
         raise ValueError(f"triton_dist gemm: split must be 1 to the {k_steps} K steps of {config!r} at K = {k}, "
                          f"got {split}")
-    if split > 1 and cdiv(m, c["BM"]) * cdiv(n, c["BN"]) % num_sms > MAX_N_TILES:
-        raise ValueError(f"triton_dist gemm: {config!r} takes at most {MAX_N_TILES} programs, got {num_sms}")
+    if split > 1 and tail:
+        if tail > MAX_N_TILES:
+            raise ValueError(f"triton_dist gemm: {config!r} takes at most {MAX_N_TILES} programs, got {num_sms}")
+        if asked:
+            ticket_counters(a.device)  # slices asked for: a capture that cannot make counters raises, as it says
     plan = _plain_plan.wave_tail_plan(m, n, k, config, num_sms, split, a.device)
     plan.launch(a, b, out)
     return plan
