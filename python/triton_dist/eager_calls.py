@@ -1,5 +1,6 @@
 """Repeated eager calls of the ops, replayed: a call of ``ops.all_reduce``, ``ops.all_gather``,
-``ops.reduce_scatter``, ``ops.gemm_ar``, ``ops.ag_gemm`` or ``ops.gemm_rs`` like an earlier one (the
+``ops.reduce_scatter``, ``ops.gemm_ar``, ``ops.ag_gemm``, ``ops.gemm_rs`` or the plain
+``kernels.gemm.gemm`` (its ``config`` as the method) like an earlier one (the
 same op, input shapes, dtype, method, and ``out`` given or not) launches the earlier call's
 :class:`~triton_dist.kernels.common.launch_plan.LaunchPlan` (a ``LaunchSequence``: gemm_ar's
 ``"split_k"``, its kernel, after a bump past 64 rows; gemm_rs's ``"fused"``, its one GEMM;

@@ -195,10 +195,11 @@ def test_default_gemm_takes_the_wave_tail_where_it_cuts():
 @pytest.mark.parametrize("m,n,k", [(16, 1032, 2048), _DEFAULT_SLICED[1], (256, 1024, 520)],
                          ids=["split_k", "wave_tail_or_base", "persistent"])
 def test_repeated_gemm_calls_launch_their_plan_from_cpp(m, n, k, replays):
-    """After a shape's first call, gemm's calls launch the shape's plan through its bound C++
-    launch (kernels/gemm/plain_plan.py), never Triton's path again (``replays[1]``: plan
-    launches off the bound launch): 60 calls, fresh inputs, a new out and a given NaN-poisoned
-    one in turn, every element checked."""
+    """After a shape's first call, gemm's calls are replayed (triton_dist.eager_calls: all but the
+    first with a given out) and launch the shape's plan through its bound C++ launch
+    (kernels/gemm/plain_plan.py), never Triton's path again (``replays[1]``: plan launches off
+    the bound launch): 60 calls, fresh inputs, a new out and a given NaN-poisoned one in turn,
+    every element checked."""
     b = rank_randn((n, k), torch.bfloat16, 90)
     gemm(rank_randn((m, k), torch.bfloat16, 91), b)  # the shape's first call, through Triton
     torch.cuda.synchronize()
@@ -210,8 +211,10 @@ def test_repeated_gemm_calls_launch_their_plan_from_cpp(m, n, k, replays):
         got = gemm(a, b, out=out)
         if (out is not None and got is not out) or not tolerance_ratio(got, a.float() @ b.float().T) < _TOL:
             bad.append(i)
-    all_ranks_agree(not bad and (replays[1] == 0 or not tdist.config.get().eager_tensor_descriptors),
-                    f"gemm {m}x{n}x{k}: wrong at calls {bad[:10]}; {replays[1]} of 60 launches off the bound launch")
+    from_cpp = tdist.config.get().eager_tensor_descriptors
+    all_ranks_agree(not bad and replays[0] == 59 and (replays[1] == 0 or not from_cpp),
+                    f"gemm {m}x{n}x{k}: wrong at calls {bad[:10]}; {replays[0]} of 60 calls replayed (expected 59), "
+                    f"{replays[1]} launches off the bound launch")
 
 
 def test_split_k_gemm_refuses_more_rows_than_its_block():

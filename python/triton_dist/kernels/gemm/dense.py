@@ -49,6 +49,7 @@ import functools
 import triton
 import triton.language as tl
 
+from ... import eager_calls as _eager_calls
 from ... import language as dl
 from ... import residency as _residency
 from ...language import timeline as _timeline
@@ -540,8 +541,16 @@ def gemm(a, b, *, out=None, config: str | None = None):
     device makes them and synchronises once; a graph captured on a stream must not replay at the
     same time as another captured there or a call on it; a capture before any uncaptured call
     runs in one slice). A shape's launch is worked out once and then launched from C++
-    (:mod:`~triton_dist.kernels.gemm.plain_plan`)."""
-    return launch_gemm(a, b, out, config)[0]
+    (:mod:`~triton_dist.kernels.gemm.plain_plan`); a call like an earlier one (shapes, dtype,
+    ``config``, ``out`` given or not) launches it after checking only what may differ
+    (:mod:`triton_dist.eager_calls`)."""
+    key = config or "default"
+    replayed = _eager_calls.replay_gemm("gemm", a, b, out, key)
+    if replayed is not None:
+        return replayed
+    result, plan = launch_gemm(a, b, out, config)
+    _eager_calls.record_gemm("gemm", a, b, result, out is not None, key, plan)
+    return result
 
 
 def launch_gemm(a, b, out, config: str | None = None) -> tuple:
