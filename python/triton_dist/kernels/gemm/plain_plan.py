@@ -128,16 +128,17 @@ def wave_tail_plan(m: int, n: int, k: int, config: str, num_sms: int, split: int
     """:func:`~triton_dist.kernels.gemm.wave_tail.gemm_wave_tail_kernel`'s launch for the
     wave-tail ``config`` with the last wave's tiles in ``split`` slices; where nothing is cut
     (one slice, or no partial last wave) the base config's :func:`persistent_plan`."""
+    from . import dense
     from . import wave_tail as wt
 
     base = wt.CONFIG_NAMES[config]
+    c = dense.CONFIGS[base]
+    tiles = cdiv(m, c["BM"]) * cdiv(n, c["BN"])
+    tail = tiles % num_sms
+    if split == 1 or tail == 0:
+        return persistent_plan(m, n, k, base, num_sms, device)
 
     def make():
-        from . import dense
-
-        c = dense.CONFIGS[base]
-        tiles = cdiv(m, c["BM"]) * cdiv(n, c["BN"])
-        tail = tiles % num_sms
         full = tiles - tail
         args = (Slot(0, "a", (c["BM"], c["BK"])), Slot(1, "b", (c["BN"], c["BK"])), Slot(2, "out", (c["BM"], c["BN"])),
                 Slot(3, "partials"), Slot(4, "tickets"), m, n, k, full, split)
@@ -147,10 +148,5 @@ def wave_tail_plan(m: int, n: int, k: int, config: str, num_sms: int, split: int
                                         meta), device, (split, tail, c["BM"], c["BN"]),
                              lambda: persistent_plan(m, n, k, base, num_sms, device))
 
-    from . import dense
-
-    c = dense.CONFIGS[base]
-    if split == 1 or cdiv(m, c["BM"]) * cdiv(n, c["BN"]) % num_sms == 0:
-        return persistent_plan(m, n, k, base, num_sms, device)
     return _plans.get(("wave_tail", device, m, n, k, config, num_sms, split), make)
 
